@@ -1,0 +1,32 @@
+// The Backend concept and the compile-time default backend.
+#pragma once
+
+#include <concepts>
+
+#include "xpipe/backend/host.hpp"
+
+namespace xpipe {
+
+//! Backend: a tag type naming where tensors live and kernels run.
+//! Required members:
+//!   - `Context`: the execution context every compute call takes (threads, stream, handles);
+//!   - `template <class T> Buffer`: an owning array of T constructible from a length;
+//!   - `static constexpr const char* name`.
+template <class B>
+concept Backend = requires {
+  typename B::Context;
+  typename B::template Buffer<float>;
+  { B::name } -> std::convertible_to<const char*>;
+} && std::constructible_from<typename B::template Buffer<float>, index_t>;
+
+static_assert(Backend<Host>);
+
+//! The backend used where none is named: the host, unless XPIPE_DEFAULT_BACKEND_CUDA is defined
+//! in a CUDA translation unit that has included xpipe/backend/cuda.cuh.
+#if defined(XPIPE_DEFAULT_BACKEND_CUDA) && defined(__CUDACC__)
+using DefaultBackend = struct Cuda;
+#else
+using DefaultBackend = Host;
+#endif
+
+}  // namespace xpipe

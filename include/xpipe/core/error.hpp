@@ -1,0 +1,45 @@
+// The one exception hierarchy of xpipe: every host-side failure derives from xpipe::Error.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace xpipe {
+
+//! Base of every exception xpipe throws. Messages name the file, stage, action or argument.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+//! A data file is missing, truncated or malformed; the message names the file.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+//! A runtime shape or size does not fit what the caller allocated.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+//! A bad argument or configuration value (learning rate, batch size, flag).
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+//! Training diverged: a NaN or infinity reached the loss.
+class NumericError : public Error {
+ public:
+  using Error::Error;
+};
+
+//! A backend call (oneDNN, CUDA, cuBLAS) reported failure.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace xpipe

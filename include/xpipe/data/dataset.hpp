@@ -1,0 +1,149 @@
+// Fashion-MNIST loading (normalised float images, int labels) and seeded shuffled batching.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "xpipe/core/buffer.hpp"
+#include "xpipe/core/random.hpp"
+#include "xpipe/core/tensor.hpp"
+#include "xpipe/data/idx.hpp"
+
+namespace xpipe {
+
+//! A labelled set of flat float samples on the host.
+struct Dataset {
+  HostBuffer<float> features;  // count x width, row-major
+  std::vector<std::int32_t> labels;
+  index_t count = 0;
+  index_t width = 0;
+  int classes = 0;
+  ConstMatrix matrix() const { return {features.data(), count, width}; }
+};
+
+//! Training and test halves of one dataset.
+struct DatasetPair {
+  Dataset train;
+  Dataset test;
+};
+
+//! Where Fashion-MNIST is looked for when no directory is given: $XPIPE_DATA_DIR, else the
+//! directory Debian's `dataset-fashion-mnist` package installs.
+inline std::string default_fashion_mnist_dir() {
+  const char* env = std::getenv("XPIPE_DATA_DIR");
+  return env != nullptr && *env != '\0' ? env : "/usr/share/datasets/fashion-mnist";
+}
+
+namespace detail {
+inline Dataset images_and_labels(const std::string& images_path, const std::string& labels_path) {
+  const IdxArray images = read_idx(images_path);
+  const IdxArray labels = read_idx(labels_path);
+  if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
+    throw DataError("xpipe: IDX file '" + images_path + "' is not a set of 28x28 images (" +
+                    std::to_string(images.dims.size()) + " dimensions)");
+  if (labels.dims.size() != 1)
+    throw DataError("xpipe: IDX file '" + labels_path + "' is not a label vector (" +
+                    std::to_string(labels.dims.size()) + " dimensions)");
+  if (images.count() != labels.count())
+    throw DataError("xpipe: '" + images_path + "' holds " + std::to_string(images.count()) +
+                    " images but '" + labels_path + "' holds " + std::to_string(labels.count()) +
+                    " labels");
+  Dataset d;
+  d.count = static_cast<index_t>(images.count());
+  d.width = 28 * 28;
+  d.classes = 10;
+  d.features = HostBuffer<float>(d.count * d.width);
+  for (std::size_t i = 0; i < images.data.size(); ++i)
+    d.features[static_cast<index_t>(i)] = static_cast<float>(images.data[i]) * (1.f / 255.f);
+  d.labels.resize(labels.data.size());
+  for (std::size_t i = 0; i < labels.data.size(); ++i) {
+    if (labels.data[i] > 9)
+      throw DataError("xpipe: IDX file '" + labels_path + "' has label " +
+                      std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
+                      " (Fashion-MNIST labels are 0..9)");
+    d.labels[i] = labels.data[i];
+  }
+  return d;
+}
+}  // namespace detail
+
+//! Loads Fashion-MNIST from `dir` (the four standard .gz IDX files) and standardises pixels with
+//! the training set's mean and standard deviation (applied to both halves).
+//! Throws DataError naming the file when one is missing, truncated or malformed.
+inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_mnist_dir()) {
+  DatasetPair p;
+  p.train = detail::images_and_labels(dir + "/train-images-idx3-ubyte.gz",
+                                      dir + "/train-labels-idx1-ubyte.gz");
+  p.test = detail::images_and_labels(dir + "/t10k-images-idx3-ubyte.gz",
+                                     dir + "/t10k-labels-idx1-ubyte.gz");
+  double sum = 0, sq = 0;
+  for (float v : p.train.features) {
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double n = static_cast<double>(p.train.features.size());
+  const double mean = sum / n;
+  const float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - mean * mean));
+  for (Dataset* d : {&p.train, &p.test})
+    for (float& v : d->features) v = (v - static_cast<float>(mean)) * inv_std;
+  return p;
+}
+
+//! Seeded shuffled mini-batches of a dataset, gathered into caller-owned buffers: no allocation
+//! after construction. The last batch of an epoch may be short (nothing is dropped).
+//! Usage: `Batcher b(ds, 128, seed); b.start_epoch(e); while (index_t n = b.next(x, y)) ...`
+class Batcher {
+ public:
+  Batcher(const Dataset& data, index_t batch, std::uint64_t seed, bool shuffle = true)
+      : data_(&data), batch_(batch), seed_(seed), shuffle_(shuffle), order_(data.count) {
+    if (batch <= 0) throw ConfigError("xpipe: Batcher: batch size must be positive");
+    std::iota(order_.begin(), order_.end(), 0);
+  }
+
+  index_t batch() const { return batch_; }
+  index_t batches_per_epoch() const { return (data_->count + batch_ - 1) / batch_; }
+
+  //! Fisher-Yates shuffle with a stream derived from (seed, epoch): the order of epoch e is the
+  //! same in every run and every executor.
+  void start_epoch(std::uint64_t epoch) {
+    cursor_ = 0;
+    std::iota(order_.begin(), order_.end(), 0);
+    if (!shuffle_) return;
+    Rng rng{derive_seed(seed_, epoch)};
+    for (index_t i = data_->count - 1; i > 0; --i)
+      std::swap(order_[i], order_[static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1))]);
+  }
+
+  //! Copies the next batch into x (rows >= batch, cols = width) and labels; returns its rows,
+  //! 0 at the end of the epoch.
+  index_t next(Matrix x, std::int32_t* labels) {
+    const index_t n = std::min(batch_, data_->count - cursor_);
+    if (n <= 0) return 0;
+    if (x.rows < n || x.cols != data_->width)
+      throw ShapeError("xpipe: Batcher: destination is " + std::to_string(x.rows) + "x" +
+                       std::to_string(x.cols) + ", a batch needs " + std::to_string(n) + "x" +
+                       std::to_string(data_->width));
+    for (index_t r = 0; r < n; ++r) {
+      const index_t src = order_[cursor_ + r];
+      std::copy_n(data_->features.data() + src * data_->width, data_->width, x.row(r));
+      labels[r] = data_->labels[src];
+    }
+    cursor_ += n;
+    return n;
+  }
+
+ private:
+  const Dataset* data_;
+  index_t batch_;
+  std::uint64_t seed_;
+  bool shuffle_;
+  std::vector<index_t> order_;
+  index_t cursor_ = 0;
+};
+
+}  // namespace xpipe

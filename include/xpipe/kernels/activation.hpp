@@ -1,0 +1,45 @@
+// Per-element activation math (forward and gradient), written once for host and device.
+#pragma once
+
+#include <cmath>
+
+#include "xpipe/core/config.hpp"
+
+namespace xpipe::math {
+
+//! f(x) = x. Used where a Linear layer needs only its bias added.
+struct Identity {
+  XPIPE_HOST_DEVICE static float forward(float x) { return x; }
+  XPIPE_HOST_DEVICE static float backward(float /*x*/, float /*y*/, float dy) { return dy; }
+};
+
+//! f(x) = max(x, 0); the gradient at 0 is taken as 0, as in PyTorch.
+struct Relu {
+  XPIPE_HOST_DEVICE static float forward(float x) { return x > 0.f ? x : 0.f; }
+  XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
+    return x > 0.f ? dy : 0.f;
+  }
+};
+
+//! Exact GELU, f(x) = x * Phi(x) with Phi the standard normal CDF (PyTorch's default form).
+struct Gelu {
+  static constexpr float inv_sqrt2 = 0.70710678118654752440f;
+  static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
+  XPIPE_HOST_DEVICE static float forward(float x) {
+    return 0.5f * x * (1.f + erff(x * inv_sqrt2));
+  }
+  // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
+  XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
+    const float cdf = 0.5f * (1.f + erff(x * inv_sqrt2));
+    const float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+    return dy * (cdf + x * pdf);
+  }
+};
+
+//! One output element of a Linear layer: pre-activation z plus bias b, through Act.
+template <class Act>
+XPIPE_HOST_DEVICE float bias_activation(float z, float b) {
+  return Act::forward(z + b);
+}
+
+}  // namespace xpipe::math

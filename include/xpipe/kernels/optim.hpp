@@ -1,0 +1,84 @@
+// Per-element optimizer math: one SGD-momentum or Adam/AdamW update, and the update direction
+// ΔW that weight prediction extrapolates along. Written once for the host loop and CUDA.
+#pragma once
+
+#include <cmath>
+
+#include "xpipe/core/config.hpp"
+
+namespace xpipe::math {
+
+//! Scalars of one SGD step, PyTorch semantics. `first_step` starts the momentum buffer at g.
+struct SgdScalars {
+  float lr;
+  float momentum;
+  float dampening;
+  float weight_decay;
+  bool nesterov;
+  bool first_step;
+};
+
+//! One SGD step on a single weight: g' = g + wd w; m = mu m + (1 - dampening) g' (m = g' on the
+//! first step); d = nesterov ? g' + mu m : m; w -= lr d.
+XPIPE_HOST_DEVICE void sgd_update(float& w, float g, float& m, const SgdScalars& s) {
+  const float gd = g + s.weight_decay * w;
+  const float mn = s.first_step ? gd : s.momentum * m + (1.f - s.dampening) * gd;
+  const float d = s.nesterov ? gd + s.momentum * mn : mn;
+  m = mn;
+  w -= s.lr * d;
+}
+
+//! SGD's next-step direction for prediction: the momentum buffer itself (DESIGN.md).
+XPIPE_HOST_DEVICE float sgd_direction(float m) { return m; }
+
+//! Scalars of one Adam/AdamW step, bias corrections precomputed for step t (1-based):
+//! step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+struct AdamScalars {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float step_size;
+  float inv_sqrt_bc2;
+  bool decoupled;  // AdamW: decay the weight directly instead of adding wd w to the gradient
+};
+
+//! Bias-corrected scalars for step t (t >= 1), computed in double so that t in the tens of
+//! thousands does not lose the correction to rounding.
+inline AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, float weight_decay,
+                                bool decoupled, long t) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
+  return {lr,
+          beta1,
+          beta2,
+          eps,
+          weight_decay,
+          static_cast<float>(lr / bc1),
+          static_cast<float>(1.0 / std::sqrt(bc2)),
+          decoupled};
+}
+
+//! One Adam (L2) or AdamW (decoupled) step on a single weight, in PyTorch's arithmetic order:
+//! m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps).
+XPIPE_HOST_DEVICE void adam_update(float& w, float g, float& m, float& v, const AdamScalars& s) {
+  const float wd_grad = s.decoupled ? 0.f : s.weight_decay;
+  const float wd_decay = s.decoupled ? s.lr * s.weight_decay : 0.f;
+  const float gd = g + wd_grad * w;
+  const float mn = s.beta1 * m + (1.f - s.beta1) * gd;
+  const float vn = s.beta2 * v + (1.f - s.beta2) * gd * gd;
+  m = mn;
+  v = vn;
+  const float wn = w * (1.f - wd_decay);
+  w = wn - s.step_size * mn / (sqrtf(vn) * s.inv_sqrt_bc2 + s.eps);
+}
+
+//! Adam's next-step direction from its current state: m_hat / (sqrt(v_hat) + eps), with the bias
+//! corrections of the step already taken (`s` from adam_scalars(..., t)). Multiplying by lr gives
+//! the step the optimizer would take if the next gradient were zero-mean noise.
+XPIPE_HOST_DEVICE float adam_direction(float m, float v, const AdamScalars& s) {
+  return (s.step_size / s.lr) * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
+}
+
+}  // namespace xpipe::math

@@ -1,0 +1,52 @@
+// Linear<In, Out>: y = x W + b, with W stored In x Out row-major in the stage's flat buffer.
+#pragma once
+
+#include <algorithm>
+#include <span>
+
+#include "xpipe/kernels/host_ops.hpp"
+#include "xpipe/layers/init.hpp"
+#include "xpipe/layers/layer.hpp"
+
+namespace xpipe {
+
+//! Fully connected layer. Parameters: W (In x Out, row-major) then b (Out).
+//! Usage: `Stage<Linear<784, 1024>, ReLU, Linear<1024, 10>>`.
+template <int In, int Out, class Init = HeUniform>
+struct Linear {
+  static_assert(In > 0 && Out > 0, "xpipe: Linear<In, Out>: widths must be positive");
+  static constexpr int in_width = In;
+  static constexpr int out_width = Out;
+  static constexpr index_t weight_count = static_cast<index_t>(In) * Out;
+  static constexpr index_t param_count = weight_count + Out;
+
+  //! W from Init, b = 0.
+  static void init(std::span<float> params, std::uint64_t seed) {
+    init_uniform<Init>(params.first(weight_count), In, Out, seed);
+    std::fill(params.begin() + weight_count, params.end(), 0.f);
+  }
+
+  //! y = x W + b.
+  template <class Ctx>
+  static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y) {
+    gemm(ctx, Trans::No, Trans::No, x.rows, Out, In, 1.f, x.data, x.ld, params, Out, 0.f, y.data,
+         y.ld);
+    bias_activation_forward<math::Identity>(ctx, y, params + weight_count, y);
+  }
+
+  //! dW (+)= x^T dy, db (+)= column sums of dy, dx = dy W^T (skipped when dx is empty).
+  template <class Ctx>
+  static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                       ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx) {
+    gemm(ctx, Trans::Yes, Trans::No, In, Out, x.rows, 1.f, x.data, x.ld, dy.data, dy.ld,
+         accumulate ? 1.f : 0.f, grads, Out);
+    bias_grad(ctx, dy, grads + weight_count, accumulate);
+    if (!dx.empty())
+      gemm(ctx, Trans::No, Trans::Yes, dy.rows, In, Out, 1.f, dy.data, dy.ld, params, Out, 0.f,
+           dx.data, dx.ld);
+  }
+};
+
+static_assert(Layer<Linear<4, 3>>);
+
+}  // namespace xpipe

@@ -1,0 +1,105 @@
+// The Optimizer concept, and the flat per-stage state every optimizer steps in one fused pass.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstdint>
+
+#include "xpipe/backend/backend.hpp"
+
+namespace xpipe {
+
+//! The flat buffers one optimizer pass reads and writes: weights, gradients and up to two moment
+//! buffers, all `size` floats long, plus the number of steps already taken.
+struct FlatState {
+  float* weights = nullptr;
+  const float* grads = nullptr;
+  std::array<float*, 2> moments{};
+  index_t size = 0;
+  long steps_taken = 0;
+};
+
+namespace detail {
+template <class O>
+concept HasMomentCount = requires { { O::moment_count } -> std::convertible_to<int>; };
+template <class O>
+concept HasName = requires { { O::name } -> std::convertible_to<const char*>; };
+template <class O>
+concept HasStep = requires(const O& o, const HostContext& ctx, const FlatState& s) {
+  o.step(ctx, s);
+};
+template <class O>
+concept HasDirection = requires(const O& o, const HostContext& ctx, const FlatState& s, float* d) {
+  o.direction(ctx, s, d);
+};
+template <class O>
+concept HasLearningRate = requires(const O& o) { { o.learning_rate() } -> std::convertible_to<float>; };
+}  // namespace detail
+
+//! Optimizer: a value holding hyper-parameters; the moments live in the stage's flat buffers.
+//! Required members:
+//!   - `static constexpr int moment_count` (0, 1 or 2 flat moment buffers);
+//!   - `static constexpr const char* name`;
+//!   - `void step(const Ctx&, const FlatState&) const`: step number steps_taken + 1, one pass;
+//!   - `void direction(const Ctx&, const FlatState&, float* d) const`: ΔW, the update direction
+//!     of the next step from the current state (what weight prediction extrapolates along);
+//!   - `float learning_rate() const`.
+template <class O>
+concept Optimizer = detail::HasMomentCount<O> && detail::HasName<O> && detail::HasStep<O> &&
+                    detail::HasDirection<O> && detail::HasLearningRate<O>;
+
+//! Fails to compile with a message naming the first member O lacks.
+template <class O>
+consteval bool check_optimizer() {
+  static_assert(detail::HasMomentCount<O>, "xpipe: Optimizer: missing static member moment_count");
+  static_assert(detail::HasName<O>, "xpipe: Optimizer: missing static member name");
+  static_assert(detail::HasStep<O>, "xpipe: Optimizer: missing step(ctx, const FlatState&) const");
+  static_assert(detail::HasDirection<O>,
+                "xpipe: Optimizer: missing direction(ctx, const FlatState&, float* d) const");
+  static_assert(detail::HasLearningRate<O>, "xpipe: Optimizer: missing learning_rate() const");
+  return true;
+}
+
+//! Owns a stage's flat weights, gradients and optimizer moments on backend B, and the step count.
+//! Usage: `OptimizerState<Adam> st(Adam{}, n); ...; st.step(ctx);`
+template <class O, class B = DefaultBackend>
+class OptimizerState {
+  static_assert(check_optimizer<O>());
+
+ public:
+  OptimizerState(O optimizer, index_t size)
+      : optimizer_(optimizer), weights_(size), grads_(size), m0_(O::moment_count > 0 ? size : 0),
+        m1_(O::moment_count > 1 ? size : 0) {}
+
+  float* weights() { return weights_.data(); }
+  const float* weights() const { return weights_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+  index_t size() const { return weights_.size(); }
+  long steps_taken() const { return steps_; }
+  const O& optimizer() const { return optimizer_; }
+  const float* moment(int i) const { return i == 0 ? m0_.data() : m1_.data(); }
+
+  FlatState flat() {
+    return {weights_.data(), grads_.data(), {m0_.data(), m1_.data()}, weights_.size(), steps_};
+  }
+
+  //! One optimizer step over the whole flat buffer with the current gradients.
+  template <class Ctx>
+  void step(const Ctx& ctx) {
+    optimizer_.step(ctx, flat());
+    ++steps_;
+  }
+  //! d = ΔW from the current state.
+  template <class Ctx>
+  void direction(const Ctx& ctx, float* d) {
+    optimizer_.direction(ctx, flat(), d);
+  }
+
+ private:
+  O optimizer_;
+  typename B::template Buffer<float> weights_, grads_, m0_, m1_;
+  long steps_ = 0;
+};
+
+}  // namespace xpipe

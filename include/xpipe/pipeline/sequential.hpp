@@ -1,0 +1,70 @@
+// Sequential (single-device, unpipelined) training of one Stage: the baseline every pipeline
+// schedule is checked against, and the foundation's Fashion-MNIST trainer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "xpipe/data/dataset.hpp"
+#include "xpipe/layers/loss.hpp"
+#include "xpipe/optim/optimizer.hpp"
+#include "xpipe/pipeline/stage.hpp"
+
+namespace xpipe {
+
+//! Trains the model `Model` (a Stage) with optimizer O on the host, one mini-batch per step.
+//! All buffers are allocated in the constructor; train_step allocates nothing.
+//! Usage: `SequentialTrainer<Mlp, Adam> t(Adam{.lr = 1e-3f}, 128, seed); t.train_step(ctx, x, y);`
+template <class Model, class O>
+class SequentialTrainer {
+  static_assert(check_optimizer<O>());
+
+ public:
+  SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
+      : state_(optimizer, Model::param_count), acts_(max_batch), scratch_(max_batch),
+        dlogits_(max_batch * Model::out_width), row_loss_(max_batch), predicted_(max_batch) {
+    Model::init({state_.weights(), static_cast<std::size_t>(Model::param_count)}, seed);
+  }
+
+  index_t max_batch() const { return acts_.max_rows(); }
+  OptimizerState<O, Host>& state() { return state_; }
+  const OptimizerState<O, Host>& state() const { return state_; }
+
+  //! Forward, loss, backward and one optimizer step on a batch; returns the batch's mean loss.
+  //! Throws NumericError if the loss is NaN or infinite (weights are then not updated).
+  double train_step(const HostContext& ctx, ConstMatrix x, const std::int32_t* labels) {
+    const index_t rows = x.rows;
+    const ConstMatrix logits = Model::forward(ctx, state_.weights(), x, acts_);
+    const Matrix dlogits{dlogits_.data(), rows, Model::out_width};
+    SoftmaxCrossEntropy::forward_backward(ctx, logits, labels, 1.f / static_cast<float>(rows),
+                                          dlogits, row_loss_.data());
+    const double loss = sum_row_losses(row_loss_.data(), rows) / static_cast<double>(rows);
+    Model::backward(ctx, state_.weights(), state_.grads(), false, acts_, dlogits, Matrix{},
+                    scratch_);
+    state_.step(ctx);
+    return loss;
+  }
+
+  //! Fraction of `data` classified correctly, in batches of max_batch().
+  double evaluate(const HostContext& ctx, const Dataset& data) {
+    index_t correct = 0;
+    for (index_t first = 0; first < data.count; first += max_batch()) {
+      const index_t rows = std::min(max_batch(), data.count - first);
+      const ConstMatrix logits =
+          Model::forward(ctx, state_.weights(), data.matrix().slice_rows(first, rows), acts_);
+      argmax_rows(ctx, logits, predicted_.data());
+      for (index_t r = 0; r < rows; ++r) correct += predicted_[r] == data.labels[first + r];
+    }
+    return static_cast<double>(correct) / static_cast<double>(data.count);
+  }
+
+ private:
+  OptimizerState<O, Host> state_;
+  typename Model::template Activations<Host> acts_;
+  typename Model::template GradScratch<Host> scratch_;
+  HostBuffer<float> dlogits_;
+  HostBuffer<float> row_loss_;
+  HostBuffer<std::int32_t> predicted_;
+};
+
+}  // namespace xpipe

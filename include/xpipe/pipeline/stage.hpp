@@ -1,0 +1,211 @@
+// Stage<Layers...>: a compile-time chain of layers with checked widths, one flat parameter layout,
+// and forward/backward over caller-owned buffers (so executors can keep several micro-batches).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <tuple>
+#include <utility>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/core/random.hpp"
+#include "xpipe/layers/layer.hpp"
+
+namespace xpipe {
+
+namespace detail {
+
+// Instantiated once per layer; on a mismatch the compiler prints the template arguments, which
+// name the layer (counted from 0 within the stage) and both widths.
+template <std::size_t LayerIndex, int PreviousOutWidth, int LayerInWidth>
+struct LayerWidthCheck {
+  static_assert(PreviousOutWidth == LayerInWidth,
+                "xpipe: Stage: layer input width does not match the previous layer's output "
+                "width (see LayerIndex, PreviousOutWidth and LayerInWidth below)");
+  static constexpr bool value = true;
+};
+
+template <class... Ls>
+consteval std::array<int, sizeof...(Ls) + 1> boundary_widths() {
+  constexpr std::array<int, sizeof...(Ls)> ins{Ls::in_width...};
+  constexpr std::array<int, sizeof...(Ls)> outs{Ls::out_width...};
+  std::array<int, sizeof...(Ls) + 1> w{};
+  // Width-preserving layers before the first fixed one take that layer's input width.
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    if (ins[i] != any_width) {
+      w[0] = ins[i];
+      break;
+    }
+  for (std::size_t i = 0; i < ins.size(); ++i) w[i + 1] = outs[i] != any_width ? outs[i] : w[i];
+  return w;
+}
+
+}  // namespace detail
+
+//! A pipeline stage: layers run in order on one device. Widths are checked at compile time.
+//! Usage: `using S0 = Stage<Linear<784, 1024>, ReLU>;`
+template <class... Ls>
+struct Stage {
+  static_assert(sizeof...(Ls) > 0, "xpipe: Stage: needs at least one layer");
+  static_assert((check_layer<Ls>() && ...));
+  static_assert(((Ls::in_width != any_width) || ...),
+                "xpipe: Stage: needs at least one layer with a fixed width (e.g. a Linear)");
+
+  static constexpr std::size_t layer_count = sizeof...(Ls);
+  using layers = std::tuple<Ls...>;
+  template <std::size_t I>
+  using layer = std::tuple_element_t<I, layers>;
+
+  //! widths[i] is the input width of layer i; widths[layer_count] the stage's output width.
+  static constexpr std::array<int, layer_count + 1> widths = detail::boundary_widths<Ls...>();
+  static constexpr int in_width = widths[0];
+  static constexpr int out_width = widths[layer_count];
+
+ private:
+  template <std::size_t... I>
+  static consteval bool check_widths(std::index_sequence<I...>) {
+    return (detail::LayerWidthCheck<I, widths[I],
+                                    (Ls::in_width == any_width ? widths[I] : Ls::in_width)>::value &&
+            ...);
+  }
+  static_assert(check_widths(std::index_sequence_for<Ls...>{}));
+
+  static consteval std::array<index_t, layer_count + 1> offsets() {
+    constexpr std::array<index_t, layer_count> counts{Ls::param_count...};
+    std::array<index_t, layer_count + 1> o{};
+    // Each layer's block starts on a 16-float (64-byte) boundary: aligned GEMM operands.
+    for (std::size_t i = 0; i < layer_count; ++i) o[i + 1] = o[i] + (counts[i] + 15) / 16 * 16;
+    return o;
+  }
+
+ public:
+  //! param_offsets[i] is where layer i's parameters start in the flat buffer.
+  static constexpr std::array<index_t, layer_count + 1> param_offsets = offsets();
+  //! Length of the stage's flat parameter (and gradient, and moment) buffer.
+  static constexpr index_t param_count = param_offsets[layer_count];
+  //! Floats of activations one micro-batch of `rows` rows keeps (outputs of every layer).
+  static constexpr index_t activation_floats(index_t rows) {
+    index_t n = 0;
+    for (std::size_t i = 1; i <= layer_count; ++i) n += rows * widths[i];
+    return n;
+  }
+  static constexpr int max_width() {
+    int m = 0;
+    for (int w : widths) m = w > m ? w : m;
+    return m;
+  }
+
+  //! Seeded initialisation. Layer i of the stage draws from sub-stream first_layer + i of the
+  //! seed, so a model split into stages differently gets the same weights.
+  static void init(std::span<float> params, std::uint64_t seed, std::size_t first_layer = 0) {
+    if (static_cast<index_t>(params.size()) != param_count)
+      throw ShapeError("xpipe: Stage::init: parameter buffer has " + std::to_string(params.size()) +
+                       " floats, the stage needs " + std::to_string(param_count));
+    std::fill(params.begin(), params.end(), 0.f);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (layer<I>::init(params.subspan(param_offsets[I], layer<I>::param_count),
+                      derive_seed(seed, first_layer + I)),
+       ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+
+  //! Activations of one micro-batch through the stage, on backend B: the input view and every
+  //! layer's output. Allocated once for up to max_rows rows; reused for every micro-batch.
+  template <class B = DefaultBackend>
+  class Activations {
+   public:
+    explicit Activations(index_t max_rows)
+        : max_rows_(max_rows), storage_(activation_floats(max_rows)) {}
+    index_t max_rows() const { return max_rows_; }
+    index_t rows() const { return rows_; }
+    //! Boundary i: i = 0 is the stage input, i = layer_count its output.
+    Matrix boundary(std::size_t i) const {
+      if (i == 0) return {const_cast<float*>(input_.data), input_.rows, input_.cols, input_.ld};
+      index_t off = 0;
+      for (std::size_t j = 1; j < i; ++j) off += max_rows_ * widths[j];
+      return {const_cast<float*>(storage_.data()) + off, rows_, widths[i]};
+    }
+    ConstMatrix output() const { return boundary(layer_count); }
+
+    //! Binds the input of the next forward; it must stay valid until that micro-batch's backward.
+    void bind_input(ConstMatrix x) {
+      if (x.cols != in_width)
+        throw ShapeError("xpipe: Stage: input has " + std::to_string(x.cols) +
+                         " columns, the stage expects " + std::to_string(in_width));
+      if (x.rows > max_rows_ || x.rows <= 0)
+        throw ShapeError("xpipe: Stage: batch of " + std::to_string(x.rows) +
+                         " rows does not fit activations allocated for " +
+                         std::to_string(max_rows_));
+      input_ = x;
+      rows_ = x.rows;
+    }
+
+   private:
+    index_t max_rows_;
+    index_t rows_ = 0;
+    ConstMatrix input_{};
+    typename B::template Buffer<float> storage_;
+  };
+
+  //! Two ping-pong buffers for gradients flowing back between layers; one per stage suffices,
+  //! since a stage runs one backward at a time.
+  template <class B = DefaultBackend>
+  class GradScratch {
+   public:
+    explicit GradScratch(index_t max_rows)
+        : max_rows_(max_rows), a_(max_rows * max_width()), b_(max_rows * max_width()) {}
+    Matrix get(int which, index_t rows, int width) const {
+      float* p = const_cast<float*>(which == 0 ? a_.data() : b_.data());
+      return {p, rows, width};
+    }
+    index_t max_rows() const { return max_rows_; }
+
+   private:
+    index_t max_rows_;
+    typename B::template Buffer<float> a_, b_;
+  };
+
+  //! Runs every layer on `x` with the given flat parameters (latest, stashed or predicted);
+  //! returns the output view (inside acts).
+  template <class Ctx, class Acts>
+  static ConstMatrix forward(const Ctx& ctx, const float* params, ConstMatrix x, Acts& acts) {
+    acts.bind_input(x);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1)),
+       ...);
+    }(std::make_index_sequence<layer_count>{});
+    return acts.output();
+  }
+
+  //! Back-propagates dy (the gradient of the stage output) through every layer, writing
+  //! (accumulate = false) or adding to (accumulate = true) the flat gradient buffer, and writing
+  //! the input gradient into dx unless dx is empty. `params` must be the weights the matching
+  //! forward used when forward and backward are to agree (PipeDream stashing, XPipe).
+  template <class Ctx, class Acts, class Scratch>
+  static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                       const Acts& acts, ConstMatrix dy, Matrix dx, const Scratch& scratch) {
+    const index_t rows = acts.rows();
+    if (dy.rows != rows || dy.cols != out_width)
+      throw ShapeError("xpipe: Stage::backward: gradient is " + std::to_string(dy.rows) + "x" +
+                       std::to_string(dy.cols) + ", expected " + std::to_string(rows) + "x" +
+                       std::to_string(out_width));
+    ConstMatrix upstream = dy;
+    [&]<std::size_t... J>(std::index_sequence<J...>) {
+      // Layers in reverse: layer I = layer_count - 1 - J.
+      (
+          [&] {
+            constexpr std::size_t I = layer_count - 1 - J;
+            Matrix down = I == 0 ? dx : scratch.get(static_cast<int>(J % 2), rows, widths[I]);
+            layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
+                               accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down);
+            upstream = down;
+          }(),
+          ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+};
+
+}  // namespace xpipe
