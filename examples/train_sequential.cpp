@@ -43,25 +43,15 @@ int main(int argc, char** argv) {
 
     xpipe::SequentialTrainer<Model, xpipe::Adam> trainer(xpipe::Adam{.lr = lr}, batch, seed);
     xpipe::Batcher batcher(data.train, batch, seed);
-    xpipe::HostBuffer<float> x(batch * data.train.width);
-    xpipe::HostBuffer<std::int32_t> y(batch);
-    const xpipe::Matrix xm{x.data(), batch, data.train.width};
-
     std::printf("%5s %12s %10s %12s %9s\n", "epoch", "train_loss", "test_acc", "samples/s",
                 "seconds");
     for (int epoch = 1; epoch <= epochs; ++epoch) {
-      batcher.start_epoch(static_cast<std::uint64_t>(epoch));
-      double loss_sum = 0;
-      long samples = 0;
       const auto t0 = std::chrono::steady_clock::now();
-      while (const xpipe::index_t rows = batcher.next(xm, y.data())) {
-        loss_sum += trainer.train_step(ctx, xm.slice_rows(0, rows), y.data()) * rows;
-        samples += rows;
-      }
+      const double loss = trainer.train_epoch(ctx, batcher, static_cast<std::uint64_t>(epoch));
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double acc = trainer.evaluate(ctx, data.test);
-      std::printf("%5d %12.4f %9.2f%% %12.0f %9.2f\n", epoch, loss_sum / samples, 100.0 * acc,
-                  samples / secs, secs);
+      std::printf("%5d %12.4f %9.2f%% %12.0f %9.2f\n", epoch, loss, 100.0 * acc,
+                  static_cast<double>(data.train.count) / secs, secs);
       std::fflush(stdout);
     }
     return 0;

@@ -22,7 +22,8 @@ class SequentialTrainer {
  public:
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
       : state_(optimizer, Model::param_count), acts_(max_batch), scratch_(max_batch),
-        dlogits_(max_batch * Model::out_width), row_loss_(max_batch), predicted_(max_batch) {
+        dlogits_(max_batch * Model::out_width), row_loss_(max_batch), predicted_(max_batch),
+        batch_x_(max_batch * Model::in_width), batch_y_(max_batch) {
     Model::init({state_.weights(), static_cast<std::size_t>(Model::param_count)}, seed);
   }
 
@@ -45,6 +46,20 @@ class SequentialTrainer {
     return loss;
   }
 
+  //! One epoch over the batches `batcher` yields (its batch size must not exceed max_batch());
+  //! returns the mean training loss over the epoch's samples.
+  double train_epoch(const HostContext& ctx, Batcher& batcher, std::uint64_t epoch) {
+    batcher.start_epoch(epoch);
+    const Matrix x{batch_x_.data(), max_batch(), Model::in_width};
+    double loss_sum = 0;
+    index_t samples = 0;
+    while (const index_t rows = batcher.next(x, batch_y_.data())) {
+      loss_sum += train_step(ctx, x.slice_rows(0, rows), batch_y_.data()) * static_cast<double>(rows);
+      samples += rows;
+    }
+    return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;
+  }
+
   //! Fraction of `data` classified correctly, in batches of max_batch().
   double evaluate(const HostContext& ctx, const Dataset& data) {
     index_t correct = 0;
@@ -65,6 +80,8 @@ class SequentialTrainer {
   HostBuffer<float> dlogits_;
   HostBuffer<float> row_loss_;
   HostBuffer<std::int32_t> predicted_;
+  HostBuffer<float> batch_x_;
+  HostBuffer<std::int32_t> batch_y_;
 };
 
 }  // namespace xpipe

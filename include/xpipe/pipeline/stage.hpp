@@ -24,7 +24,7 @@ template <std::size_t LayerIndex, int PreviousOutWidth, int LayerInWidth>
 struct LayerWidthCheck {
   static_assert(PreviousOutWidth == LayerInWidth,
                 "xpipe: Stage: layer input width does not match the previous layer's output "
-                "width (see LayerIndex, PreviousOutWidth and LayerInWidth below)");
+                "width (LayerWidthCheck<LayerIndex, PreviousOutWidth, LayerInWidth> above names them)");
   static constexpr bool value = true;
 };
 

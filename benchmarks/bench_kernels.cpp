@@ -1,0 +1,140 @@
+// Hot kernels of a training step: GEMM at the MLP's shapes (against raw dnnl_sgemm), the fused
+// optimizer and update-direction passes, bias+activation and activation backward (against a
+// triad over the same number of elements per array). Arguments: .../threads.
+#include <benchmark/benchmark.h>
+
+#include "baseline.hpp"
+#include "xpipe/xpipe.hpp"
+
+namespace {
+
+using xpipe::index_t;
+const index_t params = xpipe::models::FashionMlp::param_count;
+
+// bytes/s (bytes actually moved: arrays read + arrays written) and vs_triad, the achieved rate
+// over a triad's on `threads` threads with the same elements per array, measured in this binary.
+void bandwidth_counters(benchmark::State& st, double bytes_per_iter, index_t n, int threads) {
+  const double iters = static_cast<double>(st.iterations());
+  st.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * iters));
+  // A rate counter divides by the measured time: (bytes / triad rate) / seconds = ratio.
+  st.counters["vs_triad"] = benchmark::Counter(
+      bytes_per_iter * iters / bench::triad_bytes_per_second(n, threads), benchmark::Counter::kIsRate);
+}
+
+struct FlatBuffers {
+  xpipe::HostBuffer<float> w, g, m, v, d;
+  explicit FlatBuffers(index_t n) : w(n), g(n), m(n), v(n), d(n) {
+    xpipe::Rng rng{1};
+    for (index_t i = 0; i < n; ++i) {
+      w[i] = rng.uniform(-1.f, 1.f);
+      g[i] = rng.uniform(-1e-2f, 1e-2f);
+      m[i] = g[i];
+      v[i] = g[i] * g[i];
+    }
+  }
+};
+
+// Each pass: bytes actually moved = arrays read + arrays written, 4 bytes each.
+void BM_AdamStep(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  xpipe::ScopedFlushDenormals ftz;
+  FlatBuffers b(params);
+  const auto s = xpipe::math::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, false, 100);
+  for (auto _ : st) xpipe::adam_step(ctx, b.w.data(), b.g.data(), b.m.data(), b.v.data(), params, s);
+  bandwidth_counters(st, 7.0 * 4 * params, params, threads);  // read w g m v, write w m v
+}
+
+void BM_SgdStep(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  FlatBuffers b(params);
+  const xpipe::math::SgdScalars s{0.1f, 0.9f, 0.f, 0.f, false, false};
+  for (auto _ : st) xpipe::sgd_step(ctx, b.w.data(), b.g.data(), b.m.data(), params, s);
+  bandwidth_counters(st, 5.0 * 4 * params, params, threads);  // read w g m, write w m
+}
+
+void BM_AdamDirection(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  FlatBuffers b(params);
+  const auto s = xpipe::math::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, false, 100);
+  for (auto _ : st) xpipe::adam_direction(ctx, b.m.data(), b.v.data(), b.d.data(), params, s);
+  bandwidth_counters(st, 3.0 * 4 * params, params, threads);  // read m v, write d
+}
+
+void BM_SgdDirection(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  FlatBuffers b(params);
+  for (auto _ : st) xpipe::sgd_direction(ctx, b.m.data(), b.d.data(), params);
+  bandwidth_counters(st, 2.0 * 4 * params, params, threads);  // read m, write d
+}
+
+// Bias + ReLU over a batch x 1024 activation; rows = 128 (a training batch, cache-resident) or
+// 4096 (memory-resident).
+void BM_BiasRelu(benchmark::State& st) {
+  const index_t rows = st.range(0);
+  const int threads = static_cast<int>(st.range(1));
+  const index_t n = rows * 1024;
+  const xpipe::HostContext ctx{.threads = threads};
+  FlatBuffers b(n);
+  const xpipe::Matrix z{b.w.data(), rows, 1024}, y{b.d.data(), rows, 1024};
+  for (auto _ : st) xpipe::bias_activation_forward<xpipe::math::Relu>(ctx, z, b.g.data(), y);
+  bandwidth_counters(st, 2.0 * 4 * n, n, threads);  // read z, write y (bias stays in L1)
+}
+
+void BM_ReluBackward(benchmark::State& st) {
+  const index_t rows = st.range(0);
+  const int threads = static_cast<int>(st.range(1));
+  const index_t n = rows * 1024;
+  const xpipe::HostContext ctx{.threads = threads};
+  FlatBuffers b(n);
+  const xpipe::Matrix x{b.w.data(), rows, 1024}, dy{b.g.data(), rows, 1024},
+      dx{b.d.data(), rows, 1024};
+  for (auto _ : st) xpipe::activation_backward<xpipe::math::Relu>(ctx, x, x, dy, dx);
+  bandwidth_counters(st, 3.0 * 4 * n, n, threads);  // read x dy, write dx
+}
+
+// xpipe::gemm at the MLP's shapes (batch 128) against raw dnnl_sgemm in this binary.
+void BM_Gemm(benchmark::State& st) {
+  const char ta = static_cast<char>(st.range(0)), tb = static_cast<char>(st.range(1));
+  const long m = st.range(2), n = st.range(3), k = st.range(4);
+  const int threads = static_cast<int>(st.range(5));
+  const xpipe::HostContext ctx{.threads = threads};
+  xpipe::HostBuffer<float> a(m * k), b(k * n), c(m * n);
+  for (auto& v : a) v = 0.5f;
+  for (auto& v : b) v = 0.25f;
+  const long lda = ta == 'N' ? k : m, ldb = tb == 'N' ? n : k;
+  for (auto _ : st)
+    xpipe::gemm(ctx, xpipe::Trans{ta}, xpipe::Trans{tb}, m, n, k, 1.f, a.data(), lda, b.data(),
+                ldb, 0.f, c.data(), n);
+  const double flop = 2.0 * m * n * k;
+  st.counters["FLOP/s"] = benchmark::Counter(flop * st.iterations(), benchmark::Counter::kIsRate);
+  st.counters["vs_dnnl"] = benchmark::Counter(
+      flop * st.iterations() / bench::dnnl_flops(ta, tb, m, n, k, threads),
+      benchmark::Counter::kIsRate);
+}
+
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"ta", "tb", "m", "n", "k", "threads"});
+  for (int t : {1, 2}) {
+    b->Args({'N', 'N', 128, 1024, 784, t});   // layer 1 forward
+    b->Args({'N', 'N', 128, 1024, 1024, t});  // layers 2-3 forward
+    b->Args({'N', 'N', 128, 10, 1024, t});    // layer 4 forward
+    b->Args({'T', 'N', 1024, 1024, 128, t});  // weight gradient x^T dy
+    b->Args({'N', 'T', 128, 1024, 1024, t});  // input gradient dy W^T
+  }
+}
+
+}  // namespace
+
+BENCHMARK(BM_AdamStep)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_SgdStep)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_AdamDirection)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_SgdDirection)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_BiasRelu)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_ReluBackward)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseRealTime();
+
+BENCHMARK_MAIN();

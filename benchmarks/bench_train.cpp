@@ -1,0 +1,53 @@
+// The whole sequential training step of the 784-1024-1024-1024-10 MLP (batch 128, Adam):
+// samples/s, and the ratio to the GEMM-only bound (the step's GEMMs timed alone, raw dnnl_sgemm,
+// in this binary). Argument: threads.
+#include <benchmark/benchmark.h>
+
+#include "baseline.hpp"
+#include "xpipe/xpipe.hpp"
+
+namespace {
+
+using Model = xpipe::models::FashionMlp;
+constexpr long batch = 128;
+
+// Seconds of the GEMMs one training step runs, each at raw dnnl_sgemm speed.
+double gemm_bound_seconds(int threads) {
+  double s = 0;
+  const auto add = [&](char ta, char tb, long m, long n, long k) {
+    s += 2.0 * m * n * k / bench::dnnl_flops(ta, tb, m, n, k, threads);
+  };
+  constexpr std::array<int, 5> w{784, 1024, 1024, 1024, 10};
+  for (int l = 0; l < 4; ++l) {
+    add('N', 'N', batch, w[l + 1], w[l]);            // forward
+    add('T', 'N', w[l], w[l + 1], batch);            // weight gradient
+    if (l > 0) add('N', 'T', batch, w[l], w[l + 1]);  // input gradient (none for layer 0)
+  }
+  return s;
+}
+
+void BM_TrainStep(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  xpipe::ScopedFlushDenormals ftz;
+  xpipe::SequentialTrainer<Model, xpipe::Adam> trainer(xpipe::Adam{}, batch, 1);
+  xpipe::HostBuffer<float> x(batch * 784);
+  xpipe::HostBuffer<std::int32_t> y(batch);
+  xpipe::Rng rng{2};
+  for (float& v : x) v = rng.uniform(-1.f, 1.f);
+  for (auto& v : y) v = static_cast<std::int32_t>(rng.below(10));
+  for (auto _ : st) benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), batch, 784}, y.data()));
+  const double iters = static_cast<double>(st.iterations());
+  st.SetItemsProcessed(static_cast<int64_t>(iters * batch));
+  st.counters["samples/s"] = benchmark::Counter(iters * batch, benchmark::Counter::kIsRate);
+  // (GEMM-only seconds x steps) / measured seconds: 1.0 would mean nothing but GEMM time.
+  st.counters["vs_gemm_bound"] =
+      benchmark::Counter(iters * gemm_bound_seconds(threads), benchmark::Counter::kIsRate);
+  st.counters["gemm_bound_samples/s"] = batch / gemm_bound_seconds(threads);
+}
+
+}  // namespace
+
+BENCHMARK(BM_TrainStep)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

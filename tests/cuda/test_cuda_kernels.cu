@@ -1,0 +1,165 @@
+// CUDA launchers against the host launchers of the same math: each op runs on both backends on
+// the same inputs, and results must agree within tol + |ref| * eps (llm.c's rule), printing the
+// first mismatches. Exits 77 (CTest: skipped) when no CUDA device is present.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "xpipe/xpipe_cuda.cuh"
+
+namespace {
+
+int failures = 0;
+
+void check(const char* what, const std::vector<float>& ref, const std::vector<float>& got,
+           float tol, float eps) {
+  int shown = 0, bad = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const float allowed = tol + std::fabs(ref[i]) * eps;
+    if (!(std::fabs(ref[i] - got[i]) <= allowed)) {
+      if (shown++ < 5) std::printf("  %s[%zu]: host %.9g, cuda %.9g\n", what, i, ref[i], got[i]);
+      ++bad;
+    }
+  }
+  std::printf("%-28s %s (%d of %zu outside %g + |ref| * %g)\n", what, bad ? "FAIL" : "ok", bad,
+              ref.size(), tol, eps);
+  failures += bad != 0;
+}
+
+std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  xpipe::Rng rng{seed};
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+template <class T>
+xpipe::DeviceBuffer<T> to_device(const std::vector<T>& v) {
+  xpipe::DeviceBuffer<T> d(static_cast<xpipe::index_t>(v.size()));
+  d.copy_from_host(v.data(), d.size());
+  return d;
+}
+
+template <class T>
+std::vector<T> to_host(const xpipe::DeviceBuffer<T>& d) {
+  std::vector<T> v(static_cast<std::size_t>(d.size()));
+  d.copy_to_host(v.data(), d.size());
+  return v;
+}
+
+using Model = xpipe::Stage<xpipe::Linear<96, 128>, xpipe::ReLU, xpipe::Linear<128, 64>,
+                           xpipe::GELU, xpipe::Linear<64, 10>>;
+
+// A whole stage: forward, loss, backward and two Adam steps on both backends.
+void stage_and_optimizer(const xpipe::CudaContext& cctx) {
+  const xpipe::HostContext hctx{};
+  const xpipe::index_t rows = 32;
+  const auto x = random_vector(rows * 96, 1);
+  std::vector<std::int32_t> labels(rows);
+  for (xpipe::index_t r = 0; r < rows; ++r) labels[r] = static_cast<std::int32_t>(r % 10);
+
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Host> hst(xpipe::Adam{.lr = 1e-2f}, Model::param_count);
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Cuda> cst(xpipe::Adam{.lr = 1e-2f}, Model::param_count);
+  Model::init({hst.weights(), static_cast<std::size_t>(Model::param_count)}, 5);
+  XPIPE_CUDA_CHECK(cudaMemcpy(cst.weights(), hst.weights(), Model::param_count * sizeof(float),
+                              cudaMemcpyHostToDevice));
+  Model::Activations<xpipe::Host> ha(rows);
+  Model::Activations<xpipe::Cuda> ca(rows);
+  Model::GradScratch<xpipe::Host> hs(rows);
+  Model::GradScratch<xpipe::Cuda> cs(rows);
+  xpipe::HostBuffer<float> hdl(rows * 10), hloss(rows);
+  xpipe::DeviceBuffer<float> cdl(rows * 10), closs(rows);
+  auto dx = to_device(x);
+  auto dlabels = to_device(labels);
+  for (int step = 0; step < 2; ++step) {
+    const auto hy = Model::forward(hctx, hst.weights(), {x.data(), rows, 96}, ha);
+    const auto cy = Model::forward(cctx, cst.weights(), {dx.data(), rows, 96}, ca);
+    xpipe::SoftmaxCrossEntropy::forward_backward(hctx, hy, labels.data(), 1.f / rows,
+                                                 {hdl.data(), rows, 10}, hloss.data());
+    xpipe::SoftmaxCrossEntropy::forward_backward(cctx, cy, dlabels.data(), 1.f / rows,
+                                                 {cdl.data(), rows, 10}, closs.data());
+    Model::backward(hctx, hst.weights(), hst.grads(), false, ha, {hdl.data(), rows, 10},
+                    xpipe::Matrix{}, hs);
+    Model::backward(cctx, cst.weights(), cst.grads(), false, ca, {cdl.data(), rows, 10},
+                    xpipe::Matrix{}, cs);
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+    std::vector<float> hl(hloss.begin(), hloss.end()), cl(rows);
+    closs.copy_to_host(cl.data(), rows);
+    check(("loss rows, step " + std::to_string(step)).c_str(), hl, cl, 1e-4f, 1e-4f);
+    std::vector<float> hg(hst.grads(), hst.grads() + Model::param_count), cg(Model::param_count);
+    XPIPE_CUDA_CHECK(cudaMemcpy(cg.data(), cst.grads(), cg.size() * 4, cudaMemcpyDeviceToHost));
+    check(("gradients, step " + std::to_string(step)).c_str(), hg, cg, 1e-5f, 1e-3f);
+    hst.step(hctx);
+    cst.step(cctx);
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+    std::vector<float> hw(hst.weights(), hst.weights() + Model::param_count), cw(Model::param_count);
+    XPIPE_CUDA_CHECK(cudaMemcpy(cw.data(), cst.weights(), cw.size() * 4, cudaMemcpyDeviceToHost));
+    check(("weights after step " + std::to_string(step)).c_str(), hw, cw, 1e-5f, 1e-4f);
+  }
+  std::vector<float> hd(Model::param_count), cdv(Model::param_count);
+  xpipe::DeviceBuffer<float> dd(Model::param_count);
+  hst.direction(hctx, hd.data());
+  cst.direction(cctx, dd.data());
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  dd.copy_to_host(cdv.data(), dd.size());
+  check("adam direction", hd, cdv, 1e-3f, 1e-3f);
+}
+
+void element_ops(const xpipe::CudaContext& cctx) {
+  const xpipe::HostContext hctx{};
+  const xpipe::index_t n = 10007;
+  const auto w0 = random_vector(n, 2), g = random_vector(n, 3), m0 = random_vector(n, 4);
+  const xpipe::math::SgdScalars s{0.1f, 0.9f, 0.1f, 1e-4f, true, false};
+  std::vector<float> hw = w0, hm = m0;
+  xpipe::sgd_step(hctx, hw.data(), g.data(), hm.data(), n, s);
+  auto dw = to_device(w0), dg = to_device(g), dm = to_device(m0);
+  xpipe::sgd_step(cctx, dw.data(), dg.data(), dm.data(), n, s);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  check("sgd weights", hw, to_host(dw), 1e-6f, 1e-6f);
+  check("sgd momentum", hm, to_host(dm), 1e-6f, 1e-6f);
+  std::vector<float> hd(n);
+  xpipe::DeviceBuffer<float> dd(n);
+  xpipe::sgd_direction(hctx, hm.data(), hd.data(), n);
+  xpipe::sgd_direction(cctx, dm.data(), dd.data(), n);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  check("sgd direction", hd, to_host(dd), 1e-6f, 1e-6f);
+
+  // Softmax cross-entropy with extreme logits.
+  auto logits = random_vector(64 * 10, 6, -1e4f, 1e4f);
+  std::vector<std::int32_t> labels(64);
+  for (int r = 0; r < 64; ++r) labels[r] = r % 10;
+  std::vector<float> hgrad(640), hloss(64);
+  xpipe::softmax_xent(hctx, {logits.data(), 64, 10}, labels.data(), 1.f / 64, {hgrad.data(), 64, 10},
+                      hloss.data());
+  auto dl = to_device(logits);
+  auto dlab = to_device(labels);
+  xpipe::DeviceBuffer<float> dgrad(640), dloss(64);
+  xpipe::softmax_xent(cctx, {dl.data(), 64, 10}, dlab.data(), 1.f / 64, {dgrad.data(), 64, 10},
+                      dloss.data());
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  check("softmax xent grad (+-1e4)", hgrad, to_host(dgrad), 1e-6f, 1e-5f);
+  check("softmax xent loss (+-1e4)", hloss, to_host(dloss), 1e-2f, 1e-5f);
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device (%s); the CUDA kernels were built but not run\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  try {
+    xpipe::CudaStreamContext stream;
+    element_ops(stream.ctx());
+    stage_and_optimizer(stream.ctx());
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf(failures ? "FAILED: %d checks\n" : "all CUDA checks passed\n", failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,104 @@
+// Concepts both ways: every shipped policy qualifies; near misses (one member short) do not.
+#include <catch2/catch.hpp>
+
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+
+namespace {
+// A user layer that qualifies: doubles its input.
+struct Twice {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  template <class Ctx>
+  static void forward(const Ctx&, const float*, ConstMatrix x, Matrix y) {
+    for (index_t i = 0; i < x.rows; ++i)
+      for (index_t j = 0; j < x.cols; ++j) y(i, j) = 2 * x(i, j);
+  }
+  template <class Ctx>
+  static void backward(const Ctx&, const float*, float*, bool, ConstMatrix, ConstMatrix,
+                       ConstMatrix dy, Matrix dx) {
+    for (index_t i = 0; i < dy.rows; ++i)
+      for (index_t j = 0; j < dy.cols; ++j) dx(i, j) = 2 * dy(i, j);
+  }
+};
+// Near miss: no backward.
+struct NoBackward {
+  static constexpr int in_width = 3, out_width = 3;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  static void forward(const HostContext&, const float*, ConstMatrix, Matrix) {}
+};
+// Near miss: no param_count.
+struct NoParamCount {
+  static constexpr int in_width = 3, out_width = 3;
+  static void init(std::span<float>, std::uint64_t) {}
+  static void forward(const HostContext&, const float*, ConstMatrix, Matrix) {}
+  static void backward(const HostContext&, const float*, float*, bool, ConstMatrix, ConstMatrix,
+                       ConstMatrix, Matrix) {}
+};
+// A user optimizer that qualifies: plain SGD without momentum.
+struct PlainSgd {
+  static constexpr int moment_count = 0;
+  static constexpr const char* name = "plain";
+  float lr = 0.1f;
+  float learning_rate() const { return lr; }
+  void step(const HostContext&, const FlatState& s) const {
+    for (index_t i = 0; i < s.size; ++i) s.weights[i] -= lr * s.grads[i];
+  }
+  void direction(const HostContext&, const FlatState&, float*) const {}
+};
+// Near miss: no direction (cannot drive weight prediction).
+struct NoDirection {
+  static constexpr int moment_count = 0;
+  static constexpr const char* name = "nodir";
+  float learning_rate() const { return 0.1f; }
+  void step(const HostContext&, const FlatState&) const {}
+};
+// Backend near miss: no Context.
+struct NoContext {
+  template <class T>
+  using Buffer = HostBuffer<T>;
+  static constexpr const char* name = "x";
+};
+}  // namespace
+
+TEST_CASE("Layer concept accepts shipped and user layers, rejects near misses", "[concepts]") {
+  STATIC_REQUIRE(Layer<Linear<3, 4>>);
+  STATIC_REQUIRE(Layer<ReLU>);
+  STATIC_REQUIRE(Layer<GELU>);
+  STATIC_REQUIRE(Layer<Twice>);
+  STATIC_REQUIRE_FALSE(Layer<NoBackward>);
+  STATIC_REQUIRE_FALSE(Layer<NoParamCount>);
+  STATIC_REQUIRE_FALSE(Layer<int>);
+  // The user layer works inside a Stage.
+  using S = Stage<Linear<2, 2>, Twice>;
+  std::vector<float> w(S::param_count);
+  S::init(w, 1);
+  S::Activations<Host> a(1);
+  std::vector<float> x{1.f, -1.f};
+  const ConstMatrix y = S::forward(HostContext{}, w.data(), {x.data(), 1, 2}, a);
+  REQUIRE(y(0, 0) == Approx(2 * (w[0] * 1 - w[2])));
+}
+
+TEST_CASE("Optimizer concept accepts shipped and user optimizers, rejects near misses",
+          "[concepts]") {
+  STATIC_REQUIRE(Optimizer<SGD>);
+  STATIC_REQUIRE(Optimizer<Adam>);
+  STATIC_REQUIRE(Optimizer<AdamW>);
+  STATIC_REQUIRE(Optimizer<PlainSgd>);
+  STATIC_REQUIRE_FALSE(Optimizer<NoDirection>);
+  STATIC_REQUIRE_FALSE(Optimizer<Linear<2, 2>>);
+  OptimizerState<PlainSgd, Host> st(PlainSgd{}, 2);
+  st.weights()[0] = 1.f;
+  st.grads()[0] = 2.f;
+  st.step(HostContext{});
+  REQUIRE(st.weights()[0] == Approx(0.8f));
+}
+
+TEST_CASE("Backend concept accepts the host backend, rejects a near miss", "[concepts]") {
+  STATIC_REQUIRE(Backend<Host>);
+  STATIC_REQUIRE_FALSE(Backend<NoContext>);
+  STATIC_REQUIRE(std::is_same_v<DefaultBackend, Host>);
+}

@@ -1,0 +1,135 @@
+// Stage<Layers...>: widths, flat layout, seeded split-invariant init, chaining, and training.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+
+using Whole = Stage<Linear<6, 8>, ReLU, Linear<8, 5>, GELU, Linear<5, 3>>;
+using Front = Stage<Linear<6, 8>, ReLU>;
+using Back = Stage<Linear<8, 5>, GELU, Linear<5, 3>>;
+
+TEST_CASE("Stage resolves boundary widths and a 64-byte-aligned flat layout", "[stage]") {
+  STATIC_REQUIRE(Whole::in_width == 6);
+  STATIC_REQUIRE(Whole::out_width == 3);
+  STATIC_REQUIRE(Whole::widths == std::array<int, 6>{6, 8, 8, 5, 5, 3});
+  STATIC_REQUIRE(Stage<ReLU, Linear<4, 2>>::in_width == 4);  // leading activation takes 4
+  // Linear<6,8>: 56 floats -> padded to 64; ReLU 0; Linear<8,5>: 45 -> 48; Linear<5,3>: 18 -> 32.
+  STATIC_REQUIRE(Whole::param_offsets == std::array<index_t, 6>{0, 64, 64, 112, 112, 144});
+  STATIC_REQUIRE(Whole::param_count == 144);
+  STATIC_REQUIRE(models::FashionMlp::in_width == 784);
+  STATIC_REQUIRE(models::FashionMlp::out_width == 10);
+}
+
+TEST_CASE("Seeded init is reproducible and the same however the model is split", "[stage]") {
+  std::vector<float> whole(Whole::param_count), again(Whole::param_count), other(Whole::param_count);
+  Whole::init(whole, 5);
+  Whole::init(again, 5);
+  Whole::init(other, 6);
+  REQUIRE(whole == again);
+  REQUIRE(whole != other);
+  std::vector<float> front(Front::param_count), back(Back::param_count);
+  Front::init(front, 5, 0);
+  Back::init(back, 5, Front::layer_count);
+  // Layer blocks of the whole model equal those of the two stages.
+  REQUIRE(std::equal(front.begin(), front.begin() + 56, whole.begin()));
+  REQUIRE(std::equal(back.begin(), back.begin() + 45, whole.begin() + 64));
+  REQUIRE(std::equal(back.begin() + 48, back.begin() + 66, whole.begin() + 112));
+  // He-uniform bound for fan-in 6: |w| < sqrt(6/6) = 1; biases start at zero.
+  for (int i = 0; i < 48; ++i) REQUIRE(std::fabs(whole[i]) < 1.f);
+  for (int i = 48; i < 56; ++i) REQUIRE(whole[i] == 0.f);
+  REQUIRE_THROWS_AS(Whole::init(std::span<float>(front), 5), ShapeError);
+}
+
+TEST_CASE("Two stages chained give the bits of the whole model, forward and backward",
+          "[stage]") {
+  const HostContext ctx{};
+  const index_t rows = 4;
+  std::vector<float> w(Whole::param_count), wf(Front::param_count), wb(Back::param_count);
+  Whole::init(w, 9);
+  Front::init(wf, 9, 0);
+  Back::init(wb, 9, 2);
+  Rng rng{1};
+  std::vector<float> x(rows * 6), dy(rows * 3);
+  for (float& v : x) v = rng.uniform(-1.f, 1.f);
+  for (float& v : dy) v = rng.uniform(-1.f, 1.f);
+
+  Whole::Activations<Host> aw(rows);
+  Whole::GradScratch<Host> sw(rows);
+  const ConstMatrix yw = Whole::forward(ctx, w.data(), {x.data(), rows, 6}, aw);
+  std::vector<float> gw(Whole::param_count), dxw(rows * 6);
+  Whole::backward(ctx, w.data(), gw.data(), false, aw, {dy.data(), rows, 3},
+                  {dxw.data(), rows, 6}, sw);
+
+  Front::Activations<Host> af(rows);
+  Back::Activations<Host> ab(rows);
+  Front::GradScratch<Host> sf(rows);
+  Back::GradScratch<Host> sb(rows);
+  const ConstMatrix h = Front::forward(ctx, wf.data(), {x.data(), rows, 6}, af);
+  const ConstMatrix yb = Back::forward(ctx, wb.data(), h, ab);
+  REQUIRE(std::memcmp(yw.data, yb.data, rows * 3 * sizeof(float)) == 0);
+  std::vector<float> gf(Front::param_count), gb(Back::param_count), dh(rows * 8), dxf(rows * 6);
+  Back::backward(ctx, wb.data(), gb.data(), false, ab, {dy.data(), rows, 3}, {dh.data(), rows, 8},
+                 sb);
+  Front::backward(ctx, wf.data(), gf.data(), false, af, {dh.data(), rows, 8},
+                  {dxf.data(), rows, 6}, sf);
+  REQUIRE(dxw == dxf);
+  REQUIRE(std::equal(gf.begin(), gf.begin() + 56, gw.begin()));
+  REQUIRE(std::equal(gb.begin(), gb.begin() + 66, gw.begin() + 64));
+}
+
+TEST_CASE("Stage rejects inputs that do not fit its buffers", "[stage]") {
+  const HostContext ctx{};
+  std::vector<float> w(Whole::param_count), x(10 * 7);
+  Whole::Activations<Host> a(4);
+  REQUIRE_THROWS_WITH(Whole::forward(ctx, w.data(), {x.data(), 4, 7}, a),
+                      Catch::Contains("7 columns") && Catch::Contains("expects 6"));
+  REQUIRE_THROWS_WITH(Whole::forward(ctx, w.data(), {x.data(), 10, 6}, a),
+                      Catch::Contains("10 rows"));
+}
+
+TEST_CASE("Sequential training fits a separable synthetic problem", "[stage][train]") {
+  // Three Gaussian blobs in 6-D: the loss must fall well below log(3) and accuracy rise.
+  using Model = Stage<Linear<6, 16>, ReLU, Linear<16, 3>>;
+  const HostContext ctx{};
+  Dataset d;
+  d.count = 300;
+  d.width = 6;
+  d.classes = 3;
+  d.features = HostBuffer<float>(300 * 6);
+  Rng rng{4};
+  for (int i = 0; i < 300; ++i) {
+    d.labels.push_back(i % 3);
+    for (int j = 0; j < 6; ++j) d.features[i * 6 + j] = rng.normal() * 0.5f + (j % 3 == i % 3 ? 2.f : 0.f);
+  }
+  SequentialTrainer<Model, Adam> t(Adam{.lr = 1e-2f}, 32, 3);
+  Batcher b(d, 32, 3);
+  HostBuffer<float> x(32 * 6);
+  HostBuffer<std::int32_t> y(32);
+  double first = 0, last = 0;
+  for (int epoch = 0; epoch < 20; ++epoch) {
+    b.start_epoch(epoch);
+    double sum = 0;
+    while (index_t n = b.next({x.data(), 32, 6}, y.data()))
+      sum += t.train_step(ctx, {x.data(), n, 6}, y.data()) * n;
+    (epoch == 0 ? first : last) = sum / 300;
+  }
+  REQUIRE(first > 0.5);
+  REQUIRE(last < 0.1);
+  REQUIRE(t.evaluate(ctx, d) > 0.97);
+}
+
+TEST_CASE("A NaN loss stops training with a clear error", "[stage][train]") {
+  using Model = Stage<Linear<2, 2>>;
+  const HostContext ctx{};
+  SequentialTrainer<Model, SGD> t(SGD{.lr = 0.1f}, 2, 1);
+  std::vector<float> x{1.f, std::nanf(""), 0.f, 1.f};
+  std::vector<std::int32_t> y{0, 1};
+  REQUIRE_THROWS_WITH(t.train_step(ctx, {x.data(), 2, 2}, y.data()),
+                      Catch::Contains("loss is NaN") && Catch::Contains("row 0"));
+  REQUIRE(t.state().steps_taken() == 0);  // the bad batch did not update the weights
+}
