@@ -54,33 +54,81 @@ inline void write_fp_mode(unsigned mode) {
 }
 }  // namespace detail
 
+// Element loops are compiled three times, for the x86-64 baseline, AVX2+FMA and AVX-512, and
+// the widest the CPU supports runs: a user gets wide vectors without building for one CPU. The
+// functor (the shared math) is inlined into each variant. Floating-point contraction into FMA
+// may differ between the variants, so the bits are per machine, but never per thread.
+enum class HostIsa { baseline, avx2, avx512 };
+
+//! The instruction set the host element loops use on this CPU (probed once).
+inline HostIsa host_isa() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const HostIsa isa = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                                     __builtin_cpu_supports("avx512bw") &&
+                                     __builtin_cpu_supports("avx512dq")
+                                 ? HostIsa::avx512
+                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                                 ? HostIsa::avx2
+                                 : HostIsa::baseline;
+  return isa;
+#else
+  return HostIsa::baseline;
+#endif
+}
+
+namespace detail {
+template <class F>
+void run_range_baseline(const F& f, index_t begin, index_t end) {
+  for (index_t i = begin; i < end; ++i) f(i);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+template <class F>
+__attribute__((target("avx2,fma"))) void run_range_avx2(const F& f, index_t begin, index_t end) {
+  for (index_t i = begin; i < end; ++i) f(i);
+}
+template <class F>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(
+    const F& f, index_t begin, index_t end) {
+  for (index_t i = begin; i < end; ++i) f(i);
+}
+#endif
+template <class F>
+void run_range(HostIsa isa, const F& f, index_t begin, index_t end) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (isa == HostIsa::avx512) return run_range_avx512(f, begin, end);
+  if (isa == HostIsa::avx2) return run_range_avx2(f, begin, end);
+#endif
+  (void)isa;
+  run_range_baseline(f, begin, end);
+}
+}  // namespace detail
+
 //! Calls f(i) for i in [0, n), on ctx.threads threads when `work` (elements touched) is large
-//! enough to pay for the fork. Helper threads adopt the caller's floating-point mode (flush-to-
-//! zero), so the bits never depend on which thread computed an element.
+//! enough to pay for the fork. Each thread takes one contiguous range. Helper threads adopt the
+//! caller's floating-point mode (flush-to-zero), so the bits never depend on the thread count.
 template <class F>
 void parallel_for(const HostContext& ctx, index_t n, index_t work, F f) {
+  const HostIsa isa = host_isa();
   if (ctx.threads > 1 && work >= host_parallel_grain && n > 1) {
     const unsigned mode = detail::read_fp_mode();
 #pragma omp parallel num_threads(ctx.threads)
     {
       detail::write_fp_mode(mode);
-#pragma omp for schedule(static)
-      for (index_t i = 0; i < n; ++i) f(i);
+      const index_t team = omp_get_num_threads(), me = omp_get_thread_num();
+      const index_t per = (n + team - 1) / team;
+      const index_t begin = me * per < n ? me * per : n;
+      const index_t end = begin + per < n ? begin + per : n;
+      detail::run_range(isa, f, begin, end);
     }
   } else {
-    for (index_t i = 0; i < n; ++i) f(i);
+    detail::run_range(isa, f, 0, n);
   }
 }
 
 //! Calls f(i) for each element index of a flat buffer of n elements (see parallel_for).
 template <class F>
 void for_each_index(const HostContext& ctx, index_t n, F f) {
-  // Contiguous chunks of 4096 keep each thread's inner loop vectorised.
-  constexpr index_t chunk = 4096;
-  parallel_for(ctx, (n + chunk - 1) / chunk, n, [=](index_t b) {
-    const index_t end = (b + 1) * chunk < n ? (b + 1) * chunk : n;
-    for (index_t i = b * chunk; i < end; ++i) f(i);
-  });
+  parallel_for(ctx, n, n, f);
 }
 
 //! Calls f(r) for each row r of a rows x cols matrix; f walks the row's columns itself.

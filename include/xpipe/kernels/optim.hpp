@@ -32,7 +32,7 @@ XPIPE_HOST_DEVICE void sgd_update(float& w, float g, float& m, const SgdScalars&
 XPIPE_HOST_DEVICE float sgd_direction(float m) { return m; }
 
 //! Scalars of one Adam/AdamW step, bias corrections precomputed for step t (1-based):
-//! step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+//! step_size = lr / (1 - beta1^t), inv_bc1 = 1 / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
 struct AdamScalars {
   float lr;
   float beta1;
@@ -40,6 +40,7 @@ struct AdamScalars {
   float eps;
   float weight_decay;
   float step_size;
+  float inv_bc1;
   float inv_sqrt_bc2;
   bool decoupled;  // AdamW: decay the weight directly instead of adding wd w to the gradient
 };
@@ -56,6 +57,7 @@ inline AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, f
           eps,
           weight_decay,
           static_cast<float>(lr / bc1),
+          static_cast<float>(1.0 / bc1),
           static_cast<float>(1.0 / std::sqrt(bc2)),
           decoupled};
 }
@@ -78,7 +80,7 @@ XPIPE_HOST_DEVICE void adam_update(float& w, float g, float& m, float& v, const 
 //! corrections of the step already taken (`s` from adam_scalars(..., t)). Multiplying by lr gives
 //! the step the optimizer would take if the next gradient were zero-mean noise.
 XPIPE_HOST_DEVICE float adam_direction(float m, float v, const AdamScalars& s) {
-  return (s.step_size / s.lr) * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
+  return s.inv_bc1 * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
 }
 
 }  // namespace xpipe::math
