@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -43,6 +44,30 @@ inline double triad_bytes_per_second(xpipe::index_t n, int threads) {
     xpipe::for_each_index(ctx, n, [=](xpipe::index_t i) { pa[i] = pb[i] + 3.f * pc[i]; });
   });
   return cache[key] = 12.0 * static_cast<double>(n) / s;
+}
+
+//! Ratio of a memory-bound kernel's bytes/s to a triad's over the same footprint (`floats`
+//! distinct floats), measured alternately, best of `rounds` each: both see the same machine
+//! state (frequency, neighbours on the host, cache level), which a separately timed triad
+//! on a shared VM does not.
+template <class Kernel>
+double paired_triad_ratio(Kernel&& kernel, double kernel_bytes, xpipe::index_t floats, int threads,
+                          int rounds = 30) {
+  const xpipe::index_t n = floats / 3;
+  xpipe::HostBuffer<float> a(n), b(n), c(n);
+  const xpipe::HostContext ctx{.threads = threads};
+  float* pa = a.data();
+  const float* pb = b.data();
+  const float* pc = c.data();
+  auto triad = [&] {
+    xpipe::for_each_index(ctx, n, [=](xpipe::index_t i) { pa[i] = pb[i] + 3.f * pc[i]; });
+  };
+  double best_k = 1e30, best_t = 1e30;
+  for (int r = 0; r < rounds; ++r) {
+    best_k = std::min(best_k, best_seconds(kernel, 1, 3));
+    best_t = std::min(best_t, best_seconds(triad, 1, 3));
+  }
+  return (kernel_bytes / best_k) / (12.0 * static_cast<double>(n) / best_t);
 }
 
 //! FLOP/s of a raw dnnl_sgemm call (row-major) on `threads` threads.
