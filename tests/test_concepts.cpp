@@ -47,7 +47,12 @@ struct PlainSgd {
   void step(const HostContext&, const FlatState& s) const {
     for (index_t i = 0; i < s.size; ++i) s.weights[i] -= lr * s.grads[i];
   }
-  void direction(const HostContext&, const FlatState&, float*) const {}
+  void direction(const HostContext&, const FlatState& s, float* d) const {
+    for (index_t i = 0; i < s.size; ++i) d[i] = 0.f;  // no state: no foreseeable step
+  }
+  void predict(const HostContext&, const FlatState& s, float, float* out) const {
+    for (index_t i = 0; i < s.size; ++i) out[i] = s.weights[i];
+  }
 };
 // Near miss: no direction (cannot drive weight prediction).
 struct NoDirection {

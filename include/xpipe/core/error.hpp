@@ -42,4 +42,16 @@ class BackendError : public Error {
   using Error::Error;
 };
 
+//! A stage of a pipeline failed; the message names the stage and the action it was running.
+class StageError : public Error {
+ public:
+  StageError(int stage, const std::string& action, const std::string& what)
+      : Error("xpipe: stage " + std::to_string(stage) + ", action " + action + ": " + what),
+        stage_(stage) {}
+  int stage() const { return stage_; }
+
+ private:
+  int stage_;
+};
+
 }  // namespace xpipe

@@ -119,6 +119,21 @@ class Batcher {
       std::swap(order_[i], order_[static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1))]);
   }
 
+  //! The whole epoch in its shuffled order, rows into x (count x width) and labels: what a
+  //! Pipeline trains on (EpochData), mini-batch t being rows [t * batch, (t + 1) * batch).
+  void gather_epoch(std::uint64_t epoch, Matrix x, std::int32_t* labels) {
+    if (x.rows != data_->count || x.cols != data_->width)
+      throw ShapeError("xpipe: Batcher::gather_epoch: destination is " + std::to_string(x.rows) +
+                       "x" + std::to_string(x.cols) + ", the epoch is " +
+                       std::to_string(data_->count) + "x" + std::to_string(data_->width));
+    start_epoch(epoch);
+    for (index_t r = 0; r < data_->count; ++r) {
+      std::copy_n(data_->features.data() + order_[r] * data_->width, data_->width, x.row(r));
+      labels[r] = data_->labels[order_[r]];
+    }
+    cursor_ = data_->count;
+  }
+
   //! Copies the next batch into x (rows >= batch, cols = width) and labels; returns its rows,
   //! 0 at the end of the epoch.
   index_t next(Matrix x, std::int32_t* labels) {

@@ -104,4 +104,26 @@ inline void adam_direction(const HostContext& ctx, const float* XPIPE_RESTRICT m
   for_each_index(ctx, n, [=](index_t i) { d[i] = math::adam_direction(m[i], v[i], s); });
 }
 
+//! out = w - s_lr * m: the SGD prediction in one pass.
+inline void sgd_predict(const HostContext& ctx, const float* XPIPE_RESTRICT w,
+                        const float* XPIPE_RESTRICT m, float* XPIPE_RESTRICT out, index_t n,
+                        float s_lr) {
+  for_each_index(ctx, n, [=](index_t i) { out[i] = math::sgd_predict(w[i], m[i], s_lr); });
+}
+
+//! out = w - s_lr * m_hat / (sqrt(v_hat) + eps): the Adam prediction in one pass.
+inline void adam_predict(const HostContext& ctx, const float* XPIPE_RESTRICT w,
+                         const float* XPIPE_RESTRICT m, const float* XPIPE_RESTRICT v,
+                         float* XPIPE_RESTRICT out, index_t n, float s_lr,
+                         const math::AdamScalars& s) {
+  for_each_index(ctx, n,
+                 [=](index_t i) { out[i] = math::adam_predict(w[i], m[i], v[i], s_lr, s); });
+}
+
+//! dst = src over n floats (a weight version saved for stashing).
+inline void copy_buffer(const HostContext& ctx, const float* XPIPE_RESTRICT src,
+                        float* XPIPE_RESTRICT dst, index_t n) {
+  for_each_index(ctx, n, [=](index_t i) { dst[i] = src[i]; });
+}
+
 }  // namespace xpipe

@@ -31,6 +31,9 @@ XPIPE_HOST_DEVICE void sgd_update(float& w, float g, float& m, const SgdScalars&
 //! SGD's next-step direction for prediction: the momentum buffer itself (DESIGN.md).
 XPIPE_HOST_DEVICE float sgd_direction(float m) { return m; }
 
+//! Weight prediction along SGD's direction: w_hat = w - s_lr * m, with s_lr = s * lr.
+XPIPE_HOST_DEVICE float sgd_predict(float w, float m, float s_lr) { return w - s_lr * sgd_direction(m); }
+
 //! Scalars of one Adam/AdamW step, bias corrections precomputed for step t (1-based):
 //! step_size = lr / (1 - beta1^t), inv_bc1 = 1 / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
 struct AdamScalars {
@@ -81,6 +84,12 @@ XPIPE_HOST_DEVICE void adam_update(float& w, float g, float& m, float& v, const 
 //! the step the optimizer would take if the next gradient were zero-mean noise.
 XPIPE_HOST_DEVICE float adam_direction(float m, float v, const AdamScalars& s) {
   return s.inv_bc1 * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
+}
+
+//! Weight prediction along Adam's direction: w_hat = w - s_lr * m_hat / (sqrt(v_hat) + eps),
+//! with s_lr = s * lr (XPipe's extrapolation of s steps at the current step size).
+XPIPE_HOST_DEVICE float adam_predict(float w, float m, float v, float s_lr, const AdamScalars& s) {
+  return w - s_lr * adam_direction(m, v, s);
 }
 
 }  // namespace xpipe::math

@@ -43,6 +43,13 @@ struct BasicAdam {
     adam_direction(ctx, s.moments[0], s.moments[1], d, s.size,
                    scalars(s.steps_taken > 0 ? s.steps_taken : 1));
   }
+
+  //! out = W - steps * lr * ΔW in one pass (XPipe's prediction over `steps` steps).
+  template <class Ctx>
+  void predict(const Ctx& ctx, const FlatState& s, float steps, float* out) const {
+    adam_predict(ctx, s.weights, s.moments[0], s.moments[1], out, s.size, steps * lr,
+                 scalars(s.steps_taken > 0 ? s.steps_taken : 1));
+  }
 };
 
 using Adam = BasicAdam<false>;

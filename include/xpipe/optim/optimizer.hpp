@@ -33,6 +33,10 @@ concept HasDirection = requires(const O& o, const HostContext& ctx, const FlatSt
   o.direction(ctx, s, d);
 };
 template <class O>
+concept HasPredict = requires(const O& o, const HostContext& ctx, const FlatState& s, float* d) {
+  o.predict(ctx, s, 1.f, d);
+};
+template <class O>
 concept HasLearningRate = requires(const O& o) { { o.learning_rate() } -> std::convertible_to<float>; };
 }  // namespace detail
 
@@ -43,10 +47,12 @@ concept HasLearningRate = requires(const O& o) { { o.learning_rate() } -> std::c
 //!   - `void step(const Ctx&, const FlatState&) const`: step number steps_taken + 1, one pass;
 //!   - `void direction(const Ctx&, const FlatState&, float* d) const`: ΔW, the update direction
 //!     of the next step from the current state (what weight prediction extrapolates along);
+//!   - `void predict(const Ctx&, const FlatState&, float steps, float* out) const`:
+//!     out = W - steps * lr * ΔW, fused in one pass (weight prediction);
 //!   - `float learning_rate() const`.
 template <class O>
 concept Optimizer = detail::HasMomentCount<O> && detail::HasName<O> && detail::HasStep<O> &&
-                    detail::HasDirection<O> && detail::HasLearningRate<O>;
+                    detail::HasDirection<O> && detail::HasPredict<O> && detail::HasLearningRate<O>;
 
 //! Fails to compile with a message naming the first member O lacks.
 template <class O>
@@ -56,6 +62,9 @@ consteval bool check_optimizer() {
   static_assert(detail::HasStep<O>, "xpipe: Optimizer: missing step(ctx, const FlatState&) const");
   static_assert(detail::HasDirection<O>,
                 "xpipe: Optimizer: missing direction(ctx, const FlatState&, float* d) const");
+  static_assert(detail::HasPredict<O>,
+                "xpipe: Optimizer: missing predict(ctx, const FlatState&, float steps, float* out) "
+                "const");
   static_assert(detail::HasLearningRate<O>, "xpipe: Optimizer: missing learning_rate() const");
   return true;
 }
@@ -94,6 +103,11 @@ class OptimizerState {
   template <class Ctx>
   void direction(const Ctx& ctx, float* d) {
     optimizer_.direction(ctx, flat(), d);
+  }
+  //! out = W - steps * lr * ΔW.
+  template <class Ctx>
+  void predict(const Ctx& ctx, float steps, float* out) {
+    optimizer_.predict(ctx, flat(), steps, out);
   }
 
  private:

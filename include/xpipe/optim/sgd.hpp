@@ -34,6 +34,12 @@ struct SGD {
   void direction(const Ctx& ctx, const FlatState& s, float* d) const {
     sgd_direction(ctx, s.moments[0], d, s.size);
   }
+
+  //! out = W - steps * lr * ΔW in one pass (weight prediction over `steps` steps).
+  template <class Ctx>
+  void predict(const Ctx& ctx, const FlatState& s, float steps, float* out) const {
+    sgd_predict(ctx, s.weights, s.moments[0], out, s.size, steps * lr);
+  }
 };
 static_assert(Optimizer<SGD>);
 

@@ -84,4 +84,22 @@ inline void adam_direction(const CudaContext& ctx, const float* m, const float* 
                  [=] __device__(index_t i) { d[i] = math::adam_direction(m[i], v[i], s); });
 }
 
+inline void sgd_predict(const CudaContext& ctx, const float* w, const float* m, float* out,
+                        index_t n, float s_lr) {
+  for_each_index(ctx, n,
+                 [=] __device__(index_t i) { out[i] = math::sgd_predict(w[i], m[i], s_lr); });
+}
+
+inline void adam_predict(const CudaContext& ctx, const float* w, const float* m, const float* v,
+                         float* out, index_t n, float s_lr, const math::AdamScalars& s) {
+  for_each_index(ctx, n, [=] __device__(index_t i) {
+    out[i] = math::adam_predict(w[i], m[i], v[i], s_lr, s);
+  });
+}
+
+inline void copy_buffer(const CudaContext& ctx, const float* src, float* dst, index_t n) {
+  XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, ctx.stream));
+}
+
 }  // namespace xpipe

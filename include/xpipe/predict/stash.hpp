@@ -1,0 +1,122 @@
+// Weight stashing (PipeDream) and its two-version form (PipeDream-2BW): the backward of a
+// micro-batch reads the very weights its forward read.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "xpipe/predict/predictor.hpp"
+
+namespace xpipe {
+
+namespace detail {
+//! Forward reads the live weights; a version still needed by a pending backward is copied into
+//! a stash slot just before the optimizer step overwrites it (so a version costs one copy, and
+//! only when it is really needed). MaxVersions (0: unbounded) caps the versions held.
+template <int MaxVersions, const char* Name>
+struct BasicStash {
+  static constexpr const char* name = Name;
+
+  template <class O, class B>
+  class State {
+   public:
+    explicit State(const PredictorSetup& setup)
+        : setup_(setup), fwd_version_(setup.schedule->total_micro_batches(), -1),
+          slot_of_(setup.schedule->total_micro_batches(), -1) {
+      const int versions = setup.analysis->stash_versions[setup.stage];
+      if (MaxVersions > 0 && versions > MaxVersions)
+        throw ConfigError(std::string("xpipe: ") + Name + ": stage " +
+                          std::to_string(setup.stage) + " needs " + std::to_string(versions) +
+                          " weight versions under schedule '" + setup.schedule->name + "', but " +
+                          Name + " holds " + std::to_string(MaxVersions) +
+                          " (use micro_batches >= stages)");
+      for (int i = 0; i + 1 < versions; ++i) {
+        slots_.emplace_back(setup.params);
+        slot_version_.push_back(-1);
+        slot_users_.push_back(0);
+      }
+      // pending_ never outgrows the micro-batches in flight: no allocation while training.
+      pending_.reserve(static_cast<std::size_t>(setup.analysis->max_in_flight[setup.stage]) + 1);
+    }
+
+    template <class Ctx>
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
+      fwd_version_[g] = static_cast<int>(opt.steps_taken());
+      pending_.push_back(g);
+      return opt.weights();
+    }
+
+    template <class Ctx>
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
+      if (fwd_version_[g] == opt.steps_taken()) return opt.weights();
+      const int slot = slot_of_[g];
+      if (slot < 0)
+        throw Error("xpipe: " + std::string(Name) + ": stage " + std::to_string(setup_.stage) +
+                    ": no stashed version " + std::to_string(fwd_version_[g]) + " for B" +
+                    std::to_string(g));
+      return slots_[slot].data();
+    }
+
+    void backward_done(int g) {
+      for (std::size_t i = 0; i < pending_.size(); ++i)
+        if (pending_[i] == g) {
+          pending_[i] = pending_.back();
+          pending_.pop_back();
+          break;
+        }
+      if (const int slot = slot_of_[g]; slot >= 0 && --slot_users_[slot] == 0)
+        slot_version_[slot] = -1;
+      slot_of_[g] = -1;
+    }
+
+    //! Saves the live version if a pending backward still needs it.
+    template <class Ctx>
+    void before_step(const Ctx& ctx, OptimizerState<O, B>& opt) {
+      const int live = static_cast<int>(opt.steps_taken());
+      int slot = -1;
+      for (int g : pending_) {
+        if (fwd_version_[g] != live) continue;
+        if (slot < 0) {
+          for (std::size_t i = 0; i < slots_.size(); ++i)
+            if (slot_version_[i] < 0) {
+              slot = static_cast<int>(i);
+              break;
+            }
+          if (slot < 0)
+            throw Error("xpipe: " + std::string(Name) + ": stage " + std::to_string(setup_.stage) +
+                        ": all " + std::to_string(slots_.size()) + " stash slots are in use");
+          copy_buffer(ctx, opt.weights(), slots_[slot].data(), setup_.params);
+          slot_version_[slot] = live;
+        }
+        slot_of_[g] = slot;
+        ++slot_users_[slot];
+      }
+    }
+
+    int weight_copies() const { return 1 + static_cast<int>(slots_.size()); }
+
+   private:
+    PredictorSetup setup_;
+    std::vector<int> fwd_version_, slot_of_;
+    std::vector<int> pending_;  // micro-batches forwarded, not yet backwarded (capacity reserved)
+    std::vector<typename B::template Buffer<float>> slots_;
+    std::vector<int> slot_version_, slot_users_;
+  };
+};
+
+inline constexpr char stash_name[] = "stash";
+inline constexpr char double_buffered_name[] = "2bw";
+}  // namespace detail
+
+//! PipeDream weight stashing: forward on the latest weights, backward on the same version.
+//! Holds the K - k versions the schedule's analysis says stage k needs.
+using Stash = detail::BasicStash<0, detail::stash_name>;
+
+//! PipeDream-2BW: stashing limited to two versions (the live weights and one shadow), so the
+//! gradients are applied with delay 1. Construction fails if the schedule needs more.
+using DoubleBuffered = detail::BasicStash<2, detail::double_buffered_name>;
+
+static_assert(Predictor<Stash>);
+static_assert(Predictor<DoubleBuffered>);
+
+}  // namespace xpipe

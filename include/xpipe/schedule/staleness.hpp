@@ -1,0 +1,123 @@
+// Staleness analysis: for every action, the weight version it reads and its version difference
+// s under the two targets of DESIGN.md, plus what each stage must hold (activations in flight,
+// stashed weight versions, mini-batches in flight). Derived from the schedule, never assumed.
+#pragma once
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "xpipe/schedule/validate.hpp"
+
+namespace xpipe {
+
+//! Which version difference a predictor extrapolates over.
+enum class StalenessTarget {
+  //! s = optimizer steps the stage takes between the action and the step that consumes this
+  //! micro-batch's gradient (PipeOptim, XPipe).
+  ApplyTime,
+  //! s = steps the stage takes between the action and the end of the micro-batch's backward at
+  //! stage 0 (inclusive), on a unit-time dry run, not counting the step that consumes this
+  //! micro-batch's own gradient (SpecTrain).
+  RoundTrip,
+};
+
+//! What the analysis knows about one Forward or Backward action.
+struct ActionVersion {
+  int version = 0;     // steps the stage has taken before the action: the weights it reads
+  int apply_time = 0;  // s under StalenessTarget::ApplyTime
+  int round_trip = 0;  // s under StalenessTarget::RoundTrip
+  int s(StalenessTarget t) const { return t == StalenessTarget::ApplyTime ? apply_time : round_trip; }
+};
+
+//! Per-stage results of the analysis. Usage: `auto a = analyze_staleness(async_1f1b(4, 1, 8));
+//! a.forward(k, g).apply_time`.
+struct StalenessAnalysis {
+  int stages = 0, micro_batches = 0;
+  std::vector<std::vector<ActionVersion>> forward_of, backward_of;  // [stage][micro-batch g]
+  std::vector<int> max_in_flight;           // micro-batches forwarded, not yet backwarded
+  std::vector<int> stash_versions;          // distinct versions alive (in-flight + latest)
+  std::vector<int> mini_batches_in_flight;  // mini-batches begun, not yet fully backwarded
+
+  const ActionVersion& forward(int k, int g) const { return forward_of[k][g]; }
+  const ActionVersion& backward(int k, int g) const { return backward_of[k][g]; }
+};
+
+//! Validates the schedule, then derives versions and s for every action (see StalenessTarget).
+inline StalenessAnalysis analyze_staleness(const Schedule& s) {
+  validate(s);
+  const Timeline tl = dry_run(s, unit_cost);
+  const int K = s.stages, M = s.micro_batches, total = s.total_micro_batches();
+  StalenessAnalysis r;
+  r.stages = K;
+  r.micro_batches = M;
+  r.forward_of.assign(K, std::vector<ActionVersion>(total));
+  r.backward_of.assign(K, std::vector<ActionVersion>(total));
+  r.max_in_flight.assign(K, 0);
+  r.stash_versions.assign(K, 1);
+  r.mini_batches_in_flight.assign(K, 0);
+
+  // End of each micro-batch's backward at stage 0: the round trip's finish line.
+  std::vector<double> home(total, 0);
+  for (std::size_t p = 0; p < s.actions[0].size(); ++p)
+    if (s.actions[0][p].kind == ActionKind::Backward) home[s.actions[0][p].index] = tl.end[0][p];
+
+  for (int k = 0; k < K; ++k) {
+    const auto& list = s.actions[k];
+    // Time of each step of this stage, in order (steps are validated to run S0, S1, ...).
+    std::vector<double> step_time;
+    std::vector<std::size_t> step_pos;
+    for (std::size_t p = 0; p < list.size(); ++p)
+      if (list[p].kind == ActionKind::Step) {
+        step_time.push_back(tl.start[k][p]);
+        step_pos.push_back(p);
+      }
+    int version = 0;
+    std::vector<int> fwd_version(total, -1);
+    std::vector<char> in_flight(total, 0);
+    std::vector<int> first_forward_seen(s.mini_batches, 0), backwards_done(s.mini_batches, 0);
+    int live = 0, live_mini = 0;
+    for (std::size_t p = 0; p < list.size(); ++p) {
+      const Action& a = list[p];
+      if (a.kind == ActionKind::Step) {
+        ++version;
+        continue;
+      }
+      const int g = a.index, t = s.mini_batch_of(g);
+      ActionVersion v;
+      v.version = version;
+      v.apply_time = t - version;  // S(t) is this stage's step number t
+      // Steps after this action (in list order) taken by the time the round trip ends (a step
+      // at that very instant counts), except S(t), the step that consumes this very gradient
+      // (so synchronous schedules give 0). With unit-time F and B this reproduces SpecTrain's
+      // published floor(k/2) + K - k - 1 (forward) and floor(k/2) (backward) for async 1F1B.
+      for (std::size_t i = static_cast<std::size_t>(version); i < step_time.size(); ++i)
+        if (step_pos[i] > p && step_time[i] <= home[g] && static_cast<int>(i) != t) ++v.round_trip;
+      if (a.kind == ActionKind::Forward) {
+        r.forward_of[k][g] = v;
+        fwd_version[g] = version;
+        in_flight[g] = 1;
+        ++live;
+        if (first_forward_seen[t]++ == 0) ++live_mini;
+      } else {
+        r.backward_of[k][g] = v;
+        in_flight[g] = 0;
+        --live;
+        if (++backwards_done[t] == M) --live_mini;
+      }
+      r.max_in_flight[k] = std::max(r.max_in_flight[k], live + (a.kind == ActionKind::Backward));
+      r.mini_batches_in_flight[k] =
+          std::max(r.mini_batches_in_flight[k], live_mini + (a.kind == ActionKind::Backward &&
+                                                             backwards_done[t] == M));
+      if (a.kind == ActionKind::Forward) {
+        std::set<int> versions{version};
+        for (int h = 0; h < total; ++h)
+          if (in_flight[h]) versions.insert(fwd_version[h]);
+        r.stash_versions[k] = std::max(r.stash_versions[k], static_cast<int>(versions.size()));
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace xpipe
