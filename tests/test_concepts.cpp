@@ -69,7 +69,7 @@ struct NoContext {
 };
 }  // namespace
 
-TEST_CASE("Layer concept accepts shipped and user layers, rejects near misses", "[concepts]") {
+TEST_CASE("Layer concept accepts shipped and user layers - rejects near misses", "[concepts]") {
   STATIC_REQUIRE(Layer<Linear<3, 4>>);
   STATIC_REQUIRE(Layer<ReLU>);
   STATIC_REQUIRE(Layer<GELU>);
@@ -87,7 +87,7 @@ TEST_CASE("Layer concept accepts shipped and user layers, rejects near misses", 
   REQUIRE(y(0, 0) == Approx(2 * (w[0] * 1 - w[2])));
 }
 
-TEST_CASE("Optimizer concept accepts shipped and user optimizers, rejects near misses",
+TEST_CASE("Optimizer concept accepts shipped and user optimizers - rejects near misses",
           "[concepts]") {
   STATIC_REQUIRE(Optimizer<SGD>);
   STATIC_REQUIRE(Optimizer<Adam>);
@@ -102,7 +102,7 @@ TEST_CASE("Optimizer concept accepts shipped and user optimizers, rejects near m
   REQUIRE(st.weights()[0] == Approx(0.8f));
 }
 
-TEST_CASE("Backend concept accepts the host backend, rejects a near miss", "[concepts]") {
+TEST_CASE("Backend concept accepts the host backend - rejects a near miss", "[concepts]") {
   STATIC_REQUIRE(Backend<Host>);
   STATIC_REQUIRE_FALSE(Backend<NoContext>);
   STATIC_REQUIRE(std::is_same_v<DefaultBackend, Host>);

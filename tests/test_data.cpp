@@ -52,7 +52,7 @@ TEST_CASE("IDX reader loads the real Fashion-MNIST files", "[data]") {
   REQUIRE(distinct == std::set<std::uint8_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
-TEST_CASE("Fashion-MNIST loader: counts, standardised pixels, balanced labels", "[data]") {
+TEST_CASE("Fashion-MNIST loader: counts - standardised pixels - balanced labels", "[data]") {
   const auto d = xpipe::load_fashion_mnist(real_dir);
   REQUIRE(d.train.count == 60000);
   REQUIRE(d.test.count == 10000);
@@ -139,7 +139,7 @@ TEST_CASE("Fashion-MNIST loader rejects inconsistent files", "[data]") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("Batcher: seeded, complete, reproducible epochs", "[data]") {
+TEST_CASE("Batcher: seeded - complete - reproducible epochs", "[data]") {
   xpipe::Dataset d;
   d.count = 10;
   d.width = 2;

@@ -97,7 +97,7 @@ TEST_CASE("Adam L2 and AdamW decoupled weight decay", "[optim]") {
   }
 }
 
-TEST_CASE("SGD with momentum, dampening, weight decay and Nesterov", "[optim]") {
+TEST_CASE("SGD with momentum - dampening - weight decay and Nesterov", "[optim]") {
   const auto t = make_trajectory(4, 5);
   for (bool nesterov : {false, true}) {
     const double lr = 0.1, mu = 0.9, damp = nesterov ? 0.0 : 0.2, wd = 0.01;
@@ -118,7 +118,7 @@ TEST_CASE("SGD with momentum, dampening, weight decay and Nesterov", "[optim]") 
   }
 }
 
-TEST_CASE("Update directions: SGD's momentum buffer, Adam's m_hat / (sqrt(v_hat) + eps)",
+TEST_CASE("Update directions: SGD's momentum buffer - Adam's m_hat / (sqrt(v_hat) + eps)",
           "[optim]") {
   const auto t = make_trajectory(3, 7);
   auto adam = run(xpipe::Adam{.lr = 1e-3f}, t);

@@ -45,7 +45,7 @@ TEST_CASE("Seeded init is reproducible and the same however the model is split",
   REQUIRE_THROWS_AS(Whole::init(std::span<float>(front), 5), ShapeError);
 }
 
-TEST_CASE("Two stages chained give the bits of the whole model, forward and backward",
+TEST_CASE("Two stages chained give the bits of the whole model - forward and backward",
           "[stage]") {
   const HostContext ctx{};
   const index_t rows = 4;

@@ -13,9 +13,10 @@ struct Identity {
   XPIPE_HOST_DEVICE static float backward(float /*x*/, float /*y*/, float dy) { return dy; }
 };
 
-//! f(x) = max(x, 0); the gradient at 0 is taken as 0, as in PyTorch.
+//! f(x) = max(x, 0); the gradient at 0 is taken as 0, as in PyTorch. A NaN input stays NaN
+//! (written as x < 0 ? 0 : x), so divergence reaches the loss check instead of vanishing.
 struct Relu {
-  XPIPE_HOST_DEVICE static float forward(float x) { return x > 0.f ? x : 0.f; }
+  XPIPE_HOST_DEVICE static float forward(float x) { return x < 0.f ? 0.f : x; }
   XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
     return x > 0.f ? dy : 0.f;
   }

@@ -32,18 +32,34 @@ class SequentialTrainer {
   const OptimizerState<O, Host>& state() const { return state_; }
 
   //! Forward, loss, backward and one optimizer step on a batch; returns the batch's mean loss.
+  //! With chunks = M > 1 the batch is processed as M consecutive row chunks whose gradients
+  //! accumulate in chunk order (sizes as a Pipeline splits micro-batches: the first
+  //! rows % M chunks one row larger), the summation order of GPipe and 1F1B-flush with M
+  //! micro-batches, so those schedules can be compared bit for bit.
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated).
-  double train_step(const HostContext& ctx, ConstMatrix x, const std::int32_t* labels) {
+  double train_step(const HostContext& ctx, ConstMatrix x, const std::int32_t* labels,
+                    int chunks = 1) {
     const index_t rows = x.rows;
-    const ConstMatrix logits = Model::forward(ctx, state_.weights(), x, acts_);
-    const Matrix dlogits{dlogits_.data(), rows, Model::out_width};
-    SoftmaxCrossEntropy::forward_backward(ctx, logits, labels, 1.f / static_cast<float>(rows),
-                                          dlogits, row_loss_.data());
-    const double loss = sum_row_losses(row_loss_.data(), rows) / static_cast<double>(rows);
-    Model::backward(ctx, state_.weights(), state_.grads(), false, acts_, dlogits, Matrix{},
-                    scratch_);
+    if (chunks < 1 || chunks > rows)
+      throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
+    const index_t base = rows / chunks, extra = rows % chunks;
+    double loss = 0;
+    index_t first = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const index_t n = base + (c < extra ? 1 : 0);
+      const ConstMatrix logits =
+          Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_);
+      const Matrix dlogits{dlogits_.data(), n, Model::out_width};
+      SoftmaxCrossEntropy::forward_backward(ctx, logits, labels + first,
+                                            1.f / static_cast<float>(rows), dlogits,
+                                            row_loss_.data());
+      loss += sum_row_losses(row_loss_.data(), n);
+      Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
+                      scratch_);
+      first += n;
+    }
     state_.step(ctx);
-    return loss;
+    return loss / static_cast<double>(rows);
   }
 
   //! One epoch over the batches `batcher` yields (its batch size must not exceed max_batch());

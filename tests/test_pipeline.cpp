@@ -1,0 +1,251 @@
+// Pipeline oracles: 1 stage = sequential (bitwise); GPipe and 1F1B-flush = sequential with the
+// mini-batch (bitwise with equal summation order, within a tolerance without); threaded =
+// reference (bitwise) for every schedule x predictor; a failing stage stops the run promptly.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <dirent.h>
+#include <vector>
+
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using Catch::Contains;
+
+namespace {
+
+using S0 = Stage<Linear<20, 32>, ReLU>;
+using S1 = Stage<Linear<32, 32>, GELU>;
+using S2 = Stage<Linear<32, 16>, ReLU>;
+using S3 = Stage<Linear<16, 4>>;
+using Whole = Stage<Linear<20, 32>, ReLU, Linear<32, 32>, GELU, Linear<32, 16>, ReLU, Linear<16, 4>>;
+
+struct Data {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  index_t rows;
+  EpochData epoch() const { return {{x.data(), rows, 20}, y.data()}; }
+};
+
+// rows = 10 mini-batches of 16 plus a tail of 6 rows (kept: 6 >= M for M <= 4).
+Data make_data(index_t rows = 166) {
+  Data d{std::vector<float>(rows * 20), std::vector<std::int32_t>(rows), rows};
+  Rng rng{1};
+  for (auto& v : d.x) v = rng.uniform(-1.f, 1.f);
+  for (auto& v : d.y) v = static_cast<std::int32_t>(rng.below(4));
+  return d;
+}
+
+template <class O>
+std::vector<float> sequential(const Data& d, O opt, int chunks) {
+  SequentialTrainer<Whole, O> t(opt, 16, 3);
+  for (index_t first = 0; first < d.rows; first += 16) {
+    const index_t n = std::min<index_t>(16, d.rows - first);
+    t.train_step(HostContext{}, {d.x.data() + first * 20, n, 20}, d.y.data() + first, chunks);
+  }
+  return {t.state().weights(), t.state().weights() + Whole::param_count};
+}
+
+// The sequential model's flat buffer laid out as the 4 stages' buffers, for comparison.
+std::vector<float> as_stages(const std::vector<float>& whole) {
+  std::vector<float> out;
+  auto take = [&](index_t offset, index_t count, index_t padded) {
+    out.insert(out.end(), whole.begin() + offset, whole.begin() + offset + count);
+    out.insert(out.end(), padded - count, 0.f);
+  };
+  take(Whole::param_offsets[0], 20 * 32 + 32, S0::param_count);
+  take(Whole::param_offsets[2], 32 * 32 + 32, S1::param_count);
+  take(Whole::param_offsets[4], 32 * 16 + 16, S2::param_count);
+  take(Whole::param_offsets[6], 16 * 4 + 4, S3::param_count);
+  return out;
+}
+
+template <class P, class O, class E>
+std::vector<float> four_stages(const Schedule& s, const Data& d, O opt, E&& exec) {
+  Pipeline<S0, S1, S2, S3, P, O> p(opt, {.batch = 16, .micro_batches = s.micro_batches, .seed = 3});
+  p.train(s, d.epoch(), exec);
+  return p.weights();
+}
+
+int thread_count() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("A 1-stage pipeline equals sequential training bitwise", "[pipeline][oracle]") {
+  const Data d = make_data();
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b"}) {
+    INFO(name);
+    Pipeline<Whole, Latest, Adam> p(Adam{.lr = 1e-2f}, {.batch = 16, .micro_batches = 1, .seed = 3});
+    ReferenceExecutor exec;
+    p.train(make_schedule(name, 1, 1, 11), d.epoch(), exec);
+    REQUIRE(p.weights() == sequential(d, Adam{.lr = 1e-2f}, 1));
+  }
+}
+
+TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch", "[pipeline][oracle]") {
+  const Data d = make_data();
+  for (int M : {2, 4}) {
+    for (const char* name : {"gpipe", "1f1b-flush"}) {
+      INFO(name << " M=" << M);
+      const Schedule s = make_schedule(name, 4, M, 11);
+      // Bitwise against sequential training that sums the gradient in the same M chunks.
+      const auto piped = four_stages<Latest>(s, d, Adam{.lr = 1e-2f}, ThreadedExecutor{});
+      REQUIRE(piped == as_stages(sequential(d, Adam{.lr = 1e-2f}, M)));
+      // Against one GEMM over the whole mini-batch the summation order differs; SGD keeps the
+      // rounding differences at their size (Adam would divide them by tiny sqrt(v) early on):
+      // 11 steps agree to 2e-6 relative + 1e-7 absolute.
+      const auto piped_sgd = four_stages<Latest>(s, d, SGD{.lr = 0.1f}, ReferenceExecutor{});
+      const auto whole_sgd = as_stages(sequential(d, SGD{.lr = 0.1f}, 1));
+      REQUIRE(piped_sgd.size() == whole_sgd.size());
+      for (std::size_t i = 0; i < piped_sgd.size(); ++i)
+        REQUIRE(piped_sgd[i] == Approx(whole_sgd[i]).epsilon(2e-6).margin(1e-7));
+    }
+  }
+}
+
+TEST_CASE("Threaded and reference executors agree bitwise for every schedule x predictor",
+          "[pipeline][oracle]") {
+  const Data d = make_data();
+  auto check = [&]<class P, class O>(const Schedule& s, O opt) {
+    INFO(s.name << " x " << P::name);
+    const auto ref = four_stages<P>(s, d, opt, ReferenceExecutor{});
+    const auto thr = four_stages<P>(s, d, opt, ThreadedExecutor{});
+    const auto again = four_stages<P>(s, d, opt, ThreadedExecutor{});
+    REQUIRE(ref == thr);
+    REQUIRE(thr == again);
+  };
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw"}) {
+    const Schedule s = make_schedule(name, 4, 4, 11);
+    check.operator()<Latest>(s, Adam{.lr = 1e-2f});
+    check.operator()<Stash>(s, Adam{.lr = 1e-2f});
+    check.operator()<DoubleBuffered>(s, Adam{.lr = 1e-2f});
+    check.operator()<XPipe>(s, AdamW{.lr = 1e-2f});
+    check.operator()<SpecTrain>(s, SGD{.lr = 0.05f, .momentum = 0.9f});
+    check.operator()<PipeOptim>(s, Adam{.lr = 1e-2f});
+  }
+}
+
+TEST_CASE("Remedies change what async training computes - and only there", "[pipeline]") {
+  const Data d = make_data();
+  const Schedule async = async_1f1b(4, 4, 11), sync = gpipe(4, 4, 11);
+  const auto latest = four_stages<Latest>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  // Under a synchronous schedule every predictor reads the live weights: identical results.
+  const auto sync_latest = four_stages<Latest>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  REQUIRE(four_stages<Stash>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == sync_latest);
+  REQUIRE(four_stages<XPipe>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == sync_latest);
+  REQUIRE(four_stages<PipeOptim>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == sync_latest);
+  // Under async 1F1B they differ from Latest and from each other.
+  const auto stash = four_stages<Stash>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  const auto xpipe_w = four_stages<XPipe>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  REQUIRE(stash != latest);
+  REQUIRE(xpipe_w != latest);
+  REQUIRE(xpipe_w != stash);
+  // With M = 4 = K, 2BW's two versions are exactly what stashing needs.
+  REQUIRE(four_stages<DoubleBuffered>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == stash);
+}
+
+TEST_CASE("Predictors report the weight copies the schedule makes them hold", "[pipeline]") {
+  const Data d = make_data();
+  auto copies = [&]<class P>(const Schedule& s) {
+    Pipeline<S0, S1, S2, S3, P> p(Adam{}, {.batch = 16, .micro_batches = s.micro_batches});
+    ReferenceExecutor exec;
+    p.train(s, d.epoch(), exec);
+    std::vector<int> c;
+    for (int k = 0; k < 4; ++k) c.push_back(p.weight_copies(k));
+    return c;
+  };
+  const Data d1 = make_data(160);
+  {
+    Pipeline<S0, S1, S2, S3, Stash> p(Adam{}, {.batch = 16, .micro_batches = 1});
+    ReferenceExecutor exec;
+    p.train(async_1f1b(4, 1, 10), d1.epoch(), exec);
+    for (int k = 0; k < 4; ++k) REQUIRE(p.weight_copies(k) == 4 - k);  // K - k versions
+  }
+  REQUIRE(copies.operator()<Latest>(async_1f1b(4, 4, 11)) == std::vector<int>{1, 1, 1, 1});
+  REQUIRE(copies.operator()<SpecTrain>(async_1f1b(4, 4, 11)) == std::vector<int>{2, 2, 2, 2});
+  REQUIRE(copies.operator()<DoubleBuffered>(async_1f1b(4, 4, 11)) == std::vector<int>{2, 2, 2, 1});
+}
+
+TEST_CASE("DoubleBuffered refuses a schedule that needs more than two versions", "[pipeline]") {
+  const Data d = make_data(160);
+  Pipeline<S0, S1, S2, S3, DoubleBuffered> p(Adam{}, {.batch = 16, .micro_batches = 2});
+  ReferenceExecutor exec;
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 2, 10), d.epoch(), exec),
+                      Contains("2bw: stage 0 needs 3 weight versions"));
+}
+
+namespace {
+// A width-preserving layer that throws on its n-th forward call (counted globally).
+inline std::atomic<int> forward_calls{0};
+inline int throw_at = -1;
+struct Fuse {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
+    if (forward_calls.fetch_add(1) == throw_at) throw std::runtime_error("fuse blown");
+    Activation<math::Identity>::forward(ctx, p, x, y);
+  }
+  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
+    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+  }
+};
+}  // namespace
+
+TEST_CASE("A stage that throws stops every stage within a second - naming the stage",
+          "[pipeline][errors]") {
+  const Data d = make_data(16 * 200);
+  const int threads_before = thread_count();
+  forward_calls = 0;
+  throw_at = 300;  // mid-run: the 300th forward of stage 2 (of 800)
+  Pipeline<S0, S1, Stage<Linear<32, 16>, Fuse>, S3, XPipe> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  ThreadedExecutor exec;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    p.train(async_1f1b(4, 4, 200), d.epoch(), exec);
+    FAIL("no exception");
+  } catch (const StageError& e) {
+    REQUIRE(e.stage() == 2);
+    REQUIRE_THAT(e.what(), Contains("stage 2, action F300") && Contains("fuse blown"));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(secs < 1.0);
+  REQUIRE(thread_count() == threads_before);  // every stage thread joined
+  throw_at = -1;
+  // The reference executor reports the same failure the same way.
+  forward_calls = 0;
+  throw_at = 300;
+  ReferenceExecutor ref;
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 200), d.epoch(), ref), Contains("stage 2, action F300"));
+  throw_at = -1;
+}
+
+TEST_CASE("A NaN in the loss stops the pipeline with the stage and micro-batch named",
+          "[pipeline][errors]") {
+  Data d = make_data(160);
+  d.x[5 * 16 * 20 + 3] = std::nanf("");  // a row of mini-batch 5
+  Pipeline<S0, S1, S2, S3, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  ThreadedExecutor exec;
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 10), d.epoch(), exec),
+                      Contains("stage 3, action F20") && Contains("loss is NaN"));
+}
+
+TEST_CASE("Pipeline::train rejects a schedule that does not fit it", "[pipeline][errors]") {
+  const Data d = make_data(160);
+  Pipeline<S0, S1, S2, S3> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  ReferenceExecutor exec;
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(3, 4, 10), d.epoch(), exec), Contains("3 stages"));
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 9), d.epoch(), exec), Contains("holds 10"));
+  Schedule broken = async_1f1b(4, 4, 10);
+  std::swap(broken.actions[1][0], broken.actions[1][1]);
+  REQUIRE_THROWS_AS(p.train(broken, d.epoch(), exec), ConfigError);
+}

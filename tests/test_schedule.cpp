@@ -1,0 +1,161 @@
+// Schedule IR: text form, validator rejections (each naming stage and action), acceptance of
+// every generator, and the staleness analysis against values counted by hand and published.
+#include <catch2/catch.hpp>
+
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using Catch::Contains;
+
+namespace {
+Schedule from_lines(int K, int M, int N, std::vector<std::string> lines) {
+  std::string text = "xpipe-schedule name=t stages=" + std::to_string(K) +
+                     " micro_batches=" + std::to_string(M) + " mini_batches=" + std::to_string(N) + "\n";
+  for (std::size_t k = 0; k < lines.size(); ++k) text += std::to_string(k) + ": " + lines[k] + "\n";
+  return parse_schedule(text);
+}
+}  // namespace
+
+TEST_CASE("Schedule text form prints and parses back", "[schedule]") {
+  for (const Schedule& s : {gpipe(3, 2, 2), one_f_one_b_flush(4, 3, 2), async_1f1b(4, 2, 3)}) {
+    const Schedule back = parse_schedule(s.to_text());
+    REQUIRE(back.name == s.name);
+    REQUIRE(back.stages == s.stages);
+    REQUIRE(back.micro_batches == s.micro_batches);
+    REQUIRE(back.mini_batches == s.mini_batches);
+    REQUIRE(back.actions == s.actions);
+  }
+  // The counted example: async 1F1B, K = 4, M = 2, two mini-batches.
+  REQUIRE(async_1f1b(4, 2, 2).to_text() ==
+          "xpipe-schedule name=async-1f1b stages=4 micro_batches=2 mini_batches=2\n"
+          "0: F0 F1 F2 F3 B0 B1 S0 B2 B3 S1\n"
+          "1: F0 F1 F2 B0 F3 B1 S0 B2 B3 S1\n"
+          "2: F0 F1 B0 F2 B1 S0 F3 B2 B3 S1\n"
+          "3: F0 B0 F1 B1 S0 F2 B2 F3 B3 S1\n");
+}
+
+TEST_CASE("Schedule parser names the line and token at fault", "[schedule]") {
+  REQUIRE_THROWS_WITH(parse_schedule(""), Contains("empty"));
+  REQUIRE_THROWS_WITH(parse_schedule("0: F0\n"), Contains("line 1") && Contains("header"));
+  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: F0 X1\n"),
+                      Contains("line 2") && Contains("'X1'"));
+  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n3: F0\n"),
+                      Contains("stage 3 out of range"));
+  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=2 mini_batches=1\n"),
+                      Contains("micro_batches"));
+  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: Fx\n"),
+                      Contains("'Fx'"));
+}
+
+TEST_CASE("Validator rejects each kind of broken schedule - naming stage and action",
+          "[schedule][validate]") {
+  SECTION("duplicate") {
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 F0 B0 S0"})),
+                        Contains("stage 0: F0 (position 1) duplicates"));
+  }
+  SECTION("missing") {
+    REQUIRE_THROWS_WITH(validate(from_lines(2, 1, 1, {"F0 B0 S0", "F0 S0"})),
+                        Contains("stage 1: S0 (position 1) comes before B0"));
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B0 F1 B1"})),
+                        Contains("stage 0: missing S0"));
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B0 S0"})),
+                        Contains("stage 0: S0 (position 2) comes before B1"));
+  }
+  SECTION("backward before its forward") {
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B1 F1 B0 S0"})),
+                        Contains("stage 0: B1 (position 1) comes before its forward F1"));
+  }
+  SECTION("steps out of order, or a backward ahead of the previous step") {
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 2, {"F0 B0 S1 F1 B1 S0"})),
+                        Contains("stage 0: S1 (position 2) is out of order"));
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 2, {"F0 B0 F1 B1 S0 S1"})),
+                        Contains("stage 0: B1 (position 3) of mini-batch 1 comes before S0"));
+  }
+  SECTION("out of range and wrong stage count") {
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 B0 F5 S0"})),
+                        Contains("stage 0: F5 (position 2) is out of range"));
+    Schedule s = gpipe(2, 1, 1);
+    s.actions.pop_back();
+    REQUIRE_THROWS_WITH(validate(s), Contains("1 stage lists for 2 stages"));
+  }
+  SECTION("forward order differs between neighbours") {
+    REQUIRE_THROWS_WITH(validate(from_lines(2, 2, 1, {"F0 F1 B0 B1 S0", "F1 F0 B0 B1 S0"})),
+                        Contains("stage 1 runs F1 as its forward number 0") &&
+                            Contains("stage 0 sends F0"));
+  }
+  SECTION("deadlock") {
+    // Stage 0 waits for B0, which stage 1 runs only after F1, which stage 0 never sends first.
+    REQUIRE_THROWS_WITH(validate(from_lines(2, 2, 1, {"F0 B0 F1 B1 S0", "F0 F1 B0 B1 S0"})),
+                        Contains("deadlocks") &&
+                            Contains("stage 0: B0 (position 1) waits for B0 of stage 1") &&
+                            Contains("stage 1: F1 (position 1) waits for F1 of stage 0"));
+  }
+}
+
+TEST_CASE("Every generator's output validates for K in 1..8 and M in 1..16", "[schedule]") {
+  for (int K = 1; K <= 8; ++K)
+    for (int M = 1; M <= 16; ++M) {
+      INFO("K=" << K << " M=" << M);
+      REQUIRE_NOTHROW(validate(gpipe(K, M, 3)));
+      REQUIRE_NOTHROW(validate(one_f_one_b_flush(K, M, 3)));
+      REQUIRE_NOTHROW(validate(async_1f1b(K, M, 3)));
+      if (M >= K) REQUIRE_NOTHROW(validate(pipedream_2bw(K, M, 3)));
+    }
+  REQUIRE_THROWS_WITH(pipedream_2bw(4, 2, 1), Contains("micro_batches >= stages"));
+  REQUIRE_THROWS_WITH(make_schedule("zb-h1", 2, 2, 2), Contains("unknown schedule 'zb-h1'"));
+}
+
+TEST_CASE("Apply-time staleness of async 1F1B - M = 1: forward K-k-1 - backward 0", "[staleness]") {
+  for (int K = 1; K <= 8; ++K) {
+    const auto a = analyze_staleness(async_1f1b(K, 1, 3 * K));
+    for (int k = 0; k < K; ++k) {
+      const int g = 2 * K;  // steady state: every stage has stepped K times before it
+      INFO("K=" << K << " k=" << k);
+      REQUIRE(a.forward(k, g).apply_time == K - k - 1);
+      REQUIRE(a.backward(k, g).apply_time == 0);
+      REQUIRE(a.stash_versions[k] == K - k);  // PipeDream: K - k versions at stage k
+      REQUIRE(a.max_in_flight[k] == K - k);
+    }
+  }
+}
+
+TEST_CASE("XPipe's figure: K = 4 - M = 2 - bellwether forward s = 2 - 1 - 1 - 0", "[staleness]") {
+  const auto a = analyze_staleness(async_1f1b(4, 2, 12));
+  for (int t = 3; t < 10; ++t) {  // steady-state mini-batches
+    const int g = 2 * t;            // first micro-batch of mini-batch t
+    const int expect[] = {2, 1, 1, 0};
+    for (int k = 0; k < 4; ++k) {
+      INFO("mini-batch " << t << " stage " << k);
+      REQUIRE(a.forward(k, g).apply_time == expect[k]);
+      REQUIRE(a.backward(k, g).apply_time == 0);
+      REQUIRE(a.backward(k, g + 1).apply_time == 0);
+    }
+  }
+}
+
+TEST_CASE("Synchronous schedules have s = 0 under both targets", "[staleness]") {
+  for (const Schedule& s : {gpipe(4, 4, 5), one_f_one_b_flush(4, 4, 5), gpipe(3, 1, 4)}) {
+    const auto a = analyze_staleness(s);
+    for (int k = 0; k < s.stages; ++k)
+      for (int g = 0; g < s.total_micro_batches(); ++g) {
+        REQUIRE(a.forward(k, g).apply_time == 0);
+        REQUIRE(a.forward(k, g).round_trip == 0);
+        REQUIRE(a.backward(k, g).apply_time == 0);
+        REQUIRE(a.backward(k, g).round_trip == 0);
+        REQUIRE(a.forward(k, g).version == g / s.micro_batches);
+      }
+  }
+}
+
+TEST_CASE("Round-trip staleness reproduces SpecTrain's closed form for async 1F1B - M = 1",
+          "[staleness]") {
+  for (int K = 2; K <= 8; ++K) {
+    const auto a = analyze_staleness(async_1f1b(K, 1, 4 * K));
+    const int g = 2 * K;
+    for (int k = 0; k < K; ++k) {
+      INFO("K=" << K << " k=" << k);
+      REQUIRE(a.forward(k, g).round_trip == k / 2 + K - k - 1);
+      REQUIRE(a.backward(k, g).round_trip == k / 2);
+    }
+  }
+}
