@@ -164,7 +164,9 @@ class ThreadedExecutor {
     for (unsigned spins = 0;; ++spins) {
       if (stop_.load(std::memory_order_relaxed)) return false;
       if (program.ready(k, a)) return true;
-      if (spins < 256) {
+      // A short spin (PAUSE is ~60 cycles on recent cores): long spins starve the producer
+      // when stage threads outnumber cores.
+      if (spins < 32) {
 #if defined(__SSE2__)
         _mm_pause();
 #endif
