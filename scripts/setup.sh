@@ -12,6 +12,7 @@ packages=(
   zlib1g-dev                # gzip'd IDX files
   dataset-fashion-mnist     # the data, under /usr/share/datasets/fashion-mnist
   libcli11-dev              # command-line flags of the examples and tools
+  nlohmann-json3-dev        # JSON output of xpipe-train
 )
 
 missing=()

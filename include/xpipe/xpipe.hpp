@@ -36,3 +36,4 @@
 #include "xpipe/schedule/ir.hpp"
 #include "xpipe/schedule/staleness.hpp"
 #include "xpipe/schedule/validate.hpp"
+#include "xpipe/optim/any.hpp"

@@ -125,6 +125,22 @@ void element_ops(const xpipe::CudaContext& cctx) {
   XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
   check("sgd direction", hd, to_host(dd), 1e-6f, 1e-6f);
 
+  // Weight prediction passes (SpecTrain's SGD direction, XPipe's Adam direction), s = 3.
+  std::vector<float> hp(n);
+  xpipe::sgd_predict(hctx, w0.data(), m0.data(), hp.data(), n, 3 * 0.1f);
+  auto pw = to_device(w0), pm = to_device(m0);  // named: the kernel runs asynchronously
+  xpipe::sgd_predict(cctx, pw.data(), pm.data(), dd.data(), n, 3 * 0.1f);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  check("sgd predict", hp, to_host(dd), 1e-6f, 1e-6f);
+  std::vector<float> v0(n);
+  for (xpipe::index_t i = 0; i < n; ++i) v0[i] = g[i] * g[i] + 1e-6f;
+  const auto as = xpipe::math::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, false, 7);
+  xpipe::adam_predict(hctx, w0.data(), m0.data(), v0.data(), hp.data(), n, 3e-3f, as);
+  auto dw0 = to_device(w0), dm0 = to_device(m0), dv0 = to_device(v0);
+  xpipe::adam_predict(cctx, dw0.data(), dm0.data(), dv0.data(), dd.data(), n, 3e-3f, as);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  check("adam predict", hp, to_host(dd), 1e-6f, 1e-5f);
+
   // Softmax cross-entropy with extreme logits.
   auto logits = random_vector(64 * 10, 6, -1e4f, 1e4f);
   std::vector<std::int32_t> labels(64);

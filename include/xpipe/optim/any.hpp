@@ -1,0 +1,50 @@
+// AnyOptimizer: SGD, Adam or AdamW chosen at run time, for tools that map flags onto one
+// compiled Pipeline type instead of one instantiation per optimizer.
+#pragma once
+
+#include <string>
+#include <variant>
+
+#include "xpipe/optim/adam.hpp"
+#include "xpipe/optim/sgd.hpp"
+
+namespace xpipe {
+
+//! One of SGD, Adam, AdamW, dispatched per call (once per flat pass: no per-element cost).
+//! Usage: `AnyOptimizer opt{Adam{.lr = 1e-3f}};`
+struct AnyOptimizer {
+  static constexpr int moment_count = 2;
+  static constexpr const char* name = "any";
+  std::variant<SGD, Adam, AdamW> impl = Adam{};
+
+  float learning_rate() const {
+    return std::visit([](const auto& o) { return o.learning_rate(); }, impl);
+  }
+  const char* chosen_name() const {
+    return std::visit([](const auto& o) { return o.name; }, impl);
+  }
+  template <class Ctx>
+  void step(const Ctx& ctx, const FlatState& s) const {
+    std::visit([&](const auto& o) { o.step(ctx, s); }, impl);
+  }
+  template <class Ctx>
+  void direction(const Ctx& ctx, const FlatState& s, float* d) const {
+    std::visit([&](const auto& o) { o.direction(ctx, s, d); }, impl);
+  }
+  template <class Ctx>
+  void predict(const Ctx& ctx, const FlatState& s, float steps, float* out) const {
+    std::visit([&](const auto& o) { o.predict(ctx, s, steps, out); }, impl);
+  }
+};
+static_assert(Optimizer<AnyOptimizer>);
+
+//! "sgd" (momentum 0.9), "adam" or "adamw" with learning rate lr; ConfigError otherwise.
+inline AnyOptimizer make_optimizer(const std::string& name, float lr) {
+  if (!(lr > 0.f)) throw ConfigError("xpipe: learning rate must be > 0");
+  if (name == "sgd") return {SGD{.lr = lr, .momentum = 0.9f}};
+  if (name == "adam") return {Adam{.lr = lr}};
+  if (name == "adamw") return {AdamW{.lr = lr}};
+  throw ConfigError("xpipe: unknown optimizer '" + name + "' (available: sgd, adam, adamw)");
+}
+
+}  // namespace xpipe
