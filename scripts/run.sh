@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: set up (packages, build), then train. Arguments go to the trainer (--help).
+# The main job: set up (packages, build), then the study: every schedule x predictor on the
+# 784-1024-1024-1024-10 MLP over 4 stages (M = 4, 3 epochs), table on stdout, CSV, JSON, plots,
+# timelines and Chrome traces in xpipe-out/. Arguments go to xpipe-train (--help lists them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
-exec build/examples/train_sequential "$@"
+exec build/tools/xpipe-train --compare "$@"

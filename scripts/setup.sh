@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist     # the data, under /usr/share/datasets/fashion-mnist
   libcli11-dev              # command-line flags of the examples and tools
   nlohmann-json3-dev        # JSON output of xpipe-train
+  gnuplot-nox               # xpipe-train's accuracy plots
 )
 
 missing=()

@@ -2,7 +2,12 @@
 // shape chosen by flags, or (--compare) runs the study of every schedule x predictor.
 #include <CLI/CLI.hpp>
 
+#include <atomic>
+#include <cctype>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -45,11 +50,36 @@ struct RunRecord {
   RunConfig config;
   std::vector<EpochRecord> epochs;
   std::vector<int> weight_copies;
-  std::vector<double> activation_mib;  // peak per stage
+  std::vector<double> activation_kib;  // peak per stage
   ExecutionTrace trace;                // of the last epoch
+  Schedule schedule;                   // that the trace ran
 };
 
 bool interactive() { return isatty(fileno(stdout)) != 0; }
+
+// One line redrawn in place: [#####.....] 45%  loss 0.5312  12034 samples/s  ETA 3 s.
+void show_progress(const std::string& label, int epoch, int epochs, long done, long total,
+                   double loss, double seconds) {
+  constexpr int width = 30;
+  const double f = total > 0 ? std::min(1.0, static_cast<double>(done) / total) : 0.0;
+  const int filled = static_cast<int>(f * width);
+  const double rate = seconds > 0 ? done / seconds : 0.0;
+  const double eta = rate > 0 ? (total - done) / rate : 0.0;
+  std::printf("\r\033[K  %-30s epoch %d/%d [%s%s] %3.0f%%  loss %.4f  %6.0f samples/s  ETA %.0f s",
+              label.c_str(), epoch, epochs, std::string(filled, '#').c_str(),
+              std::string(width - filled, '.').c_str(), 100 * f, loss, rate, eta);
+  std::fflush(stdout);
+}
+
+// A file-name form of a run label: async-1f1b+xpipe(adam) -> async-1f1b_xpipe_adam.
+std::string file_stem(const std::string& label) {
+  std::string out;
+  for (char ch : label)
+    if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-') out += ch;
+    else if (!out.empty() && out.back() != '_') out += '_';
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
 
 // Runs one configuration on one compiled Pipeline type.
 template <class P>
@@ -69,8 +99,31 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
   for (int e = 1; e <= c.epochs; ++e) {
     batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
     const EpochData epoch{xm, y.data()};
-    const EpochResult r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
-                                                    : pipe.train(schedule, epoch, threaded);
+    EpochResult r;
+    std::exception_ptr failure;
+    std::atomic<bool> finished{false};
+    std::thread worker([&] {
+      try {
+        r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
+                                      : pipe.train(schedule, epoch, threaded);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      finished = true;
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!finished) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (interactive()) {
+        const auto p = pipe.progress();
+        show_progress(c.label(), e, c.epochs, p.samples, data.train.count,
+                      p.samples > 0 ? p.loss_sum / p.samples : 0.0,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+    worker.join();
+    if (interactive()) std::printf("\r\033[K");
+    if (failure) std::rethrow_exception(failure);
     const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
     EpochRecord er;
     er.epoch = e;
@@ -83,11 +136,14 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
                 er.loss, 100 * er.test_accuracy, er.samples_per_second);
     std::fflush(stdout);
     rec.epochs.push_back(er);
-    if (e == c.epochs) rec.trace = tr;
+    if (e == c.epochs) {
+      rec.trace = tr;
+      rec.schedule = schedule;
+    }
   }
   for (int k = 0; k < P::stage_count; ++k) {
     rec.weight_copies.push_back(pipe.weight_copies(k));
-    rec.activation_mib.push_back(static_cast<double>(pipe.activation_floats(k)) * 4 / (1 << 20));
+    rec.activation_kib.push_back(static_cast<double>(pipe.activation_floats(k)) * 4 / 1024);
   }
   return rec;
 }
@@ -125,6 +181,117 @@ std::string available_models() {
   return s;
 }
 
+std::string joined(const std::vector<double>& v, const char* fmt) {
+  std::string out;
+  char buf[32];
+  for (double x : v) {
+    std::snprintf(buf, sizeof buf, fmt, x);
+    out += (out.empty() ? "" : "/") + std::string(buf);
+  }
+  return out;
+}
+
+// The study's table: accuracy per epoch, final loss, throughput, and per stage the measured
+// bubble (idle) fraction, weight copies held and peak activation memory.
+void print_table(const std::vector<RunRecord>& records) {
+  std::printf("\n%-30s %-22s %8s %9s  %-26s %-12s %s\n", "run", "test accuracy by epoch",
+              "loss", "samples/s", "bubble per stage", "weights", "peak activations KiB");
+  for (const RunRecord& r : records) {
+    std::vector<double> acc, copies;
+    for (const EpochRecord& e : r.epochs) acc.push_back(100 * e.test_accuracy);
+    for (int w : r.weight_copies) copies.push_back(w);
+    const EpochRecord& last = r.epochs.back();
+    std::printf("%-30s %-22s %8.4f %9.0f  %-26s %-12s %s\n", r.config.label().c_str(),
+                joined(acc, "%.2f").c_str(), last.loss, last.samples_per_second,
+                joined(last.bubble, "%.2f").c_str(), joined(copies, "%.0f").c_str(),
+                joined(r.activation_kib, "%.0f").c_str());
+  }
+}
+
+// runs.csv (long: a row per run and epoch), runs.json, accuracy.csv (wide: a column per run)
+// with accuracy.gp beside it (gnuplot draws accuracy.svg and accuracy.png when installed), and
+// per run a timeline SVG and a Chrome trace of its last epoch.
+void write_outputs(const std::vector<RunRecord>& records, const std::string& dir) {
+  fs::create_directories(dir);
+  const fs::path out(dir);
+  nlohmann::json j = nlohmann::json::array();
+  std::ofstream csv(out / "runs.csv");
+  csv << "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
+         "test_accuracy,samples_per_second\n";
+  for (const RunRecord& r : records) {
+    const RunConfig& c = r.config;
+    nlohmann::json jr{{"run", c.label()},         {"schedule", c.schedule},
+                      {"predictor", c.predictor}, {"optimizer", c.optimizer},
+                      {"lr", c.lr},               {"model", c.model},
+                      {"stages", c.stages},       {"micro_batches", c.micro_batches},
+                      {"batch", c.batch},         {"seed", c.seed},
+                      {"executor", c.executor},   {"weight_copies", r.weight_copies},
+                      {"peak_activation_kib", r.activation_kib},
+                      {"timeline_svg", "timeline-" + file_stem(c.label()) + ".svg"},
+                      {"chrome_trace", "trace-" + file_stem(c.label()) + ".json"}};
+    for (const EpochRecord& e : r.epochs) {
+      jr["epochs"].push_back({{"epoch", e.epoch},
+                              {"loss", e.loss},
+                              {"test_accuracy", e.test_accuracy},
+                              {"samples_per_second", e.samples_per_second},
+                              {"seconds", e.seconds},
+                              {"bubble_fraction", e.bubble}});
+      csv << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ','
+          << c.lr << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ','
+          << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ',' << e.samples_per_second
+          << '\n';
+    }
+    j.push_back(jr);
+    TimelineOptions to;
+    to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
+    std::ofstream(out / ("timeline-" + file_stem(c.label()) + ".svg"))
+        << timeline_svg(r.trace, r.schedule, to);
+    std::ofstream(out / ("trace-" + file_stem(c.label()) + ".json"))
+        << chrome_trace_json(r.trace, r.schedule, c.label());
+  }
+  std::ofstream(out / "runs.json") << j.dump(2) << '\n';
+
+  std::ofstream acc(out / "accuracy.csv");
+  acc << "epoch";
+  for (const RunRecord& r : records) acc << ',' << r.config.label();
+  acc << '\n';
+  std::size_t epochs = 0;
+  for (const RunRecord& r : records) epochs = std::max(epochs, r.epochs.size());
+  for (std::size_t e = 0; e < epochs; ++e) {
+    acc << e + 1;
+    for (const RunRecord& r : records) {
+      acc << ',';
+      if (e < r.epochs.size()) acc << 100 * r.epochs[e].test_accuracy;
+    }
+    acc << '\n';
+  }
+  acc.close();
+  std::ofstream gp(out / "accuracy.gp");
+  gp << "# Test accuracy per epoch of every run in accuracy.csv. Restyle freely; run from this\n"
+        "# directory with: gnuplot accuracy.gp\n"
+        "set datafile separator ','\n"
+        "set key outside right top noenhanced\n"
+        "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
+        "set title 'Fashion-MNIST test accuracy by schedule and predictor' noenhanced\n"
+        "n = " << records.size() << "\n"
+        "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
+        "set output 'accuracy.svg'\n"
+        "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title columnheader(c)\n"
+        "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n";
+  gp.close();
+  const std::string cmd = "cd '" + fs::absolute(out).string() + "' && gnuplot accuracy.gp 2>&1";
+  if (std::system("command -v gnuplot > /dev/null 2>&1") == 0) {
+    if (std::system(cmd.c_str()) != 0)
+      std::fprintf(stderr, "xpipe-train: gnuplot failed; accuracy.gp is left in %s\n", dir.c_str());
+  } else {
+    std::fprintf(stderr, "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
+                         "accuracy.gp' in %s to draw the plots\n", dir.c_str());
+  }
+  std::printf("\nwrote to %s: runs.csv, runs.json, accuracy.csv, accuracy.gp, accuracy.svg, "
+              "accuracy.png, and per run timeline-*.svg and trace-*.json (open in "
+              "https://ui.perfetto.dev)\n", dir.c_str());
+}
+
 RunRecord run(const RunConfig& c, const DatasetPair& data) {
   const auto it = model_table().find({c.model, c.stages});
   if (it == model_table().end())
@@ -141,6 +308,7 @@ int main(int argc, char** argv) {
   std::string data_dir = default_fashion_mnist_dir();
   std::string out_dir = "xpipe-out";
   bool compare = false;
+  long train_samples = 0, test_samples = 0;
   app.add_option("--model", c.model, "Model: mlp (784-1024-1024-1024-10) or deep (784-512x7-10)")
       ->check(CLI::IsMember({"mlp", "deep"}));
   app.add_option("--stages,-K", c.stages, "Pipeline stages K (mlp: 1, 2, 4; deep: 8)")
@@ -161,6 +329,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"threaded", "reference"}));
   app.add_option("--data-dir", data_dir, "Directory of the four Fashion-MNIST .gz files");
   app.add_option("--out", out_dir, "Output directory (CSV, JSON)");
+  app.add_option("--train-samples", train_samples, "Train on the first N samples only (0: all)")
+      ->check(CLI::Range(0L, 60000L));
+  app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
+      ->check(CLI::Range(0L, 10000L));
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
   try {
     app.parse(argc, argv);
@@ -168,9 +340,21 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return e.get_exit_code() == 0 ? code : 2;
   }
+  // Flag combinations that cannot run are usage errors too (exit 2), found before any work.
+  if (!model_table().contains({c.model, c.stages})) {
+    std::fprintf(stderr, "xpipe-train: no compiled model '%s' over %d stages (available: %s)\n",
+                 c.model.c_str(), c.stages, available_models().c_str());
+    return 2;
+  }
+  if (c.micro_batches > c.batch) {
+    std::fprintf(stderr, "xpipe-train: --micro-batches (%d) exceeds --batch (%ld)\n",
+                 c.micro_batches, c.batch);
+    return 2;
+  }
   try {
-    if (c.micro_batches > c.batch) throw ConfigError("--micro-batches exceeds --batch");
-    const DatasetPair data = load_fashion_mnist(data_dir);
+    DatasetPair data = load_fashion_mnist(data_dir);
+    if (train_samples > 0) data.train = head(data.train, train_samples);
+    if (test_samples > 0) data.test = head(data.test, test_samples);
     std::vector<RunConfig> runs;
     if (compare) {
       auto with = [&](const char* sched, const char* pred, const char* opt, float lr) {
@@ -195,43 +379,8 @@ int main(int argc, char** argv) {
     std::vector<RunRecord> records;
     for (const RunConfig& r : runs) records.push_back(run(r, data));
 
-    std::printf("\n%-34s %9s %9s %10s %12s %14s %18s\n", "run", "test_acc", "loss", "samples/s",
-                "bubble_max", "weight_copies", "peak_act_MiB_max");
-    for (const RunRecord& r : records) {
-      const EpochRecord& last = r.epochs.back();
-      double bub = 0, act = 0;
-      for (double b : last.bubble) bub = std::max(bub, b);
-      for (double a : r.activation_mib) act = std::max(act, a);
-      std::string copies;
-      for (int w : r.weight_copies) copies += (copies.empty() ? "" : "/") + std::to_string(w);
-      std::printf("%-34s %8.2f%% %9.4f %10.0f %12.3f %14s %18.2f\n", r.config.label().c_str(),
-                  100 * last.test_accuracy, last.loss, last.samples_per_second, bub,
-                  copies.c_str(), act);
-    }
-    fs::create_directories(out_dir);
-    nlohmann::json j = nlohmann::json::array();
-    std::ofstream csv(fs::path(out_dir) / "runs.csv");
-    csv << "run,schedule,predictor,optimizer,lr,stages,micro_batches,epoch,loss,test_accuracy,"
-           "samples_per_second\n";
-    for (const RunRecord& r : records) {
-      nlohmann::json jr{{"run", r.config.label()},           {"schedule", r.config.schedule},
-                        {"predictor", r.config.predictor},   {"optimizer", r.config.optimizer},
-                        {"lr", r.config.lr},                 {"stages", r.config.stages},
-                        {"micro_batches", r.config.micro_batches}, {"model", r.config.model},
-                        {"weight_copies", r.weight_copies},  {"peak_activation_mib", r.activation_mib}};
-      for (const EpochRecord& e : r.epochs) {
-        jr["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"test_accuracy", e.test_accuracy},
-                                {"samples_per_second", e.samples_per_second}, {"seconds", e.seconds},
-                                {"bubble_fraction", e.bubble}});
-        csv << r.config.label() << ',' << r.config.schedule << ',' << r.config.predictor << ','
-            << r.config.optimizer << ',' << r.config.lr << ',' << r.config.stages << ','
-            << r.config.micro_batches << ',' << e.epoch << ',' << e.loss << ',' << e.test_accuracy
-            << ',' << e.samples_per_second << '\n';
-      }
-      j.push_back(jr);
-    }
-    std::ofstream(fs::path(out_dir) / "runs.json") << j.dump(2) << '\n';
-    std::printf("\nwrote %s/runs.csv and %s/runs.json\n", out_dir.c_str(), out_dir.c_str());
+    print_table(records);
+    write_outputs(records, out_dir);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xpipe-train: %s\n", e.what());

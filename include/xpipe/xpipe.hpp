@@ -37,3 +37,4 @@
 #include "xpipe/schedule/staleness.hpp"
 #include "xpipe/schedule/validate.hpp"
 #include "xpipe/optim/any.hpp"
+#include "xpipe/trace/timeline.hpp"

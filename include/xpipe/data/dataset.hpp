@@ -32,6 +32,18 @@ struct DatasetPair {
   Dataset test;
 };
 
+//! A copy of the first n samples of d (all of them if n >= d.count).
+inline Dataset head(const Dataset& d, index_t n) {
+  Dataset out;
+  out.count = std::min(n, d.count);
+  out.width = d.width;
+  out.classes = d.classes;
+  out.features = HostBuffer<float>(out.count * out.width);
+  std::copy_n(d.features.data(), out.count * out.width, out.features.data());
+  out.labels.assign(d.labels.begin(), d.labels.begin() + out.count);
+  return out;
+}
+
 //! Where Fashion-MNIST is looked for when no directory is given: $XPIPE_DATA_DIR, else the
 //! directory Debian's `dataset-fashion-mnist` package installs.
 inline std::string default_fashion_mnist_dir() {

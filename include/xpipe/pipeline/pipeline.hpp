@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -196,6 +197,18 @@ class Pipeline {
     return out;
   }
 
+  //! Micro-batches whose loss the running (or last) train() call has computed, their samples
+  //! and the sum of their losses: safe to read from another thread while train() runs (for
+  //! progress bars).
+  struct Progress {
+    long micro_batches = 0, samples = 0;
+    double loss_sum = 0;
+  };
+  Progress progress() const {
+    return {done_micro_.load(std::memory_order_relaxed), done_samples_.load(std::memory_order_relaxed),
+            done_loss_.load(std::memory_order_relaxed)};
+  }
+
   //! The staleness analysis of the last schedule trained.
   const StalenessAnalysis& analysis() const { return analysis_; }
   //! Weight buffers stage k's predictor held in the last run (live weights included).
@@ -315,6 +328,9 @@ class Pipeline {
     micro_capacity_ = rows;
     micro_loss_.assign(static_cast<std::size_t>(schedule.total_micro_batches()), 0.0);
     sample_count_ = 0;
+    done_micro_ = 0;
+    done_samples_ = 0;
+    done_loss_ = 0;
     for (int g = 0; g < schedule.total_micro_batches(); ++g) sample_count_ += micro_rows(g).second;
     copies_.assign(K, 0);
     activation_floats_.assign(K, 0);
@@ -413,6 +429,12 @@ class Pipeline {
                                             1.f / static_cast<float>(mini_batch_rows(g)), dl,
                                             rt.row_loss.data());
       micro_loss_[g] = sum_row_losses(rt.row_loss.data(), rows);
+      // Progress for observers on other threads; this thread is the only writer.
+      done_loss_.store(done_loss_.load(std::memory_order_relaxed) + micro_loss_[g],
+                       std::memory_order_relaxed);
+      done_samples_.store(done_samples_.load(std::memory_order_relaxed) + rows,
+                          std::memory_order_relaxed);
+      done_micro_.store(done_micro_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
   }
 
@@ -458,6 +480,8 @@ class Pipeline {
   EpochData data_{};
   index_t data_rows_ = 0, micro_capacity_ = 0, sample_count_ = 0;
   std::vector<double> micro_loss_;
+  std::atomic<long> done_micro_{0}, done_samples_{0};
+  std::atomic<double> done_loss_{0};
   std::vector<int> copies_;
   std::vector<index_t> activation_floats_;
   std::vector<std::int32_t> eval_predicted_;

@@ -1,0 +1,168 @@
+// Timelines of real or simulated runs: Chrome-trace JSON (one track per stage; opens in
+// Perfetto or chrome://tracing) and an SVG figure (stages as rows, F/B/Step boxes coloured by
+// micro-batch and mini-batch, in the manner of the GPipe and XPipe papers). Both read the same
+// per-stage timings (ExecutionTrace) of the same schedule.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "xpipe/pipeline/executor.hpp"
+#include "xpipe/schedule/ir.hpp"
+
+namespace xpipe {
+
+namespace detail {
+inline std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+inline std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+inline const char* kind_name(ActionKind k) {
+  return k == ActionKind::Forward ? "forward" : k == ActionKind::Backward ? "backward" : "step";
+}
+}  // namespace detail
+
+//! Chrome-trace JSON of a run: one complete event ("ph": "X") per action, on one track per
+//! stage, timestamps in microseconds, with the micro-batch and mini-batch as arguments.
+inline std::string chrome_trace_json(const ExecutionTrace& trace, const Schedule& s,
+                                     const std::string& run_name) {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"run\":\""
+     << detail::json_escape(run_name) << "\",\"schedule\":\"" << detail::json_escape(s.name)
+     << "\"},\"traceEvents\":[";
+  bool first = true;
+  auto sep = [&] {
+    if (!first) os << ',';
+    first = false;
+  };
+  for (int k = 0; k < static_cast<int>(trace.stages.size()); ++k) {
+    sep();
+    os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << k
+       << ",\"args\":{\"name\":\"stage " << k << "\"}}";
+  }
+  for (int k = 0; k < static_cast<int>(trace.stages.size()); ++k)
+    for (const ActionTiming& t : trace.stages[k]) {
+      const Action& a = t.action;
+      const int mini = a.kind == ActionKind::Step ? a.index : s.mini_batch_of(a.index);
+      sep();
+      os << "{\"name\":\"" << to_string(a) << "\",\"cat\":\"" << detail::kind_name(a.kind)
+         << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << k << ",\"ts\":" << t.start * 1e6
+         << ",\"dur\":" << (t.end - t.start) * 1e6 << ",\"args\":{\"mini_batch\":" << mini;
+      if (a.kind != ActionKind::Step) os << ",\"micro_batch\":" << a.index;
+      os << "}}";
+    }
+  os << "]}\n";
+  return os.str();
+}
+
+//! What part of a run the SVG timeline shows, and how.
+struct TimelineOptions {
+  std::string title;
+  int mini_batches = 6;   // show the actions of the first few mini-batches (fill and steady state)
+  double width_px = 1200;
+  double row_px = 30;
+};
+
+//! SVG timeline: a row per stage, a box per action of the first `mini_batches` mini-batches at
+//! its real start and duration. Box hue follows the micro-batch's position in its mini-batch,
+//! lightness alternates with the mini-batch; backward boxes are darker than forward ones;
+//! steps are thin black bars. Each box carries class (F, B or S), data-stage and data-index,
+//! so tests and scripts can read the figure back.
+inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
+                                const TimelineOptions& o = {}) {
+  const int K = static_cast<int>(trace.stages.size()), M = s.micro_batches;
+  auto shown = [&](const Action& a) {
+    return a.kind == ActionKind::Step ? a.index < o.mini_batches
+                                      : s.mini_batch_of(a.index) < o.mini_batches;
+  };
+  double t0 = std::numeric_limits<double>::max(), t1 = 0;
+  for (const auto& stage : trace.stages)
+    for (const ActionTiming& t : stage)
+      if (shown(t.action)) {
+        t0 = std::min(t0, t.start);
+        t1 = std::max(t1, t.end);
+      }
+  if (t1 <= t0) t0 = 0, t1 = 1;
+  const double left = 70, top = o.title.empty() ? 10 : 34, plot_w = o.width_px - left - 20;
+  const double height = top + K * o.row_px + 40;
+  const double scale = plot_w / (t1 - t0);
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width_px << "\" height=\""
+     << height << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+  os << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  if (!o.title.empty())
+    os << "<text x=\"" << left << "\" y=\"20\" font-size=\"14\">" << detail::xml_escape(o.title)
+       << "</text>\n";
+  for (int k = 0; k < K; ++k)
+    os << "<text x=\"8\" y=\"" << top + k * o.row_px + o.row_px * 0.62 << "\">stage " << k
+       << "</text>\n";
+  for (int k = 0; k < K; ++k)
+    for (const ActionTiming& t : trace.stages[k]) {
+      const Action& a = t.action;
+      if (!shown(a)) continue;
+      const double x = left + (t.start - t0) * scale, y = top + k * o.row_px + 2;
+      const double w = std::max(1.0, (t.end - t.start) * scale);
+      if (a.kind == ActionKind::Step) {
+        os << "<rect class=\"S\" data-stage=\"" << k << "\" data-index=\"" << a.index
+           << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << std::max(2.0, w)
+           << "\" height=\"" << o.row_px - 4 << "\" fill=\"black\"><title>stage " << k << " "
+           << to_string(a) << "</title></rect>\n";
+        continue;
+      }
+      const int j = a.index % M, mini = s.mini_batch_of(a.index);
+      const int hue = static_cast<int>(360.0 * j / std::max(M, 1)) % 360;
+      const int light = (a.kind == ActionKind::Forward ? 72 : 48) - (mini % 2) * 10;
+      os << "<rect class=\"" << (a.kind == ActionKind::Forward ? 'F' : 'B') << "\" data-stage=\""
+         << k << "\" data-index=\"" << a.index << "\" x=\"" << x << "\" y=\"" << y
+         << "\" width=\"" << w << "\" height=\"" << o.row_px - 4 << "\" fill=\"hsl(" << hue
+         << ",65%," << light << "%)\" stroke=\"white\" stroke-width=\"0.5\"><title>stage " << k
+         << " " << to_string(a) << " (mini-batch " << mini << ")</title></rect>\n";
+      if (w > 18)
+        os << "<text x=\"" << x + 2 << "\" y=\"" << y + o.row_px * 0.55 << "\" font-size=\"9\">"
+           << to_string(a) << "</text>\n";
+    }
+  const double axis_y = top + K * o.row_px + 14;
+  os << "<text x=\"" << left << "\" y=\"" << axis_y << "\">0 ms</text>\n";
+  os << "<text x=\"" << left + plot_w - 60 << "\" y=\"" << axis_y << "\">" << (t1 - t0) * 1e3
+     << " ms</text>\n";
+  os << "<text x=\"" << left << "\" y=\"" << axis_y + 16
+     << "\">F light, B dark, S black; hue = micro-batch within its mini-batch, shade alternates "
+        "with the mini-batch</text>\n";
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace xpipe
