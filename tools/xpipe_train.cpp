@@ -51,6 +51,7 @@ struct RunRecord {
   std::vector<EpochRecord> epochs;
   std::vector<int> weight_copies;
   std::vector<double> activation_kib;  // peak per stage
+  std::string failure;                 // why the run stopped early (divergence), if it did
   ExecutionTrace trace;                // of the last epoch
   Schedule schedule;                   // that the trace ran
 };
@@ -197,6 +198,10 @@ void print_table(const std::vector<RunRecord>& records) {
   std::printf("\n%-30s %-22s %8s %9s  %-26s %-12s %s\n", "run", "test accuracy by epoch",
               "loss", "samples/s", "bubble per stage", "weights", "peak activations KiB");
   for (const RunRecord& r : records) {
+    if (!r.failure.empty()) {
+      std::printf("%-30s stopped: %s\n", r.config.label().c_str(), r.failure.c_str());
+      continue;
+    }
     std::vector<double> acc, copies;
     for (const EpochRecord& e : r.epochs) acc.push_back(100 * e.test_accuracy);
     for (int w : r.weight_copies) copies.push_back(w);
@@ -229,6 +234,13 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
                       {"peak_activation_kib", r.activation_kib},
                       {"timeline_svg", "timeline-" + file_stem(c.label()) + ".svg"},
                       {"chrome_trace", "trace-" + file_stem(c.label()) + ".json"}};
+    if (!r.failure.empty()) {
+      jr["failure"] = r.failure;
+      jr.erase("timeline_svg");
+      jr.erase("chrome_trace");
+      j.push_back(jr);
+      continue;
+    }
     for (const EpochRecord& e : r.epochs) {
       jr["epochs"].push_back({{"epoch", e.epoch},
                               {"loss", e.loss},
@@ -251,17 +263,20 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
   }
   std::ofstream(out / "runs.json") << j.dump(2) << '\n';
 
+  std::vector<const RunRecord*> plotted;  // diverged runs have no accuracy curve
+  for (const RunRecord& r : records)
+    if (r.failure.empty()) plotted.push_back(&r);
   std::ofstream acc(out / "accuracy.csv");
   acc << "epoch";
-  for (const RunRecord& r : records) acc << ',' << r.config.label();
+  for (const RunRecord* r : plotted) acc << ',' << r->config.label();
   acc << '\n';
   std::size_t epochs = 0;
-  for (const RunRecord& r : records) epochs = std::max(epochs, r.epochs.size());
+  for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
   for (std::size_t e = 0; e < epochs; ++e) {
     acc << e + 1;
-    for (const RunRecord& r : records) {
+    for (const RunRecord* r : plotted) {
       acc << ',';
-      if (e < r.epochs.size()) acc << 100 * r.epochs[e].test_accuracy;
+      if (e < r->epochs.size()) acc << 100 * r->epochs[e].test_accuracy;
     }
     acc << '\n';
   }
@@ -273,7 +288,7 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
         "set key outside right top noenhanced\n"
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
         "set title 'Fashion-MNIST test accuracy by schedule and predictor' noenhanced\n"
-        "n = " << records.size() << "\n"
+        "n = " << plotted.size() << "\n"
         "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
         "set output 'accuracy.svg'\n"
         "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title columnheader(c)\n"
@@ -309,6 +324,7 @@ int main(int argc, char** argv) {
   std::string out_dir = "xpipe-out";
   bool compare = false;
   long train_samples = 0, test_samples = 0;
+  float sgd_lr_flag = 0.05f;
   app.add_option("--model", c.model, "Model: mlp (784-1024-1024-1024-10) or deep (784-512x7-10)")
       ->check(CLI::IsMember({"mlp", "deep"}));
   app.add_option("--stages,-K", c.stages, "Pipeline stages K (mlp: 1, 2, 4; deep: 8)")
@@ -333,6 +349,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0L, 60000L));
   app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
       ->check(CLI::Range(0L, 10000L));
+  app.add_option("--sgd-lr", sgd_lr_flag, "Learning rate of the SGD runs of --compare (SpecTrain)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
   try {
     app.parse(argc, argv);
@@ -365,7 +383,7 @@ int main(int argc, char** argv) {
         r.lr = lr;
         return r;
       };
-      const float sgd_lr = 0.05f;
+      const float sgd_lr = sgd_lr_flag;
       runs = {with("gpipe", "latest", "adam", c.lr),        with("1f1b-flush", "latest", "adam", c.lr),
               with("async-1f1b", "latest", "adam", c.lr),   with("async-1f1b", "stash", "adam", c.lr),
               with("2bw", "2bw", "adam", c.lr),             with("async-1f1b", "spectrain", "sgd", sgd_lr),
@@ -377,7 +395,19 @@ int main(int argc, char** argv) {
                 c.model.c_str(), c.stages, c.micro_batches, c.batch, c.epochs,
                 static_cast<unsigned long>(c.seed));
     std::vector<RunRecord> records;
-    for (const RunConfig& r : runs) records.push_back(run(r, data));
+    for (const RunConfig& r : runs) {
+      try {
+        records.push_back(run(r, data));
+      } catch (const Error& e) {
+        // In a study one diverging configuration is a result, not a reason to stop.
+        if (!compare) throw;
+        std::fprintf(stderr, "  %s stopped: %s\n", r.label().c_str(), e.what());
+        RunRecord failed;
+        failed.config = r;
+        failed.failure = e.what();
+        records.push_back(std::move(failed));
+      }
+    }
 
     print_table(records);
     write_outputs(records, out_dir);
