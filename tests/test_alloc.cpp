@@ -53,6 +53,26 @@ long allocations_in_steps(int threads, int steps) {
   counting = false;
   return allocations.exchange(0);
 }
+// Allocations of a whole Pipeline::train call over n mini-batches: setup (analysis, queues,
+// slots, predictor copies, stage threads) allocates a fixed number of blocks whatever n is, so
+// equal counts for two n prove that running the actions allocates nothing.
+template <class Executor>
+long allocations_in_pipeline(int n) {
+  using namespace xpipe;
+  using S0 = Stage<Linear<16, 32>, ReLU>;
+  using S1 = Stage<Linear<32, 8>>;
+  Pipeline<S0, S1, XPipe> p(Adam{}, {.batch = 8, .micro_batches = 2});
+  std::vector<float> x(8 * n * 16, 0.5f);
+  std::vector<std::int32_t> y(8 * n, 1);
+  const Schedule s = async_1f1b(2, 2, n);
+  Executor exec;
+  p.train(s, {{x.data(), 8 * n, 16}, y.data()}, exec);  // warm-up: first-time buffers
+  allocations = 0;
+  counting = true;
+  p.train(s, {{x.data(), 8 * n, 16}, y.data()}, exec);
+  counting = false;
+  return allocations.exchange(0);
+}
 }  // namespace
 
 int main() {
@@ -68,5 +88,11 @@ int main() {
   const long two = allocations_in_steps(2, 10);
   std::printf("operator new calls in 10 training steps: %ld with 1 thread (must be 0), %ld with 2 "
               "threads (inside oneDNN's threaded sgemm)\n", one, two);
-  return one == 0 ? 0 : 1;
+  const long ref10 = allocations_in_pipeline<xpipe::ReferenceExecutor>(10);
+  const long ref40 = allocations_in_pipeline<xpipe::ReferenceExecutor>(40);
+  const long thr10 = allocations_in_pipeline<xpipe::ThreadedExecutor>(10);
+  const long thr40 = allocations_in_pipeline<xpipe::ThreadedExecutor>(40);
+  std::printf("operator new calls in Pipeline::train over 10 / 40 mini-batches: reference %ld / "
+              "%ld, threaded %ld / %ld (must not grow)\n", ref10, ref40, thr10, thr40);
+  return one == 0 && ref10 == ref40 && thr10 == thr40 ? 0 : 1;
 }

@@ -9,6 +9,24 @@
 
 namespace xpipe {
 
+namespace detail {
+//! One prediction buffer: W_hat = W - s lr dW computed on demand, or the live weights at s = 0.
+template <class O, class B>
+class PredictionScratch {
+ public:
+  explicit PredictionScratch(index_t params) : buffer_(params) {}
+  template <class Ctx>
+  const float* at(const Ctx& ctx, OptimizerState<O, B>& opt, int s) {
+    if (s == 0) return opt.weights();
+    opt.predict(ctx, static_cast<float>(s), buffer_.data());
+    return buffer_.data();
+  }
+
+ private:
+  typename B::template Buffer<float> buffer_;
+};
+}  // namespace detail
+
 //! SpecTrain: round-trip target, predicted separately for the forward and for the backward
 //! (each action gets its own s). Meant for SGD with momentum (dW = momentum buffer), works with
 //! any Optimizer. Holds 2 buffers: the live weights and one prediction scratch.
@@ -21,11 +39,11 @@ struct SpecTrain {
     explicit State(const PredictorSetup& setup) : setup_(setup), scratch_(setup.params) {}
     template <class Ctx>
     const float* forward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return predicted(ctx, opt, setup_.analysis->forward(setup_.stage, g).round_trip);
+      return scratch_.at(ctx, opt, setup_.analysis->forward(setup_.stage, g).round_trip);
     }
     template <class Ctx>
     const float* backward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return predicted(ctx, opt, setup_.analysis->backward(setup_.stage, g).round_trip);
+      return scratch_.at(ctx, opt, setup_.analysis->backward(setup_.stage, g).round_trip);
     }
     void backward_done(int) {}
     template <class Ctx>
@@ -33,14 +51,8 @@ struct SpecTrain {
     int weight_copies() const { return 2; }
 
    private:
-    template <class Ctx>
-    const float* predicted(const Ctx& ctx, OptimizerState<O, B>& opt, int s) {
-      if (s == 0) return opt.weights();
-      opt.predict(ctx, static_cast<float>(s), scratch_.data());
-      return scratch_.data();
-    }
     PredictorSetup setup_;
-    typename B::template Buffer<float> scratch_;
+    detail::PredictionScratch<O, B> scratch_;
   };
 };
 
@@ -55,10 +67,7 @@ struct PipeOptim {
     explicit State(const PredictorSetup& setup) : setup_(setup), scratch_(setup.params) {}
     template <class Ctx>
     const float* forward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      const int s = setup_.analysis->forward(setup_.stage, g).apply_time;
-      if (s == 0) return opt.weights();
-      opt.predict(ctx, static_cast<float>(s), scratch_.data());
-      return scratch_.data();
+      return scratch_.at(ctx, opt, setup_.analysis->forward(setup_.stage, g).apply_time);
     }
     template <class Ctx>
     const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int) {
@@ -71,7 +80,7 @@ struct PipeOptim {
 
    private:
     PredictorSetup setup_;
-    typename B::template Buffer<float> scratch_;
+    detail::PredictionScratch<O, B> scratch_;
   };
 };
 

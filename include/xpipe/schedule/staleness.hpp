@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <set>
 #include <vector>
 
 #include "xpipe/schedule/validate.hpp"
@@ -67,6 +66,8 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
     // Time of each step of this stage, in order (steps are validated to run S0, S1, ...).
     std::vector<double> step_time;
     std::vector<std::size_t> step_pos;
+    step_time.reserve(static_cast<std::size_t>(s.mini_batches));
+    step_pos.reserve(static_cast<std::size_t>(s.mini_batches));
     for (std::size_t p = 0; p < list.size(); ++p)
       if (list[p].kind == ActionKind::Step) {
         step_time.push_back(tl.start[k][p]);
@@ -77,6 +78,7 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
     std::vector<char> in_flight(total, 0);
     std::vector<int> first_forward_seen(s.mini_batches, 0), backwards_done(s.mini_batches, 0);
     int live = 0, live_mini = 0;
+    std::vector<int> seen(static_cast<std::size_t>(s.mini_batches) + 1, -1);
     for (std::size_t p = 0; p < list.size(); ++p) {
       const Action& a = list[p];
       if (a.kind == ActionKind::Step) {
@@ -110,10 +112,16 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
           std::max(r.mini_batches_in_flight[k], live_mini + (a.kind == ActionKind::Backward &&
                                                              backwards_done[t] == M));
       if (a.kind == ActionKind::Forward) {
-        std::set<int> versions{version};
+        // Distinct versions among the micro-batches in flight, the live one included.
+        const int mark = static_cast<int>(p);
+        int distinct = 0;
+        auto see = [&](int v) {
+          if (seen[v] != mark) seen[v] = mark, ++distinct;
+        };
+        see(version);
         for (int h = 0; h < total; ++h)
-          if (in_flight[h]) versions.insert(fwd_version[h]);
-        r.stash_versions[k] = std::max(r.stash_versions[k], static_cast<int>(versions.size()));
+          if (in_flight[h]) see(fwd_version[h]);
+        r.stash_versions[k] = std::max(r.stash_versions[k], distinct);
       }
     }
   }

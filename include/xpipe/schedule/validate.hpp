@@ -108,6 +108,8 @@ inline void validate(const Schedule& s) {
   const int total = M * N;
   std::vector<std::vector<int>> forward_order(K), backward_order(K);
   for (int k = 0; k < K; ++k) {
+    forward_order[k].reserve(static_cast<std::size_t>(total));
+    backward_order[k].reserve(static_cast<std::size_t>(total));
     const auto& list = s.actions[k];
     std::vector<long> f_pos(total, -1), b_pos(total, -1), s_pos(N, -1);
     int last_step = -1;
