@@ -14,7 +14,7 @@ struct LinearExtrapolation {
   static constexpr const char* name = "linear-extrapolation";
 
   template <class O, class B>
-  class State {
+  class State : public xpipe::PredictorHooks {  // no-op backward_done; before_step below
    public:
     // Every buffer is allocated here, once: nothing allocates while training.
     explicit State(const xpipe::PredictorSetup& setup)
@@ -35,7 +35,6 @@ struct LinearExtrapolation {
     const float* backward_weights(const Ctx&, xpipe::OptimizerState<O, B>& opt, int) {
       return opt.weights();
     }
-    void backward_done(int) {}
     // Called just before the optimizer overwrites the live weights: remember them.
     template <class Ctx>
     void before_step(const Ctx&, xpipe::OptimizerState<O, B>& opt) {

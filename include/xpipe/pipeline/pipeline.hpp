@@ -177,11 +177,11 @@ class Pipeline {
   double evaluate(const Dataset& data) {
     index_t correct = 0;
     const index_t chunk = options_.batch;
+    eval_predicted_.resize(static_cast<std::size_t>(chunk));
     for (index_t first = 0; first < data.count; first += chunk) {
       const index_t rows = std::min(chunk, data.count - first);
       ConstMatrix x = data.matrix().slice_rows(first, rows);
       for_each_stage([&](auto& rt) { x = rt.eval_forward(x); });
-      eval_predicted_.resize(static_cast<std::size_t>(chunk));
       argmax_rows(HostContext{options_.threads_per_stage}, x, eval_predicted_.data());
       for (index_t r = 0; r < rows; ++r) correct += eval_predicted_[r] == data.labels[first + r];
     }

@@ -12,7 +12,7 @@ struct Latest {
   static constexpr const char* name = "latest";
 
   template <class O, class B>
-  class State {
+  class State : public PredictorHooks {
    public:
     explicit State(const PredictorSetup&) {}
     template <class Ctx>
@@ -23,9 +23,6 @@ struct Latest {
     const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int) {
       return opt.weights();
     }
-    void backward_done(int) {}
-    template <class Ctx>
-    void before_step(const Ctx&, OptimizerState<O, B>&) {}
     int weight_copies() const { return 1; }
   };
 };

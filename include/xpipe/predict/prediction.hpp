@@ -32,22 +32,20 @@ class PredictionScratch {
 //! any Optimizer. Holds 2 buffers: the live weights and one prediction scratch.
 struct SpecTrain {
   static constexpr const char* name = "spectrain";
+  static constexpr StalenessTarget target = StalenessTarget::RoundTrip;
 
   template <class O, class B>
-  class State {
+  class State : public PredictorHooks {
    public:
     explicit State(const PredictorSetup& setup) : setup_(setup), scratch_(setup.params) {}
     template <class Ctx>
     const float* forward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return scratch_.at(ctx, opt, setup_.analysis->forward(setup_.stage, g).round_trip);
+      return scratch_.at(ctx, opt, setup_.analysis->forward(setup_.stage, g).s(target));
     }
     template <class Ctx>
     const float* backward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return scratch_.at(ctx, opt, setup_.analysis->backward(setup_.stage, g).round_trip);
+      return scratch_.at(ctx, opt, setup_.analysis->backward(setup_.stage, g).s(target));
     }
-    void backward_done(int) {}
-    template <class Ctx>
-    void before_step(const Ctx&, OptimizerState<O, B>&) {}
     int weight_copies() const { return 2; }
 
    private:
@@ -60,22 +58,20 @@ struct SpecTrain {
 //! live weights. Holds 2 buffers.
 struct PipeOptim {
   static constexpr const char* name = "pipeoptim";
+  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
 
   template <class O, class B>
-  class State {
+  class State : public PredictorHooks {
    public:
     explicit State(const PredictorSetup& setup) : setup_(setup), scratch_(setup.params) {}
     template <class Ctx>
     const float* forward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return scratch_.at(ctx, opt, setup_.analysis->forward(setup_.stage, g).apply_time);
+      return scratch_.at(ctx, opt, setup_.analysis->forward(setup_.stage, g).s(target));
     }
     template <class Ctx>
     const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int) {
       return opt.weights();
     }
-    void backward_done(int) {}
-    template <class Ctx>
-    void before_step(const Ctx&, OptimizerState<O, B>&) {}
     int weight_copies() const { return 2; }
 
    private:
@@ -91,9 +87,10 @@ struct PipeOptim {
 //! same version (synchronous schedules) uses the live weights, without a copy.
 struct XPipe {
   static constexpr const char* name = "xpipe";
+  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
 
   template <class O, class B>
-  class State {
+  class State : public PredictorHooks {
    public:
     explicit State(const PredictorSetup& setup)
         : setup_(setup), slot_of_(setup.schedule->mini_batches, -1),
@@ -114,15 +111,13 @@ struct XPipe {
     const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
       return weights_of(opt, setup_.schedule->mini_batch_of(g));
     }
-    void backward_done(int g) {
+    void backward_done(int g) {  // hides PredictorHooks': frees the slot after the last B
       const int t = setup_.schedule->mini_batch_of(g);
       if (++done_[t] == setup_.schedule->micro_batches && slot_of_[t] >= 0) {
         slot_free_[slot_of_[t]] = 1;
         slot_of_[t] = -1;
       }
     }
-    template <class Ctx>
-    void before_step(const Ctx&, OptimizerState<O, B>&) {}
     int weight_copies() const { return 1 + static_cast<int>(slots_.size()); }
 
    private:
@@ -130,7 +125,7 @@ struct XPipe {
     void begin_mini_batch(const Ctx& ctx, OptimizerState<O, B>& opt, int g, int t) {
       const auto& a = *setup_.analysis;
       const int k = setup_.stage, M = setup_.schedule->micro_batches;
-      const int s = a.forward(k, g).apply_time;
+      const int s = a.forward(k, g).s(target);
       bool same_version = true;
       for (int j = 0; j < M; ++j)
         same_version = same_version && a.forward(k, t * M + j).version == a.forward(k, g).version &&

@@ -20,6 +20,14 @@ struct PredictorSetup {
   const StalenessAnalysis* analysis = nullptr;
 };
 
+//! No-op hooks for predictor states that keep nothing per micro-batch and save nothing before a
+//! step; derive from it and define only what differs.
+struct PredictorHooks {
+  void backward_done(int) {}
+  template <class Ctx, class Opt>
+  void before_step(const Ctx&, Opt&) {}
+};
+
 namespace detail {
 template <class P>
 concept HasPredictorName = requires { { P::name } -> std::convertible_to<const char*>; };
@@ -48,6 +56,9 @@ concept HasStateMembers = requires(typename P::template State<Adam, Host>& st,
 //!     - `void before_step(const Ctx&, OptimizerState<O, B>&)`: the live weights are about to
 //!       change (save a version still needed);
 //!     - `int weight_copies() const`: weight buffers held, the live weights included.
+//! Predictors that extrapolate also name their `static constexpr StalenessTarget target` and
+//! read s as `analysis->forward(stage, g).s(target)`. Deriving the State from PredictorHooks
+//! supplies no-op backward_done and before_step.
 template <class P>
 concept Predictor =
     detail::HasPredictorName<P> && detail::HasPredictorState<P> && detail::HasStateMembers<P>;
