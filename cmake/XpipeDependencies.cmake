@@ -1,7 +1,11 @@
 # Finds what xpipe::xpipe (and optionally xpipe::cuda) link against. Used by the build and by the
 # installed package config, so both resolve dependencies the same way.
 include(CMakeFindDependencyMacro)
-find_dependency(dnnl CONFIG)     # Debian: libdnnl-dev (oneDNN; host GEMM)
+# oneDNN through our own find module (FindOneDNN.cmake, beside this file, says why not its config).
+set(_xpipe_saved_module_path "${CMAKE_MODULE_PATH}")
+list(PREPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_LIST_DIR}")
+find_dependency(OneDNN)          # Debian: libdnnl-dev (oneDNN; host GEMM)
+set(CMAKE_MODULE_PATH "${_xpipe_saved_module_path}")
 find_dependency(OpenMP)          # oneDNN's threading runtime; xpipe's host element loops
 find_dependency(ZLIB)            # gzip'd IDX data files
 

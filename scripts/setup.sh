@@ -8,7 +8,7 @@ packages=(
   g++ make cmake            # toolchain (CMake >= 3.25: Debian 12 ships 3.25)
   catch2                    # tests (Catch2 v2)
   libbenchmark-dev          # benchmarks (Google Benchmark)
-  libdnnl-dev               # host GEMM (oneDNN)
+  libdnnl-dev               # host GEMM (oneDNN; found by cmake/FindOneDNN.cmake, no OpenCL headers)
   zlib1g-dev                # gzip'd IDX files
   dataset-fashion-mnist     # the data, under /usr/share/datasets/fashion-mnist
   libcli11-dev              # command-line flags of the examples and tools
