@@ -1,6 +1,6 @@
 // Hot kernels of a training step: GEMM at the MLP's shapes (against raw dnnl_sgemm), the fused
-// optimizer and update-direction passes, bias+activation and activation backward (against a
-// triad over the same number of elements per array). Arguments: .../threads.
+// optimizer and update-direction passes, bias+activation, activation backward and the bias
+// gradient (against a triad over the same number of elements per array). Arguments: .../threads.
 #include <benchmark/benchmark.h>
 
 #include "baseline.hpp"
@@ -102,6 +102,19 @@ void BM_ReluBackward(benchmark::State& st) {
   bandwidth_counters(st, kernel, 3.0 * 4 * n, n, 3, threads);  // read x dy, write dx
 }
 
+// Bias gradient (column sums) of a batch x 1024 output gradient, as Linear's backward runs it.
+void BM_BiasGrad(benchmark::State& st) {
+  const index_t rows = st.range(0);
+  const int threads = static_cast<int>(st.range(1));
+  const index_t n = rows * 1024;
+  const xpipe::HostContext ctx{.threads = threads};
+  FlatBuffers b(n);
+  const xpipe::ConstMatrix dy{b.g.data(), rows, 1024};
+  auto kernel = [&] { xpipe::bias_grad(ctx, dy, b.d.data(), false); };
+  for (auto _ : st) kernel();
+  bandwidth_counters(st, kernel, 4.0 * n, n, 1, threads);  // read dy (db is 1024 floats)
+}
+
 // xpipe::gemm at the MLP's shapes (batch 128) against raw dnnl_sgemm in this binary.
 void BM_Gemm(benchmark::State& st) {
   const char ta = static_cast<char>(st.range(0)), tb = static_cast<char>(st.range(1));
@@ -141,6 +154,7 @@ BENCHMARK(BM_AdamDirection)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_SgdDirection)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_BiasRelu)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
 BENCHMARK(BM_ReluBackward)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_BiasGrad)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
 BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseRealTime();
 
 BENCHMARK_MAIN();
