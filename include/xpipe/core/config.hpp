@@ -2,22 +2,15 @@
 // Without nvcc they reduce to plain C++, so every header builds with an ordinary compiler.
 #pragma once
 
+// XPIPE_HOST_DEVICE marks the shared math functions (kernels/*.hpp); XPIPE_LAMBDA marks the
+// lambdas the launchers (kernels/ops.hpp) hand to a backend's element loop, so one lambda runs
+// in the host loop and in a CUDA kernel (nvcc needs --extended-lambda, set by xpipe::cuda).
 #if defined(__CUDACC__)
 #define XPIPE_HOST_DEVICE __host__ __device__ __forceinline__
-#define XPIPE_DEVICE __device__ __forceinline__
-#define XPIPE_GLOBAL __global__
+#define XPIPE_LAMBDA __host__ __device__
 #else
 #define XPIPE_HOST_DEVICE inline
-#define XPIPE_DEVICE inline
-#define XPIPE_GLOBAL
-#endif
-
-#if defined(__CUDA_ARCH__)
-#define XPIPE_UNROLL _Pragma("unroll")
-#elif defined(__GNUC__) && !defined(__clang__)
-#define XPIPE_UNROLL _Pragma("GCC unroll 4")
-#else
-#define XPIPE_UNROLL
+#define XPIPE_LAMBDA
 #endif
 
 #if defined(__GNUC__) || defined(__clang__) || defined(__CUDACC__)
