@@ -1,6 +1,7 @@
-// CUDA launchers against the host launchers of the same math: each op runs on both backends on
-// the same inputs, and results must agree within tol + |ref| * eps (llm.c's rule), printing the
-// first mismatches. Exits 77 (CTest: skipped) when no CUDA device is present.
+// The launchers of kernels/ops.hpp on a CudaContext against the same launchers on a HostContext:
+// each op runs on both backends on the same inputs, and results must agree within
+// tol + |ref| * eps (llm.c's rule), printing the first mismatches. Exits 77 (CTest: skipped) when
+// no CUDA device is present.
 #include <cmath>
 #include <cstdio>
 #include <string>

@@ -11,12 +11,15 @@ namespace xpipe {
 //! Required members:
 //!   - `Context`: the execution context every compute call takes (threads, stream, handles);
 //!   - `template <class T> Buffer`: an owning array of T constructible from a length;
-//!   - `static constexpr const char* name`.
+//!   - `static constexpr const char* name`;
+//!   - `static constexpr index_t column_block`: columns one step of a column reduction sums.
+//! Its context type has the element loops kernels/ops.hpp calls: for_each_index, for_each_element.
 template <class B>
 concept Backend = requires {
   typename B::Context;
   typename B::template Buffer<float>;
   { B::name } -> std::convertible_to<const char*>;
+  { B::column_block } -> std::convertible_to<index_t>;
 } && std::constructible_from<typename B::template Buffer<float>, index_t>;
 
 static_assert(Backend<Host>);

@@ -1,5 +1,5 @@
 // The CUDA backend: its tag, execution context (stream + cuBLAS handle), device buffers, the
-// element-loop launcher and the cuBLAS GEMM binding. Include only from CUDA translation units.
+// element loops, buffer copy and the cuBLAS GEMM binding. Include only from CUDA translation units.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -122,25 +122,73 @@ struct Cuda {
   template <class T>
   using Buffer = DeviceBuffer<T>;
   static constexpr const char* name = "cuda";
+  //! Columns one step of a column reduction (bias_grad) sums: one per thread, the partial sum
+  //! in a register, adjacent threads on adjacent columns so each row's loads coalesce.
+  static constexpr index_t column_block = 1;
 };
 
+// The element loops below are the CUDA half of the launchers' contract (kernels/ops.hpp): the
+// host backend (backend/host.hpp) has the same functions on a HostContext.
 namespace cuda_detail {
-// The thin kernel: compute an index, check bounds, call the shared per-element function.
+inline constexpr int block_threads = 256;
+
+inline unsigned grid_for(index_t n) {
+  return static_cast<unsigned>((n + block_threads - 1) / block_threads);
+}
+
+// The thin kernels: compute an index, check bounds, call the shared per-element function.
 template <class F>
 __global__ void for_each_index_kernel(index_t n, F f) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) f(i);
 }
+
+// One thread per element, in row-major order: consecutive threads of a warp read consecutive
+// columns, so loads coalesce.
+template <class F>
+__global__ void for_each_element_kernel(index_t rows, index_t cols, F f) {
+  const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) {
+    const index_t r = i / cols;
+    f(r, i - r * cols);
+  }
+}
 }  // namespace cuda_detail
 
-//! Calls f(i) on the device for i in [0, n), on ctx's stream; f is a __device__ callable.
+//! Calls f(i) on the device for i in [0, n), on ctx's stream; f is a __device__ callable (an
+//! XPIPE_LAMBDA). Usage: `for_each_index(ctx, n, [=] XPIPE_LAMBDA(index_t i) { d[i] = m[i]; });`
 template <class F>
-void for_each_index(const CudaContext& ctx, index_t n, F f) {
+void for_each_index(const CudaContext& ctx, index_t n, const F& f) {
   if (n <= 0) return;
-  constexpr int block = 256;
-  const auto grid = static_cast<unsigned>((n + block - 1) / block);
-  cuda_detail::for_each_index_kernel<<<grid, block, 0, ctx.stream>>>(n, f);
+  cuda_detail::for_each_index_kernel<<<cuda_detail::grid_for(n), cuda_detail::block_threads, 0,
+                                       ctx.stream>>>(n, f);
   XPIPE_CUDA_CHECK(cudaGetLastError());
+}
+
+//! As for_each_index(ctx, n, f). `work` (the elements touched in all) tells the host backend
+//! whether forking pays; one GPU thread per index has no such decision, so it is unused here.
+template <class F>
+void for_each_index(const CudaContext& ctx, index_t n, index_t /*work*/, const F& f) {
+  for_each_index(ctx, n, f);
+}
+
+//! Calls f(r, c) on the device for each element of a rows x cols matrix, one thread each.
+template <class F>
+void for_each_element(const CudaContext& ctx, index_t rows, index_t cols, const F& f) {
+  if (rows <= 0 || cols <= 0) return;
+  cuda_detail::for_each_element_kernel<<<cuda_detail::grid_for(rows * cols),
+                                         cuda_detail::block_threads, 0, ctx.stream>>>(rows, cols,
+                                                                                      f);
+  XPIPE_CUDA_CHECK(cudaGetLastError());
+}
+
+//! dst = src over n device floats, on ctx's stream. A backend primitive rather than a launcher
+//! in kernels/ops.hpp: there is no math to share, and the driver's device-to-device copy (wide
+//! accesses, any alignment) beats a one-float-per-thread element loop.
+inline void copy_buffer(const CudaContext& ctx, const float* src, float* dst, index_t n) {
+  if (n <= 0) return;
+  XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, ctx.stream));
 }
 
 //! C = alpha op(A) op(B) + beta C in row-major terms, through cuBLAS (column-major): the

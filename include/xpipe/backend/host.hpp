@@ -1,4 +1,5 @@
-// The host backend: its tag, execution context, parallel element loop and the oneDNN GEMM binding.
+// The host backend: its tag, execution context, parallel element loops, buffer copy and the oneDNN
+// GEMM binding.
 #pragma once
 
 #include <omp.h>
@@ -32,6 +33,9 @@ struct Host {
   template <class T>
   using Buffer = HostBuffer<T>;
   static constexpr const char* name = "host";
+  //! Columns one step of a column reduction (bias_grad) sums side by side: a contiguous row
+  //! segment that a core walks row after row with vector loads, its partial sums staying in L1.
+  static constexpr index_t column_block = 256;
 };
 
 //! Below this many elements a pass stays on the calling thread: forking costs more than it saves.
@@ -77,21 +81,30 @@ inline HostIsa host_isa() {
 }
 
 namespace detail {
+// `flatten` inlines the whole body (the launcher's lambda and the math it calls) into each
+// variant: a call left out of line would be compiled once, for the baseline, and run there.
+#if defined(__GNUC__) || defined(__clang__)
+#define XPIPE_HOST_LOOP_ __attribute__((flatten))
+#else
+#define XPIPE_HOST_LOOP_
+#endif
 template <class F>
-void run_range_baseline(const F& f, index_t begin, index_t end) {
+XPIPE_HOST_LOOP_ void run_range_baseline(const F& f, index_t begin, index_t end) {
   for (index_t i = begin; i < end; ++i) f(i);
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 template <class F>
-__attribute__((target("avx2,fma"))) void run_range_avx2(const F& f, index_t begin, index_t end) {
+__attribute__((target("avx2,fma"))) XPIPE_HOST_LOOP_ void run_range_avx2(const F& f, index_t begin,
+                                                                         index_t end) {
   for (index_t i = begin; i < end; ++i) f(i);
 }
 template <class F>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void run_range_avx512(
-    const F& f, index_t begin, index_t end) {
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) XPIPE_HOST_LOOP_ void
+run_range_avx512(const F& f, index_t begin, index_t end) {
   for (index_t i = begin; i < end; ++i) f(i);
 }
 #endif
+#undef XPIPE_HOST_LOOP_
 template <class F>
 void run_range(HostIsa isa, const F& f, index_t begin, index_t end) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -103,11 +116,16 @@ void run_range(HostIsa isa, const F& f, index_t begin, index_t end) {
 }
 }  // namespace detail
 
-//! Calls f(i) for i in [0, n), on ctx.threads threads when `work` (elements touched) is large
+// The element loops below are the host's half of the launchers' contract (kernels/ops.hpp): the
+// CUDA backend (backend/cuda.cuh) has the same functions on a CudaContext.
+
+//! Calls f(i) for i in [0, n), where `work` elements are touched in all (an index may stand for
+//! a block of elements, as in a column reduction): on ctx.threads threads when `work` is large
 //! enough to pay for the fork. Each thread takes one contiguous range. Helper threads adopt the
 //! caller's floating-point mode (flush-to-zero), so the bits never depend on the thread count.
+//! Usage: `for_each_index(ctx, blocks, rows * cols, [=](index_t b) { ... });`
 template <class F>
-void parallel_for(const HostContext& ctx, index_t n, index_t work, F f) {
+void for_each_index(const HostContext& ctx, index_t n, index_t work, const F& f) {
   const HostIsa isa = host_isa();
   if (ctx.threads > 1 && work >= host_parallel_grain && n > 1) {
     const unsigned mode = detail::read_fp_mode();
@@ -125,16 +143,29 @@ void parallel_for(const HostContext& ctx, index_t n, index_t work, F f) {
   }
 }
 
-//! Calls f(i) for each element index of a flat buffer of n elements (see parallel_for).
+//! Calls f(i) for each element index of a flat buffer of n elements.
+//! Usage: `for_each_index(ctx, n, [=](index_t i) { d[i] = m[i]; });`
 template <class F>
-void for_each_index(const HostContext& ctx, index_t n, F f) {
-  parallel_for(ctx, n, n, f);
+void for_each_index(const HostContext& ctx, index_t n, const F& f) {
+  for_each_index(ctx, n, n, f);
 }
 
-//! Calls f(r) for each row r of a rows x cols matrix; f walks the row's columns itself.
+//! Calls f(r, c) for each element of a rows x cols matrix. Rows are split over the threads; the
+//! column loop is inlined into each instruction-set variant of the range loop, where it
+//! vectorises. Usage: `for_each_element(ctx, y.rows, y.cols, [=](index_t r, index_t c) {...});`
 template <class F>
-void for_each_row(const HostContext& ctx, index_t rows, index_t cols, F f) {
-  parallel_for(ctx, rows, rows * cols, f);
+void for_each_element(const HostContext& ctx, index_t rows, index_t cols, const F& f) {
+  for_each_index(ctx, rows, rows * cols, [&f, cols](index_t r) {
+    for (index_t c = 0; c < cols; ++c) f(r, c);
+  });
+}
+
+//! dst = src over n floats. A backend primitive rather than a launcher in kernels/ops.hpp: there
+//! is no math to share, and each backend has its own best copy (here the threaded element loop,
+//! on CUDA the driver's device-to-device copy on the stream).
+inline void copy_buffer(const HostContext& ctx, const float* XPIPE_RESTRICT src,
+                        float* XPIPE_RESTRICT dst, index_t n) {
+  for_each_index(ctx, n, [=](index_t i) { dst[i] = src[i]; });
 }
 
 //! Whether a GEMM operand is used as stored or transposed.

@@ -3,7 +3,7 @@
 
 #include <span>
 
-#include "xpipe/kernels/host_ops.hpp"
+#include "xpipe/kernels/ops.hpp"
 #include "xpipe/layers/layer.hpp"
 
 namespace xpipe {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <span>
 
-#include "xpipe/kernels/host_ops.hpp"
+#include "xpipe/kernels/ops.hpp"
 #include "xpipe/layers/init.hpp"
 #include "xpipe/layers/layer.hpp"
 

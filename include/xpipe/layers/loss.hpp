@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "xpipe/core/error.hpp"
-#include "xpipe/kernels/host_ops.hpp"
+#include "xpipe/kernels/ops.hpp"
 
 namespace xpipe {
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "xpipe/core/error.hpp"
-#include "xpipe/kernels/host_ops.hpp"
+#include "xpipe/kernels/ops.hpp"
 #include "xpipe/optim/optimizer.hpp"
 
 namespace xpipe {
