@@ -67,6 +67,23 @@ struct NoContext {
   using Buffer = HostBuffer<T>;
   static constexpr const char* name = "x";
 };
+
+// A small backend whose Context is not HostContext (host memory, so its buffers are real).
+struct OtherContext {
+  int device = 0;
+};
+struct OtherBackend {
+  using Context = OtherContext;
+  template <class T>
+  using Buffer = HostBuffer<T>;
+  static constexpr const char* name = "other";
+};
+// An optimizer for OtherBackend only.
+struct OtherSgd : PlainSgd {
+  void step(const OtherContext&, const FlatState&) const {}
+  void direction(const OtherContext&, const FlatState&, float*) const {}
+  void predict(const OtherContext&, const FlatState&, float, float*) const {}
+};
 }  // namespace
 
 TEST_CASE("Layer concept accepts shipped and user layers - rejects near misses", "[concepts]") {
@@ -100,6 +117,16 @@ TEST_CASE("Optimizer concept accepts shipped and user optimizers - rejects near 
   st.grads()[0] = 2.f;
   st.step(HostContext{});
   REQUIRE(st.weights()[0] == Approx(0.8f));
+}
+
+TEST_CASE("Optimizer concept is probed on the backend's context", "[concepts]") {
+  STATIC_REQUIRE(Backend<OtherBackend>);
+  STATIC_REQUIRE(Optimizer<Adam, OtherBackend>);  // templates on the context: any backend
+  STATIC_REQUIRE(Optimizer<OtherSgd, OtherBackend>);
+  STATIC_REQUIRE_FALSE(Optimizer<OtherSgd>);
+  STATIC_REQUIRE_FALSE(Optimizer<OtherSgd, Host>);
+  STATIC_REQUIRE_FALSE(Optimizer<PlainSgd, OtherBackend>);
+  STATIC_REQUIRE(check_optimizer<OtherSgd, OtherBackend>());
 }
 
 TEST_CASE("Backend concept accepts the host backend - rejects a near miss", "[concepts]") {
