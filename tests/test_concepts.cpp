@@ -1,6 +1,8 @@
 // Concepts both ways: every shipped policy qualifies; near misses (one member short) do not.
 #include <catch2/catch.hpp>
 
+#include <string_view>
+
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
@@ -67,6 +69,90 @@ struct NoContext {
   using Buffer = HostBuffer<T>;
   static constexpr const char* name = "x";
 };
+
+// A small backend whose Context is not HostContext (host memory, so its buffers are real).
+struct OtherContext {
+  int device = 0;
+};
+struct OtherBackend {
+  using Context = OtherContext;
+  template <class T>
+  using Buffer = HostBuffer<T>;
+  static constexpr const char* name = "other";
+};
+
+// A user predictor that qualifies: the live weights for everything, hooks from PredictorHooks.
+struct UserLatest {
+  static constexpr const char* name = "user-latest";
+  template <class O, class B>
+  struct State : PredictorHooks {
+    explicit State(const PredictorSetup&) {}
+    template <class Ctx>
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    template <class Ctx>
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    int weight_copies() const { return 1; }
+  };
+};
+// Near miss: no constructor from PredictorSetup.
+struct NoSetupConstructor {
+  static constexpr const char* name = "no-ctor";
+  template <class O, class B>
+  struct State : PredictorHooks {
+    State() = default;
+    template <class Ctx>
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    template <class Ctx>
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    int weight_copies() const { return 1; }
+  };
+};
+// Near miss: no backward_weights.
+struct NoBackwardWeights {
+  static constexpr const char* name = "no-bw";
+  template <class O, class B>
+  struct State : PredictorHooks {
+    explicit State(const PredictorSetup&) {}
+    template <class Ctx>
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    int weight_copies() const { return 1; }
+  };
+};
+// Near miss: a target that is not a StalenessTarget.
+struct IntTarget : UserLatest {
+  static constexpr int target = 1;
+};
+// Qualifies for OtherBackend only: every call takes OtherContext, never HostContext.
+struct OtherOnly {
+  static constexpr const char* name = "other-only";
+  template <class O, class B>
+  struct State : PredictorHooks {
+    explicit State(const PredictorSetup&) {}
+    const float* forward_weights(const OtherContext&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
+    const float* backward_weights(const OtherContext&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
+    void before_step(const OtherContext&, OptimizerState<O, B>&) {}
+    int weight_copies() const { return 1; }
+  };
+};
+// Qualifies with Adam only: its State exists for Adam alone.
+struct AdamOnly {
+  static constexpr const char* name = "adam-only";
+  template <class O, class B>
+    requires std::same_as<O, Adam>
+  struct State : UserLatest::State<O, B> {
+    using UserLatest::State<O, B>::State;
+  };
+};
+// An optimizer for OtherBackend only.
+struct OtherSgd : PlainSgd {
+  void step(const OtherContext&, const FlatState&) const {}
+  void direction(const OtherContext&, const FlatState&, float*) const {}
+  void predict(const OtherContext&, const FlatState&, float, float*) const {}
+};
 }  // namespace
 
 TEST_CASE("Layer concept accepts shipped and user layers - rejects near misses", "[concepts]") {
@@ -100,6 +186,63 @@ TEST_CASE("Optimizer concept accepts shipped and user optimizers - rejects near 
   st.grads()[0] = 2.f;
   st.step(HostContext{});
   REQUIRE(st.weights()[0] == Approx(0.8f));
+}
+
+TEST_CASE("Optimizer concept is probed on the backend's context", "[concepts]") {
+  STATIC_REQUIRE(Backend<OtherBackend>);
+  STATIC_REQUIRE(Optimizer<Adam, OtherBackend>);  // templates on the context: any backend
+  STATIC_REQUIRE(Optimizer<OtherSgd, OtherBackend>);
+  STATIC_REQUIRE_FALSE(Optimizer<OtherSgd>);
+  STATIC_REQUIRE_FALSE(Optimizer<OtherSgd, Host>);
+  STATIC_REQUIRE_FALSE(Optimizer<PlainSgd, OtherBackend>);
+  STATIC_REQUIRE(check_optimizer<OtherSgd, OtherBackend>());
+}
+
+TEST_CASE("Predictor concept accepts shipped and user predictors with Adam and SGD - rejects "
+          "near misses",
+          "[concepts]") {
+  STATIC_REQUIRE(Predictor<Latest>);
+  STATIC_REQUIRE(Predictor<Stash, SGD>);
+  STATIC_REQUIRE(check_predictor<Latest>());  // Adam and SGD on the host
+  STATIC_REQUIRE(check_predictor<Stash>());
+  STATIC_REQUIRE(check_predictor<DoubleBuffered>());
+  STATIC_REQUIRE(check_predictor<SpecTrain>());
+  STATIC_REQUIRE(check_predictor<XPipe>());
+  STATIC_REQUIRE(check_predictor<PipeOptim>());
+  STATIC_REQUIRE(check_predictor<XPipe, AdamW, Host>());
+  STATIC_REQUIRE(check_predictor<SpecTrain, AnyOptimizer, Host>());
+  STATIC_REQUIRE(check_predictor<UserLatest>());
+  STATIC_REQUIRE(Predictor<UserLatest, PlainSgd>);
+  STATIC_REQUIRE_FALSE(Predictor<NoSetupConstructor>);
+  STATIC_REQUIRE_FALSE(Predictor<NoSetupConstructor, SGD>);
+  STATIC_REQUIRE_FALSE(Predictor<NoBackwardWeights>);
+  STATIC_REQUIRE_FALSE(Predictor<NoBackwardWeights, SGD>);
+  STATIC_REQUIRE_FALSE(Predictor<IntTarget>);
+  STATIC_REQUIRE_FALSE(Predictor<Adam>);
+  STATIC_REQUIRE_FALSE(Predictor<int>);
+  // Probing more than one optimizer is what catches a predictor tied to one.
+  STATIC_REQUIRE(Predictor<AdamOnly, Adam>);
+  STATIC_REQUIRE_FALSE(Predictor<AdamOnly, SGD>);
+  // What the shipped predictors say about themselves stays as it was.
+  STATIC_REQUIRE(std::string_view(SpecTrain::name) == "spectrain");
+  STATIC_REQUIRE(std::string_view(PipeOptim::name) == "pipeoptim");
+  STATIC_REQUIRE(std::string_view(XPipe::name) == "xpipe");
+  STATIC_REQUIRE(std::string_view(Stash::name) == "stash");
+  STATIC_REQUIRE(std::string_view(DoubleBuffered::name) == "2bw");
+  STATIC_REQUIRE(SpecTrain::target == StalenessTarget::RoundTrip);
+  STATIC_REQUIRE(PipeOptim::target == StalenessTarget::ApplyTime);
+  STATIC_REQUIRE(XPipe::target == StalenessTarget::ApplyTime);
+}
+
+TEST_CASE("Predictor concept is probed on the backend's context", "[concepts]") {
+  STATIC_REQUIRE(Predictor<OtherOnly, Adam, OtherBackend>);
+  STATIC_REQUIRE(Predictor<OtherOnly, SGD, OtherBackend>);
+  STATIC_REQUIRE(check_predictor<OtherOnly, Adam, OtherBackend>());
+  STATIC_REQUIRE_FALSE(Predictor<OtherOnly>);
+  STATIC_REQUIRE_FALSE(Predictor<OtherOnly, Adam, Host>);
+  // Generic predictors qualify on any backend.
+  STATIC_REQUIRE(Predictor<XPipe, Adam, OtherBackend>);
+  STATIC_REQUIRE(Predictor<UserLatest, SGD, OtherBackend>);
 }
 
 TEST_CASE("Backend concept accepts the host backend - rejects a near miss", "[concepts]") {

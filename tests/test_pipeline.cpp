@@ -172,6 +172,30 @@ TEST_CASE("Predictors report the weight copies the schedule makes them hold", "[
   REQUIRE(copies.operator()<Latest>(async_1f1b(4, 4, 11)) == std::vector<int>{1, 1, 1, 1});
   REQUIRE(copies.operator()<SpecTrain>(async_1f1b(4, 4, 11)) == std::vector<int>{2, 2, 2, 2});
   REQUIRE(copies.operator()<DoubleBuffered>(async_1f1b(4, 4, 11)) == std::vector<int>{2, 2, 2, 1});
+  REQUIRE(copies.operator()<PipeOptim>(async_1f1b(4, 4, 11)) == std::vector<int>{2, 2, 2, 2});
+  REQUIRE(copies.operator()<XPipe>(async_1f1b(4, 4, 11)) == std::vector<int>{3, 3, 3, 2});
+  REQUIRE(copies.operator()<XPipe>(gpipe(4, 4, 11)) == std::vector<int>{2, 2, 2, 2});
+}
+
+TEST_CASE("WeightSlots lends its fixed copies by use count and names the fault when full",
+          "[pipeline][predict]") {
+  WeightSlots<Host> slots(2, 5, "stash", 3);
+  REQUIRE(slots.size() == 2);
+  REQUIRE(slots.data(0) != slots.data(1));
+  const float* first = slots.data(0);
+  REQUIRE(slots.acquire(2, Action{ActionKind::Step, 0}) == 0);  // the lowest free slot
+  REQUIRE(slots.acquire(1, Action{ActionKind::Step, 1}) == 1);
+  REQUIRE_THROWS_WITH(slots.acquire(1, Action{ActionKind::Forward, 7}),
+                      Contains("xpipe: stash: stage 3: all 2 weight slots in use at F7"));
+  slots.share(1);
+  REQUIRE(slots.users(1) == 2);
+  REQUIRE_FALSE(slots.release(0));
+  REQUIRE(slots.release(0));  // the second user frees it
+  REQUIRE(slots.acquire(1, Action{ActionKind::Backward, 2}) == 0);
+  REQUIRE(slots.data(0) == first);  // the same buffer, never reallocated
+  WeightSlots<Host> none(0, 5, "xpipe", 0);
+  REQUIRE_THROWS_WITH(none.acquire(1, Action{ActionKind::Forward, 0}),
+                      Contains("all 0 weight slots"));
 }
 
 TEST_CASE("DoubleBuffered refuses a schedule that needs more than two versions", "[pipeline]") {

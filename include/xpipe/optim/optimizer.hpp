@@ -24,23 +24,29 @@ template <class O>
 concept HasMomentCount = requires { { O::moment_count } -> std::convertible_to<int>; };
 template <class O>
 concept HasName = requires { { O::name } -> std::convertible_to<const char*>; };
-template <class O>
-concept HasStep = requires(const O& o, const HostContext& ctx, const FlatState& s) {
+template <class O, class B>
+concept HasStep = requires(const O& o, const typename B::Context& ctx, const FlatState& s) {
   o.step(ctx, s);
 };
+template <class O, class B>
+concept HasDirection =
+    requires(const O& o, const typename B::Context& ctx, const FlatState& s, float* d) {
+      o.direction(ctx, s, d);
+    };
+template <class O, class B>
+concept HasPredict =
+    requires(const O& o, const typename B::Context& ctx, const FlatState& s, float* d) {
+      o.predict(ctx, s, 1.f, d);
+    };
 template <class O>
-concept HasDirection = requires(const O& o, const HostContext& ctx, const FlatState& s, float* d) {
-  o.direction(ctx, s, d);
+concept HasLearningRate = requires(const O& o) {
+  { o.learning_rate() } -> std::convertible_to<float>;
 };
-template <class O>
-concept HasPredict = requires(const O& o, const HostContext& ctx, const FlatState& s, float* d) {
-  o.predict(ctx, s, 1.f, d);
-};
-template <class O>
-concept HasLearningRate = requires(const O& o) { { o.learning_rate() } -> std::convertible_to<float>; };
 }  // namespace detail
 
 //! Optimizer: a value holding hyper-parameters; the moments live in the stage's flat buffers.
+//! Probed on backend B: `Ctx` below is `const B::Context&`, so an optimizer written for one
+//! backend's context qualifies for that backend only.
 //! Required members:
 //!   - `static constexpr int moment_count` (0, 1 or 2 flat moment buffers);
 //!   - `static constexpr const char* name`;
@@ -50,19 +56,23 @@ concept HasLearningRate = requires(const O& o) { { o.learning_rate() } -> std::c
 //!   - `void predict(const Ctx&, const FlatState&, float steps, float* out) const`:
 //!     out = W - steps * lr * ΔW, fused in one pass (weight prediction);
 //!   - `float learning_rate() const`.
-template <class O>
-concept Optimizer = detail::HasMomentCount<O> && detail::HasName<O> && detail::HasStep<O> &&
-                    detail::HasDirection<O> && detail::HasPredict<O> && detail::HasLearningRate<O>;
+//! Usage: `static_assert(Optimizer<Adam>); static_assert(Optimizer<Adam, Cuda>);`
+template <class O, class B = Host>
+concept Optimizer = detail::HasMomentCount<O> && detail::HasName<O> && detail::HasStep<O, B> &&
+                    detail::HasDirection<O, B> && detail::HasPredict<O, B> &&
+                    detail::HasLearningRate<O>;
 
-//! Fails to compile with a message naming the first member O lacks.
-template <class O>
+//! Fails to compile with a message naming each member O lacks on backend B.
+//! Usage: `static_assert(check_optimizer<MyOptimizer>());`
+template <class O, class B = Host>
 consteval bool check_optimizer() {
   static_assert(detail::HasMomentCount<O>, "xpipe: Optimizer: missing static member moment_count");
   static_assert(detail::HasName<O>, "xpipe: Optimizer: missing static member name");
-  static_assert(detail::HasStep<O>, "xpipe: Optimizer: missing step(ctx, const FlatState&) const");
-  static_assert(detail::HasDirection<O>,
+  static_assert(detail::HasStep<O, B>,
+                "xpipe: Optimizer: missing step(ctx, const FlatState&) const");
+  static_assert(detail::HasDirection<O, B>,
                 "xpipe: Optimizer: missing direction(ctx, const FlatState&, float* d) const");
-  static_assert(detail::HasPredict<O>,
+  static_assert(detail::HasPredict<O, B>,
                 "xpipe: Optimizer: missing predict(ctx, const FlatState&, float steps, float* out) "
                 "const");
   static_assert(detail::HasLearningRate<O>, "xpipe: Optimizer: missing learning_rate() const");
@@ -73,7 +83,7 @@ consteval bool check_optimizer() {
 //! Usage: `OptimizerState<Adam> st(Adam{}, n); ...; st.step(ctx);`
 template <class O, class B = DefaultBackend>
 class OptimizerState {
-  static_assert(check_optimizer<O>());
+  static_assert(check_optimizer<O, B>());
 
  public:
   OptimizerState(O optimizer, index_t size)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "xpipe/predict/predictor.hpp"
+#include "xpipe/predict/slots.hpp"
 
 namespace xpipe {
 
@@ -22,19 +23,8 @@ struct BasicStash {
    public:
     explicit State(const PredictorSetup& setup)
         : setup_(setup), fwd_version_(setup.schedule->total_micro_batches(), -1),
-          slot_of_(setup.schedule->total_micro_batches(), -1) {
-      const int versions = setup.analysis->stash_versions[setup.stage];
-      if (MaxVersions > 0 && versions > MaxVersions)
-        throw ConfigError(std::string("xpipe: ") + Name + ": stage " +
-                          std::to_string(setup.stage) + " needs " + std::to_string(versions) +
-                          " weight versions under schedule '" + setup.schedule->name + "', but " +
-                          Name + " holds " + std::to_string(MaxVersions) +
-                          " (use micro_batches >= stages)");
-      for (int i = 0; i + 1 < versions; ++i) {
-        slots_.emplace_back(setup.params);
-        slot_version_.push_back(-1);
-        slot_users_.push_back(0);
-      }
+          slot_of_(setup.schedule->total_micro_batches(), -1),
+          slots_(checked_versions(setup) - 1, setup.params, Name, setup.stage) {
       // pending_ never outgrows the micro-batches in flight: no allocation while training.
       pending_.reserve(static_cast<std::size_t>(setup.analysis->max_in_flight[setup.stage]) + 1);
     }
@@ -54,7 +44,7 @@ struct BasicStash {
         throw Error("xpipe: " + std::string(Name) + ": stage " + std::to_string(setup_.stage) +
                     ": no stashed version " + std::to_string(fwd_version_[g]) + " for B" +
                     std::to_string(g));
-      return slots_[slot].data();
+      return slots_.data(slot);
     }
 
     void backward_done(int g) {
@@ -64,12 +54,12 @@ struct BasicStash {
           pending_.pop_back();
           break;
         }
-      if (const int slot = slot_of_[g]; slot >= 0 && --slot_users_[slot] == 0)
-        slot_version_[slot] = -1;
+      if (slot_of_[g] >= 0) slots_.release(slot_of_[g]);
       slot_of_[g] = -1;
     }
 
-    //! Saves the live version if a pending backward still needs it.
+    //! Saves the live version if a pending backward still needs it: one slot, shared by every
+    //! micro-batch forwarded at this version.
     template <class Ctx>
     void before_step(const Ctx& ctx, OptimizerState<O, B>& opt) {
       const int live = static_cast<int>(opt.steps_taken());
@@ -77,30 +67,33 @@ struct BasicStash {
       for (int g : pending_) {
         if (fwd_version_[g] != live) continue;
         if (slot < 0) {
-          for (std::size_t i = 0; i < slots_.size(); ++i)
-            if (slot_version_[i] < 0) {
-              slot = static_cast<int>(i);
-              break;
-            }
-          if (slot < 0)
-            throw Error("xpipe: " + std::string(Name) + ": stage " + std::to_string(setup_.stage) +
-                        ": all " + std::to_string(slots_.size()) + " stash slots are in use");
-          copy_buffer(ctx, opt.weights(), slots_[slot].data(), setup_.params);
-          slot_version_[slot] = live;
+          slot = slots_.acquire(1, Action{ActionKind::Step, live});
+          copy_buffer(ctx, opt.weights(), slots_.data(slot), setup_.params);
+        } else {
+          slots_.share(slot);
         }
         slot_of_[g] = slot;
-        ++slot_users_[slot];
       }
     }
 
-    int weight_copies() const { return 1 + static_cast<int>(slots_.size()); }
+    int weight_copies() const { return 1 + slots_.size(); }
 
    private:
+    static int checked_versions(const PredictorSetup& setup) {
+      const int versions = setup.analysis->stash_versions[setup.stage];
+      if (MaxVersions > 0 && versions > MaxVersions)
+        throw ConfigError(std::string("xpipe: ") + Name + ": stage " +
+                          std::to_string(setup.stage) + " needs " + std::to_string(versions) +
+                          " weight versions under schedule '" + setup.schedule->name + "', but " +
+                          Name + " holds " + std::to_string(MaxVersions) +
+                          " (use micro_batches >= stages)");
+      return versions;
+    }
+
     PredictorSetup setup_;
     std::vector<int> fwd_version_, slot_of_;
     std::vector<int> pending_;  // micro-batches forwarded, not yet backwarded (capacity reserved)
-    std::vector<typename B::template Buffer<float>> slots_;
-    std::vector<int> slot_version_, slot_users_;
+    WeightSlots<B> slots_;      // versions older than the live one
   };
 };
 
