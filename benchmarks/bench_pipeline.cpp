@@ -16,7 +16,7 @@ using xpipe::index_t;
 // One hop = hand-off of a pre-allocated buffer to another thread. Measured as a ping-pong
 // through two rings (round trip / 2): both threads spin, as stage threads do before yielding.
 void BM_QueueHop(benchmark::State& st) {
-  xpipe::SpscRing there(4, 1, 16), back(4, 1, 16);
+  xpipe::SpscRing<> there(4, 1, 16), back(4, 1, 16);
   std::atomic<bool> done{false};
   std::thread echo([&] {
     while (!done.load(std::memory_order_relaxed)) {
@@ -48,35 +48,25 @@ void BM_QueueHop(benchmark::State& st) {
                                                     benchmark::Counter::kInvert);
 }
 
-// A Program of K stages that only passes micro-batch numbers through rings: what is left is
-// the executor (readiness checks, waits, timing records) and the queues.
+// A Program of K stages that only passes micro-batch numbers through the pipeline's own links
+// and readiness rule: what is left is the executor (readiness checks, waits, timing records)
+// and the queues.
 struct NoMathProgram {
   const xpipe::Schedule* s;
-  std::vector<xpipe::SpscRing> acts, grads;
+  xpipe::Links<xpipe::SpscRing<>> links;
   explicit NoMathProgram(const xpipe::Schedule& sched) : s(&sched) {
     const auto a = xpipe::analyze_staleness(sched);
-    for (int k = 0; k + 1 < sched.stages; ++k) {
-      acts.emplace_back(a.max_in_flight[k], 1, 1);
-      grads.emplace_back(a.max_in_flight[k], 1, 1);
-    }
+    links = xpipe::Links<xpipe::SpscRing<>>(
+        sched.stages, [&](int b) { return a.max_in_flight[b]; }, 1, [](int) { return 1; });
   }
   const xpipe::Schedule& schedule() const { return *s; }
-  bool ready(int k, const xpipe::Action& a) const {
-    const int K = s->stages;
-    if (a.kind == xpipe::ActionKind::Forward)
-      return (k == 0 || acts[k - 1].can_pop()) && (k == K - 1 || acts[k].can_push());
-    if (a.kind == xpipe::ActionKind::Backward)
-      return (k == K - 1 || grads[k].can_pop()) && (k == 0 || grads[k - 1].can_push());
-    return true;
-  }
+  bool ready(int k, const xpipe::Action& a) const { return links.ready(s->stages, k, a); }
   void execute(int k, const xpipe::Action& a) {
-    const int K = s->stages;
-    if (a.kind == xpipe::ActionKind::Forward) {
-      if (k > 0) acts[k - 1].pop();
-      if (k < K - 1) acts[k].back().micro_batch = a.index, acts[k].push();
-    } else if (a.kind == xpipe::ActionKind::Backward) {
-      if (k < K - 1) grads[k].pop();
-      if (k > 0) grads[k - 1].back().micro_batch = a.index, grads[k - 1].push();
+    const xpipe::ActionChannels io = xpipe::channels_of(s->stages, k, a);
+    if (io.in.exists()) links.at(io.in).pop();
+    if (io.out.exists()) {
+      links.at(io.out).back().micro_batch = a.index;
+      links.at(io.out).push();
     }
   }
 };

@@ -76,9 +76,15 @@ struct OtherContext {
 };
 struct OtherBackend {
   using Context = OtherContext;
+  struct ContextOwner {
+    explicit ContextOwner(const Placement&) {}
+    const OtherContext& ctx() const { return ctx_; }
+    OtherContext ctx_;
+  };
   template <class T>
   using Buffer = HostBuffer<T>;
   static constexpr const char* name = "other";
+  static constexpr index_t column_block = 1;
 };
 
 // A user predictor that qualifies: the live weights for everything, hooks from PredictorHooks.

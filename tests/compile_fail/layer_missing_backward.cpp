@@ -1,4 +1,5 @@
-// Must not compile: a user layer without backward(...) inside a Stage.
+// Must not compile: a user layer without backward(...) inside a Stage of a Pipeline (a Stage
+// checks the backend-free members; the Pipeline checks forward/backward on its backend).
 #include "xpipe/xpipe.hpp"
 struct NoBackward {
   static constexpr int in_width = 3, out_width = 3;
@@ -7,4 +8,7 @@ struct NoBackward {
   static void forward(const xpipe::HostContext&, const float*, xpipe::ConstMatrix, xpipe::Matrix) {}
 };
 using Bad = xpipe::Stage<NoBackward>;
-int main() { return static_cast<int>(Bad::param_count); }
+int main() {
+  xpipe::Pipeline<Bad> p;
+  return static_cast<int>(p.stage_count);
+}

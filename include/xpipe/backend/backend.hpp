@@ -10,17 +10,26 @@ namespace xpipe {
 //! Backend: a tag type naming where tensors live and kernels run.
 //! Required members:
 //!   - `Context`: the execution context every compute call takes (threads, stream, handles);
-//!   - `template <class T> Buffer`: an owning array of T constructible from a length;
+//!     compute functions (kernels, GEMM, layers, optimizers) are overloaded or templated on it,
+//!     and it has the element loops kernels/ops.hpp calls: for_each_index, for_each_element;
+//!   - `ContextOwner`: owns one stage's context, constructible from a Placement, with
+//!     `ctx()` -> const Context&;
+//!   - `template <class T> Buffer`: an owning array of T constructible from a length, with
+//!     `data()`;
 //!   - `static constexpr const char* name`;
 //!   - `static constexpr index_t column_block`: columns one step of a column reduction sums.
-//! Its context type has the element loops kernels/ops.hpp calls: for_each_index, for_each_element.
 template <class B>
 concept Backend = requires {
   typename B::Context;
+  typename B::ContextOwner;
   typename B::template Buffer<float>;
   { B::name } -> std::convertible_to<const char*>;
   { B::column_block } -> std::convertible_to<index_t>;
-} && std::constructible_from<typename B::template Buffer<float>, index_t>;
+} && std::constructible_from<typename B::ContextOwner, const Placement&> &&
+  requires(const typename B::ContextOwner& owner, typename B::template Buffer<float>& buffer) {
+    { owner.ctx() } -> std::convertible_to<const typename B::Context&>;
+    { buffer.data() } -> std::convertible_to<float*>;
+  } && std::constructible_from<typename B::template Buffer<float>, index_t>;
 
 static_assert(Backend<Host>);
 

@@ -51,6 +51,9 @@ struct CudaContext {
 //! Owns a stream and a cuBLAS handle bound to it. Usage: `CudaStreamContext owner; owner.ctx()`.
 class CudaStreamContext {
  public:
+  //! The stream of pipeline stage `p.stage`, on the current device (placing stages on several
+  //! devices is the CUDA executor's job).
+  explicit CudaStreamContext(const Placement&) : CudaStreamContext() {}
   CudaStreamContext() {
     XPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     XPIPE_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
@@ -119,6 +122,7 @@ class DeviceBuffer {
 //! CUDA backend tag: device buffers, one stream per context, cuBLAS GEMM.
 struct Cuda {
   using Context = CudaContext;
+  using ContextOwner = CudaStreamContext;
   template <class T>
   using Buffer = DeviceBuffer<T>;
   static constexpr const char* name = "cuda";

@@ -11,6 +11,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "xpipe/backend/placement.hpp"
 #include "xpipe/core/buffer.hpp"
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/error.hpp"
@@ -27,9 +28,21 @@ struct HostContext {
   int threads = 1;
 };
 
+//! The host context of one stage. Owns nothing (a host context is a thread count); a GPU
+//! backend's owner holds the stage's stream and library handles instead.
+class HostContextOwner {
+ public:
+  explicit HostContextOwner(const Placement& p) : ctx_{p.threads} {}
+  const HostContext& ctx() const { return ctx_; }
+
+ private:
+  HostContext ctx_;
+};
+
 //! Host backend tag: 64-byte-aligned host buffers, OpenMP element loops, oneDNN GEMM.
 struct Host {
   using Context = HostContext;
+  using ContextOwner = HostContextOwner;
   template <class T>
   using Buffer = HostBuffer<T>;
   static constexpr const char* name = "host";

@@ -23,18 +23,20 @@ template <class L>
 concept HasParamCount = requires { { L::param_count } -> std::convertible_to<index_t>; };
 template <class L>
 concept HasInit = requires(std::span<float> p, std::uint64_t seed) { L::init(p, seed); };
-template <class L>
-concept HasForward = requires(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
-  L::forward(ctx, p, x, y);
-};
-template <class L>
-concept HasBackward = requires(const HostContext& ctx, const float* p, float* g, bool acc,
+template <class L, class B>
+concept HasForward = requires(const typename B::Context& ctx, const float* p, ConstMatrix x,
+                              Matrix y) { L::forward(ctx, p, x, y); };
+template <class L, class B>
+concept HasBackward = requires(const typename B::Context& ctx, const float* p, float* g, bool acc,
                                ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx) {
   L::backward(ctx, p, g, acc, x, y, dy, dx);
 };
 }  // namespace detail
 
 //! Layer: a stateless description of one layer; its parameters live in the stage's flat buffer.
+//! Its compute functions are probed with backend B's context (a layer written only for CUDA
+//! is a Layer<L, Cuda>). Stage<...> checks the backend-free members (check_layer_shape);
+//! Pipeline checks forward and backward on its own backend (check_layer<L, B>).
 //! Required members:
 //!   - `static constexpr int in_width, out_width` (`any_width` for width-preserving layers);
 //!   - `static constexpr index_t param_count` (0 for parameter-free layers);
@@ -43,22 +45,31 @@ concept HasBackward = requires(const HostContext& ctx, const float* p, float* g,
 //!   - `static void backward(const Ctx&, const float* params, float* grads, bool accumulate,
 //!                           ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx)`,
 //!     where dx may be empty (the first layer of a model needs no input gradient).
-template <class L>
+template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
-                detail::HasInit<L> && detail::HasForward<L> && detail::HasBackward<L>;
+                detail::HasInit<L> && detail::HasForward<L, B> && detail::HasBackward<L, B>;
 
-//! Fails to compile with a message naming the first member L lacks; use where L is accepted.
+//! Fails to compile with a message naming the first backend-free member L lacks (widths,
+//! param_count, init): what Stage<...> needs whatever the backend.
 template <class L>
-consteval bool check_layer() {
+consteval bool check_layer_shape() {
   static_assert(detail::HasInWidth<L>, "xpipe: Layer: missing static member in_width");
   static_assert(detail::HasOutWidth<L>, "xpipe: Layer: missing static member out_width");
   static_assert(detail::HasParamCount<L>, "xpipe: Layer: missing static member param_count");
   static_assert(detail::HasInit<L>, "xpipe: Layer: missing static init(std::span<float>, seed)");
-  static_assert(detail::HasForward<L>,
-                "xpipe: Layer: missing static forward(ctx, params, ConstMatrix x, Matrix y)");
-  static_assert(detail::HasBackward<L>,
+  return true;
+}
+
+//! Fails to compile with a message naming the first member L lacks on backend B.
+template <class L, class B = Host>
+consteval bool check_layer() {
+  static_assert(check_layer_shape<L>());
+  static_assert(detail::HasForward<L, B>,
+                "xpipe: Layer: missing static forward(ctx, params, ConstMatrix x, Matrix y) for "
+                "this backend's context");
+  static_assert(detail::HasBackward<L, B>,
                 "xpipe: Layer: missing static backward(ctx, params, grads, accumulate, x, y, dy, "
-                "dx)");
+                "dx) for this backend's context");
   return true;
 }
 

@@ -3,7 +3,7 @@
 
 #include "xpipe/layers/activation.hpp"
 #include "xpipe/layers/linear.hpp"
-#include "xpipe/pipeline/stage.hpp"
+#include "xpipe/layers/stage.hpp"
 
 namespace xpipe::models {
 

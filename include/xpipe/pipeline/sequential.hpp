@@ -8,16 +8,22 @@
 #include "xpipe/data/dataset.hpp"
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/optim/optimizer.hpp"
-#include "xpipe/pipeline/stage.hpp"
+#include "xpipe/layers/stage.hpp"
+#include "xpipe/pipeline/micro_batches.hpp"
 
 namespace xpipe {
 
-//! Trains the model `Model` (a Stage) with optimizer O on the host, one mini-batch per step.
-//! All buffers are allocated in the constructor; train_step allocates nothing.
+//! Trains the model `Model` (a Stage) with optimizer O on backend B (default: the host), one
+//! mini-batch per step. All buffers are allocated in the constructor; train_step allocates
+//! nothing. train_epoch and evaluate stage batches and read predictions through host memory.
 //! Usage: `SequentialTrainer<Mlp, Adam> t(Adam{.lr = 1e-3f}, 128, seed); t.train_step(ctx, x, y);`
-template <class Model, class O>
+template <class Model, class O, class B = Host>
 class SequentialTrainer {
-  static_assert(check_optimizer<O>());
+  static_assert(check_optimizer<O, B>());
+  static_assert(Model::template check_backend<B>());
+  using Ctx = typename B::Context;
+  template <class T>
+  using Buffer = typename B::template Buffer<T>;
 
  public:
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
@@ -28,25 +34,23 @@ class SequentialTrainer {
   }
 
   index_t max_batch() const { return acts_.max_rows(); }
-  OptimizerState<O, Host>& state() { return state_; }
-  const OptimizerState<O, Host>& state() const { return state_; }
+  OptimizerState<O, B>& state() { return state_; }
+  const OptimizerState<O, B>& state() const { return state_; }
 
   //! Forward, loss, backward and one optimizer step on a batch; returns the batch's mean loss.
   //! With chunks = M > 1 the batch is processed as M consecutive row chunks whose gradients
-  //! accumulate in chunk order (sizes as a Pipeline splits micro-batches: the first
-  //! rows % M chunks one row larger), the summation order of GPipe and 1F1B-flush with M
+  //! accumulate in chunk order (split_rows: the rule a Pipeline splits micro-batches by), the
+  //! summation order of GPipe and 1F1B-flush with M
   //! micro-batches, so those schedules can be compared bit for bit.
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated).
-  double train_step(const HostContext& ctx, ConstMatrix x, const std::int32_t* labels,
+  double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels,
                     int chunks = 1) {
     const index_t rows = x.rows;
     if (chunks < 1 || chunks > rows)
       throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
-    const index_t base = rows / chunks, extra = rows % chunks;
     double loss = 0;
-    index_t first = 0;
     for (int c = 0; c < chunks; ++c) {
-      const index_t n = base + (c < extra ? 1 : 0);
+      const auto [first, n] = split_rows(rows, chunks, c);
       const ConstMatrix logits =
           Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_);
       const Matrix dlogits{dlogits_.data(), n, Model::out_width};
@@ -56,7 +60,6 @@ class SequentialTrainer {
       loss += sum_row_losses(row_loss_.data(), n);
       Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
                       scratch_);
-      first += n;
     }
     state_.step(ctx);
     return loss / static_cast<double>(rows);
@@ -64,7 +67,7 @@ class SequentialTrainer {
 
   //! One epoch over the batches `batcher` yields (its batch size must not exceed max_batch());
   //! returns the mean training loss over the epoch's samples.
-  double train_epoch(const HostContext& ctx, Batcher& batcher, std::uint64_t epoch) {
+  double train_epoch(const Ctx& ctx, Batcher& batcher, std::uint64_t epoch) {
     batcher.start_epoch(epoch);
     const Matrix x{batch_x_.data(), max_batch(), Model::in_width};
     double loss_sum = 0;
@@ -77,7 +80,7 @@ class SequentialTrainer {
   }
 
   //! Fraction of `data` classified correctly, in batches of max_batch().
-  double evaluate(const HostContext& ctx, const Dataset& data) {
+  double evaluate(const Ctx& ctx, const Dataset& data) {
     index_t correct = 0;
     for (index_t first = 0; first < data.count; first += max_batch()) {
       const index_t rows = std::min(max_batch(), data.count - first);
@@ -90,11 +93,11 @@ class SequentialTrainer {
   }
 
  private:
-  OptimizerState<O, Host> state_;
-  typename Model::template Activations<Host> acts_;
-  typename Model::template GradScratch<Host> scratch_;
-  HostBuffer<float> dlogits_;
-  HostBuffer<float> row_loss_;
+  OptimizerState<O, B> state_;
+  typename Model::template Activations<B> acts_;
+  typename Model::template GradScratch<B> scratch_;
+  Buffer<float> dlogits_;
+  Buffer<float> row_loss_;
   HostBuffer<std::int32_t> predicted_;
   HostBuffer<float> batch_x_;
   HostBuffer<std::int32_t> batch_y_;

@@ -2,6 +2,7 @@
 // executor, the staleness analysis and the simulator consume this one representation.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -13,6 +14,32 @@ namespace xpipe {
 
 //! What a stage does: run a micro-batch forward or backward, or step its optimizer.
 enum class ActionKind : std::uint8_t { Forward, Backward, Step };
+
+//! Everything the library says about one kind of action, in one table: its letter in the text
+//! form, its name in traces, and whether its index is a micro-batch (or a mini-batch). A new
+//! kind (e.g. the weight-gradient half of a split backward) is one row here plus its rules in
+//! schedule/dependencies.hpp.
+struct ActionKindInfo {
+  ActionKind kind;
+  char letter;
+  const char* name;
+  bool on_micro_batch;  // index is a micro-batch g (else a mini-batch t)
+};
+
+inline constexpr std::array<ActionKindInfo, 3> action_kinds{{
+    {ActionKind::Forward, 'F', "forward", true},
+    {ActionKind::Backward, 'B', "backward", true},
+    {ActionKind::Step, 'S', "step", false},
+}};
+
+//! The table row of `kind`.
+constexpr const ActionKindInfo& info(ActionKind kind) {
+  return action_kinds[static_cast<std::size_t>(kind)];
+}
+static_assert(info(ActionKind::Forward).kind == ActionKind::Forward &&
+                  info(ActionKind::Backward).kind == ActionKind::Backward &&
+                  info(ActionKind::Step).kind == ActionKind::Step,
+              "xpipe: action_kinds must be listed in ActionKind order");
 
 //! One action of one stage. For Forward/Backward `index` is the global micro-batch number
 //! g = t * M + j (mini-batch t, micro-batch j of it); for Step it is the mini-batch t.
@@ -28,8 +55,7 @@ inline Action step(int t) { return {ActionKind::Step, t}; }
 
 //! "F3", "B3" or "S0".
 inline std::string to_string(const Action& a) {
-  const char c = a.kind == ActionKind::Forward ? 'F' : a.kind == ActionKind::Backward ? 'B' : 'S';
-  return c + std::to_string(a.index);
+  return info(a.kind).letter + std::to_string(a.index);
 }
 
 //! A whole schedule: K stages, M micro-batches per mini-batch, N mini-batches, and each stage's
@@ -43,6 +69,10 @@ struct Schedule {
 
   int total_micro_batches() const { return micro_batches * mini_batches; }
   int mini_batch_of(int g) const { return g / micro_batches; }
+  //! The mini-batch an action belongs to (a step's index is its mini-batch).
+  int mini_batch_of(const Action& a) const {
+    return info(a.kind).on_micro_batch ? mini_batch_of(a.index) : a.index;
+  }
   bool is_last_of_mini_batch(int g) const { return g % micro_batches == micro_batches - 1; }
 
   //! Text form: a header line, then one line per stage, e.g.
@@ -61,74 +91,5 @@ struct Schedule {
     return os.str();
   }
 };
-
-//! Parses the text form (blank lines and lines starting with '#' are ignored). Throws
-//! ConfigError naming the line and token at fault. The result is not validated: call
-//! validate() before running it.
-inline Schedule parse_schedule(const std::string& text) {
-  Schedule s;
-  std::istringstream in(text);
-  std::string line;
-  int line_no = 0;
-  bool header = false;
-  auto fail = [&](const std::string& what) {
-    throw ConfigError("xpipe: schedule text, line " + std::to_string(line_no) + ": " + what);
-  };
-  auto parse_int = [&](const std::string& tok, const std::string& what) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != tok.size() || tok.empty() || v < 0) fail("bad " + what + " '" + tok + "'");
-    return v;
-  };
-  while (std::getline(in, line)) {
-    ++line_no;
-    std::istringstream ls(line);
-    std::string first;
-    if (!(ls >> first) || first[0] == '#') continue;
-    if (!header) {
-      if (first != "xpipe-schedule") fail("expected the header 'xpipe-schedule stages=K ...'");
-      std::string kv;
-      while (ls >> kv) {
-        const auto eq = kv.find('=');
-        if (eq == std::string::npos) fail("expected key=value, got '" + kv + "'");
-        const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-        if (key == "name") s.name = value;
-        else if (key == "stages") s.stages = parse_int(value, "stages");
-        else if (key == "micro_batches") s.micro_batches = parse_int(value, "micro_batches");
-        else if (key == "mini_batches") s.mini_batches = parse_int(value, "mini_batches");
-        else fail("unknown key '" + key + "'");
-      }
-      if (s.stages < 1 || s.micro_batches < 1 || s.mini_batches < 1)
-        fail("the header needs stages, micro_batches and mini_batches, each >= 1");
-      s.actions.assign(static_cast<std::size_t>(s.stages), {});
-      header = true;
-      continue;
-    }
-    if (first.back() != ':') fail("expected '<stage>:' at the start, got '" + first + "'");
-    const int k = parse_int(first.substr(0, first.size() - 1), "stage number");
-    if (k >= s.stages) fail("stage " + std::to_string(k) + " out of range (stages=" +
-                            std::to_string(s.stages) + ")");
-    auto& list = s.actions[static_cast<std::size_t>(k)];
-    if (!list.empty()) fail("stage " + std::to_string(k) + " listed twice");
-    std::string tok;
-    while (ls >> tok) {
-      ActionKind kind = ActionKind::Forward;
-      switch (tok[0]) {
-        case 'F': kind = ActionKind::Forward; break;
-        case 'B': kind = ActionKind::Backward; break;
-        case 'S': kind = ActionKind::Step; break;
-        default: fail("bad action '" + tok + "' (expected F<mb>, B<mb> or S<mini-batch>)");
-      }
-      list.push_back({kind, parse_int(tok.substr(1), "action '" + tok + "'")});
-    }
-  }
-  if (!header) throw ConfigError("xpipe: schedule text is empty (no 'xpipe-schedule' header)");
-  return s;
-}
 
 }  // namespace xpipe

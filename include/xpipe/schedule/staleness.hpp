@@ -45,7 +45,7 @@ struct StalenessAnalysis {
 //! Validates the schedule, then derives versions and s for every action (see StalenessTarget).
 inline StalenessAnalysis analyze_staleness(const Schedule& s) {
   validate(s);
-  const Timeline tl = dry_run(s, unit_cost);
+  const ExecutionTrace tl = dry_run(s, unit_cost);
   const int K = s.stages, M = s.micro_batches, total = s.total_micro_batches();
   StalenessAnalysis r;
   r.stages = K;
@@ -59,7 +59,7 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
   // End of each micro-batch's backward at stage 0: the round trip's finish line.
   std::vector<double> home(total, 0);
   for (std::size_t p = 0; p < s.actions[0].size(); ++p)
-    if (s.actions[0][p].kind == ActionKind::Backward) home[s.actions[0][p].index] = tl.end[0][p];
+    if (s.actions[0][p].kind == ActionKind::Backward) home[s.actions[0][p].index] = tl.at(0, p).end;
 
   for (int k = 0; k < K; ++k) {
     const auto& list = s.actions[k];
@@ -70,7 +70,7 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
     step_pos.reserve(static_cast<std::size_t>(s.mini_batches));
     for (std::size_t p = 0; p < list.size(); ++p)
       if (list[p].kind == ActionKind::Step) {
-        step_time.push_back(tl.start[k][p]);
+        step_time.push_back(tl.at(k, p).start);
         step_pos.push_back(p);
       }
     int version = 0;

@@ -1,96 +1,15 @@
-// Schedule validation and the dry run every analysis shares: rejects duplicated or missing
-// actions, a backward before its forward, a misplaced step, queues that would deliver out of
-// order, and deadlock, with messages naming the stage and the action.
+// Schedule validation: rejects duplicated or missing actions, a backward before its forward, a
+// misplaced step, queues that would deliver out of order, and deadlock (through the dry run),
+// with messages naming the stage and the action.
 #pragma once
 
-#include <algorithm>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "xpipe/schedule/dry_run.hpp"
 #include "xpipe/schedule/ir.hpp"
 
 namespace xpipe {
-
-//! Start and end time of every action of a dry run, indexed like Schedule::actions.
-struct Timeline {
-  std::vector<std::vector<double>> start, end;
-  double makespan = 0;
-};
-
-//! Duration of one action on one stage (the simulator's cost model plugs in here).
-using ActionCost = std::function<double(int stage, const Action&)>;
-
-//! Unit cost: forward and backward take 1, a step takes 0 (it follows its backward at once).
-inline double unit_cost(int, const Action& a) { return a.kind == ActionKind::Step ? 0.0 : 1.0; }
-
-namespace detail {
-inline std::string at(int k, const Action& a, std::size_t pos) {
-  return "stage " + std::to_string(k) + ": " + to_string(a) + " (position " + std::to_string(pos) +
-         ")";
-}
-}  // namespace detail
-
-//! As-soon-as-possible dry run: each stage runs its list in order; F(k,g) waits for F(k-1,g),
-//! B(k,g) for B(k+1,g). Throws ConfigError on deadlock, naming what each stuck stage waits for.
-//! Expects a schedule whose per-stage lists passed the structural checks of validate().
-inline Timeline dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
-  const int K = s.stages, total = s.total_micro_batches();
-  Timeline tl;
-  tl.start.resize(static_cast<std::size_t>(K));
-  tl.end.resize(static_cast<std::size_t>(K));
-  // finish[k][g] of forwards and backwards, -1 while not yet run.
-  std::vector<std::vector<double>> f_end(K, std::vector<double>(total, -1)),
-      b_end(K, std::vector<double>(total, -1));
-  std::vector<std::size_t> next(K, 0);
-  std::vector<double> free_at(K, 0);
-  for (int k = 0; k < K; ++k) {
-    tl.start[k].assign(s.actions[k].size(), 0);
-    tl.end[k].assign(s.actions[k].size(), 0);
-  }
-  auto dependency = [&](int k, const Action& a, double& ready) -> bool {
-    ready = 0;
-    if (a.kind == ActionKind::Forward && k > 0) {
-      ready = f_end[k - 1][a.index];
-      return ready >= 0;
-    }
-    if (a.kind == ActionKind::Backward && k < K - 1) {
-      ready = b_end[k + 1][a.index];
-      return ready >= 0;
-    }
-    return true;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int k = 0; k < K; ++k) {
-      const auto& list = s.actions[k];
-      double ready = 0;
-      while (next[k] < list.size() && dependency(k, list[next[k]], ready)) {
-        const Action& a = list[next[k]];
-        const double t0 = std::max(free_at[k], ready), t1 = t0 + cost(k, a);
-        tl.start[k][next[k]] = t0;
-        tl.end[k][next[k]] = t1;
-        free_at[k] = t1;
-        tl.makespan = std::max(tl.makespan, t1);
-        if (a.kind == ActionKind::Forward) f_end[k][a.index] = t1;
-        if (a.kind == ActionKind::Backward) b_end[k][a.index] = t1;
-        ++next[k];
-        progress = true;
-      }
-    }
-  }
-  std::string stuck;
-  for (int k = 0; k < K; ++k) {
-    if (next[k] == s.actions[k].size()) continue;
-    const Action& a = s.actions[k][next[k]];
-    const bool f = a.kind == ActionKind::Forward;
-    stuck += "; " + detail::at(k, a, next[k]) + " waits for " + (f ? "F" : "B") +
-             std::to_string(a.index) + " of stage " + std::to_string(f ? k - 1 : k + 1);
-  }
-  if (!stuck.empty())
-    throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
-  return tl;
-}
 
 //! Checks a schedule; throws ConfigError with a message naming the stage and action at fault:
 //! a wrong number of stage lists, an action out of range, a duplicated or missing action, a
@@ -115,10 +34,11 @@ inline void validate(const Schedule& s) {
     int last_step = -1;
     for (std::size_t p = 0; p < list.size(); ++p) {
       const Action& a = list[p];
-      const int limit = a.kind == ActionKind::Step ? N : total;
+      const bool on_micro = info(a.kind).on_micro_batch;
+      const int limit = on_micro ? total : N;
       if (a.index < 0 || a.index >= limit)
         throw ConfigError(where + detail::at(k, a, p) + " is out of range (" +
-                          (a.kind == ActionKind::Step ? "mini-batches" : "micro-batches") +
+                          (on_micro ? "micro-batches" : "mini-batches") +
                           " 0.." + std::to_string(limit - 1) + ")");
       auto& pos = a.kind == ActionKind::Forward ? f_pos : a.kind == ActionKind::Backward ? b_pos : s_pos;
       if (pos[a.index] >= 0)

@@ -50,7 +50,7 @@ consteval std::array<int, sizeof...(Ls) + 1> boundary_widths() {
 template <class... Ls>
 struct Stage {
   static_assert(sizeof...(Ls) > 0, "xpipe: Stage: needs at least one layer");
-  static_assert((check_layer<Ls>() && ...));
+  static_assert((check_layer_shape<Ls>() && ...));
   static_assert(((Ls::in_width != any_width) || ...),
                 "xpipe: Stage: needs at least one layer with a fixed width (e.g. a Linear)");
 
@@ -63,6 +63,12 @@ struct Stage {
   static constexpr std::array<int, layer_count + 1> widths = detail::boundary_widths<Ls...>();
   static constexpr int in_width = widths[0];
   static constexpr int out_width = widths[layer_count];
+
+  //! Every layer's forward and backward exist for backend B (Pipeline checks this for its own).
+  template <class B>
+  static consteval bool check_backend() {
+    return (check_layer<Ls, B>() && ...);
+  }
 
  private:
   template <std::size_t... I>

@@ -1,7 +1,6 @@
-// Timelines of real or simulated runs: Chrome-trace JSON (one track per stage; opens in
-// Perfetto or chrome://tracing) and an SVG figure (stages as rows, F/B/Step boxes coloured by
-// micro-batch and mini-batch, in the manner of the GPipe and XPipe papers). Both read the same
-// per-stage timings (ExecutionTrace) of the same schedule.
+// SVG timeline of a real or simulated run: stages as rows, F/B/Step boxes coloured by
+// micro-batch and mini-batch, in the manner of the GPipe and XPipe papers; drawn from the run's
+// ExecutionTrace (schedule/timing.hpp).
 #pragma once
 
 #include <algorithm>
@@ -11,31 +10,12 @@
 #include <sstream>
 #include <string>
 
-#include "xpipe/pipeline/executor.hpp"
 #include "xpipe/schedule/ir.hpp"
+#include "xpipe/schedule/timing.hpp"
 
 namespace xpipe {
 
 namespace detail {
-inline std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
 inline std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -47,44 +27,7 @@ inline std::string xml_escape(const std::string& s) {
   }
   return out;
 }
-inline const char* kind_name(ActionKind k) {
-  return k == ActionKind::Forward ? "forward" : k == ActionKind::Backward ? "backward" : "step";
-}
 }  // namespace detail
-
-//! Chrome-trace JSON of a run: one complete event ("ph": "X") per action, on one track per
-//! stage, timestamps in microseconds, with the micro-batch and mini-batch as arguments.
-inline std::string chrome_trace_json(const ExecutionTrace& trace, const Schedule& s,
-                                     const std::string& run_name) {
-  std::ostringstream os;
-  os.precision(3);
-  os << std::fixed << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"run\":\""
-     << detail::json_escape(run_name) << "\",\"schedule\":\"" << detail::json_escape(s.name)
-     << "\"},\"traceEvents\":[";
-  bool first = true;
-  auto sep = [&] {
-    if (!first) os << ',';
-    first = false;
-  };
-  for (int k = 0; k < static_cast<int>(trace.stages.size()); ++k) {
-    sep();
-    os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << k
-       << ",\"args\":{\"name\":\"stage " << k << "\"}}";
-  }
-  for (int k = 0; k < static_cast<int>(trace.stages.size()); ++k)
-    for (const ActionTiming& t : trace.stages[k]) {
-      const Action& a = t.action;
-      const int mini = a.kind == ActionKind::Step ? a.index : s.mini_batch_of(a.index);
-      sep();
-      os << "{\"name\":\"" << to_string(a) << "\",\"cat\":\"" << detail::kind_name(a.kind)
-         << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << k << ",\"ts\":" << t.start * 1e6
-         << ",\"dur\":" << (t.end - t.start) * 1e6 << ",\"args\":{\"mini_batch\":" << mini;
-      if (a.kind != ActionKind::Step) os << ",\"micro_batch\":" << a.index;
-      os << "}}";
-    }
-  os << "]}\n";
-  return os.str();
-}
 
 //! What part of a run the SVG timeline shows, and how.
 struct TimelineOptions {
@@ -102,10 +45,7 @@ struct TimelineOptions {
 inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
                                 const TimelineOptions& o = {}) {
   const int K = static_cast<int>(trace.stages.size()), M = s.micro_batches;
-  auto shown = [&](const Action& a) {
-    return a.kind == ActionKind::Step ? a.index < o.mini_batches
-                                      : s.mini_batch_of(a.index) < o.mini_batches;
-  };
+  auto shown = [&](const Action& a) { return s.mini_batch_of(a) < o.mini_batches; };
   double t0 = std::numeric_limits<double>::max(), t1 = 0;
   for (const auto& stage : trace.stages)
     for (const ActionTiming& t : stage)
@@ -145,7 +85,7 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
       const int j = a.index % M, mini = s.mini_batch_of(a.index);
       const int hue = static_cast<int>(360.0 * j / std::max(M, 1)) % 360;
       const int light = (a.kind == ActionKind::Forward ? 72 : 48) - (mini % 2) * 10;
-      os << "<rect class=\"" << (a.kind == ActionKind::Forward ? 'F' : 'B') << "\" data-stage=\""
+      os << "<rect class=\"" << info(a.kind).letter << "\" data-stage=\""
          << k << "\" data-index=\"" << a.index << "\" x=\"" << x << "\" y=\"" << y
          << "\" width=\"" << w << "\" height=\"" << o.row_px - 4 << "\" fill=\"hsl(" << hue
          << ",65%," << light << "%)\" stroke=\"white\" stroke-width=\"0.5\"><title>stage " << k

@@ -1,15 +1,16 @@
 // Bounded single-producer/single-consumer rings of pre-allocated micro-batch buffers: how
-// activations and gradients travel between stage threads. No allocation and no locks after
-// construction; the producer fills a slot in place, the consumer reads it in place.
+// activations and gradients travel between stage threads of one process (the default
+// QueuePolicy). No allocation and no locks after construction; the producer fills a slot in
+// place, the consumer reads it in place.
 #pragma once
 
 #include <atomic>
-#include <concepts>
 #include <cstdint>
-#include <new>
+#include <utility>
 #include <vector>
 
-#include "xpipe/core/buffer.hpp"
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/comm/queue.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/core/tensor.hpp"
 
@@ -33,15 +34,9 @@ struct RingCursor {
   std::uint32_t packed() const { return (phase << 31) | index; }
 };
 
-//! One message: a micro-batch's rows of activations or gradients, and its number.
-struct MicroBatchMessage {
-  int micro_batch = -1;
-  Matrix data;  // points into the ring's storage; rows set by the producer
-};
-
-//! Bounded SPSC ring of `capacity` messages of up to rows x cols floats each.
-//! Producer: `if (q.can_push()) { auto& m = q.back(); fill m; q.push(); }`;
-//! consumer: `if (q.can_pop()) { const auto& m = q.front(); use m; q.pop(); }`.
+//! Bounded SPSC ring of `capacity` messages of up to rows x cols floats each, stored on
+//! backend B (only the cursors and message headers live on the host). A Queue.
+template <class B = DefaultBackend>
 class SpscRing {
  public:
   SpscRing() = default;
@@ -88,7 +83,7 @@ class SpscRing {
 
  private:
   std::uint32_t capacity_ = 1;
-  HostBuffer<float> storage_;
+  typename B::template Buffer<float> storage_;
   std::vector<MicroBatchMessage> slots_;
   // Each side's own cursor, and the published copies the other side reads, on separate lines.
   alignas(64) RingCursor producer_{};
@@ -97,18 +92,14 @@ class SpscRing {
   alignas(64) std::atomic<std::uint32_t> head_{0};
 };
 
-//! Queue: what the pipeline needs of a link between two stage threads.
-//! Required: `can_push()`, `back()` -> MicroBatchMessage&, `push()`, `can_pop()`,
-//! `front()` -> const MicroBatchMessage&, `pop()`, constructible from (capacity, rows, cols).
-template <class Q>
-concept Queue = std::constructible_from<Q, int, index_t, index_t> && requires(Q& q, const Q& cq) {
-  { cq.can_push() } -> std::convertible_to<bool>;
-  { q.back() } -> std::same_as<MicroBatchMessage&>;
-  q.push();
-  { cq.can_pop() } -> std::convertible_to<bool>;
-  { cq.front() } -> std::same_as<const MicroBatchMessage&>;
-  q.pop();
+//! The default QueuePolicy: SPSC rings between stage threads of one process.
+struct InProcessRing {
+  template <class B>
+  using queue = SpscRing<B>;
+  static constexpr const char* name = "in-process-ring";
 };
-static_assert(Queue<SpscRing>);
+
+static_assert(Queue<SpscRing<Host>>);
+static_assert(QueuePolicy<InProcessRing>);
 
 }  // namespace xpipe

@@ -1,0 +1,157 @@
+// The per-action program of a stage: what Forward, Backward and Step do at stage I of K, given
+// the stage's runtime and what all stages share during one train() call (links, the epoch's
+// rows, the loss). Which link an action pops and pushes comes from the dependency rule
+// (schedule/dependencies.hpp), the same one the readiness check and the dry run use.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "xpipe/comm/links.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/kernels/ops.hpp"
+#include "xpipe/layers/loss.hpp"
+#include "xpipe/pipeline/micro_batches.hpp"
+#include "xpipe/schedule/dependencies.hpp"
+
+namespace xpipe {
+
+//! Loss computed so far in a running train() call: written by the last stage's thread only,
+//! readable from any thread (progress bars).
+struct RunProgress {
+  std::atomic<long> micro_batches{0}, samples{0};
+  std::atomic<double> loss_sum{0};
+
+  void reset() {
+    micro_batches = 0;
+    samples = 0;
+    loss_sum = 0;
+  }
+  // One writer: load + store instead of a read-modify-write keeps it cheap.
+  void add(index_t rows, double loss) {
+    loss_sum.store(loss_sum.load(std::memory_order_relaxed) + loss, std::memory_order_relaxed);
+    samples.store(samples.load(std::memory_order_relaxed) + rows, std::memory_order_relaxed);
+    micro_batches.store(micro_batches.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
+  }
+};
+
+//! What the stages of one train() call share: the links between them, the epoch's rows and how
+//! they split, and each micro-batch's loss.
+template <class Q>
+struct SharedRun {
+  Links<Q> links;
+  MicroBatching split;
+  EpochData data;
+  std::vector<double> micro_loss;  // [g]: summed row losses, written by the last stage
+  RunProgress* progress = nullptr;
+};
+
+//! Actions of stage I of a K-stage pipeline.
+template <std::size_t I, int K>
+struct StageProgram {
+  template <class RT, class Q>
+  static void execute(RT& rt, SharedRun<Q>& run, const Action& a) {
+    switch (a.kind) {
+      case ActionKind::Forward: forward(rt, run, a.index); break;
+      case ActionKind::Backward: backward(rt, run, a.index); break;
+      case ActionKind::Step: step(rt); break;
+    }
+  }
+
+  //! F(g): take the input (the epoch's rows at stage 0, else the message from stage I - 1),
+  //! run the stage on the weights the predictor chooses, send the output on (or, at the last
+  //! stage, compute the loss and its gradient for the backward).
+  template <class RT, class Q>
+  static void forward(RT& rt, SharedRun<Q>& run, int g) {
+    using S = typename RT::Stage;
+    const ActionChannels io = channels_of(K, static_cast<int>(I), fwd(g));
+    const int slot = rt.free_slots.back();
+    rt.free_slots.pop_back();
+    rt.slot_of[g] = slot;
+    const index_t capacity = run.split.max_micro_rows();
+    const auto [first_row, rows] = run.split.micro_batch(g);
+    ConstMatrix x;
+    if constexpr (I == 0) {
+      x = run.data.inputs.slice_rows(first_row, rows);
+    } else {
+      Q& in = run.links.at(io.in);
+      const MicroBatchMessage& m = in.front();
+      if (m.micro_batch != g || m.data.rows != rows)
+        throw Error("received activations of micro-batch " + std::to_string(m.micro_batch) +
+                    " while running F" + std::to_string(g));
+      float* dst = rt.inputs.data() + slot * capacity * S::in_width;
+      copy_buffer(rt.ctx(), m.data.data, dst, rows * S::in_width);
+      in.pop();
+      x = ConstMatrix{dst, rows, S::in_width};
+    }
+    const float* w = rt.pred->forward_weights(rt.ctx(), rt.opt, g);
+    const ConstMatrix y = S::forward(rt.ctx(), w, x, rt.acts[slot]);
+    if constexpr (I + 1 < K) {
+      Q& out_q = run.links.at(io.out);
+      MicroBatchMessage& out = out_q.back();
+      out.micro_batch = g;
+      out.data.rows = rows;
+      copy_buffer(rt.ctx(), y.data, out.data.data, rows * S::out_width);
+      out_q.push();
+    } else {
+      const Matrix dl{rt.dlogits.data() + slot * capacity * S::out_width, rows, S::out_width};
+      SoftmaxCrossEntropy::forward_backward(
+          rt.ctx(), y, run.data.labels + first_row,
+          1.f / static_cast<float>(run.split.mini_batch_rows(g)), dl, rt.row_loss.data());
+      run.micro_loss[g] = sum_row_losses(rt.row_loss.data(), rows);
+      run.progress->add(rows, run.micro_loss[g]);
+    }
+  }
+
+  //! B(g): take the output gradient (the loss gradient at the last stage, else the message
+  //! from stage I + 1), back-propagate on the weights the predictor chooses (accumulating into
+  //! the flat gradient after the first backward since the last step), send the input gradient
+  //! to stage I - 1 and free the micro-batch's activation slot.
+  template <class RT, class Q>
+  static void backward(RT& rt, SharedRun<Q>& run, int g) {
+    using S = typename RT::Stage;
+    const ActionChannels io = channels_of(K, static_cast<int>(I), bwd(g));
+    const int slot = rt.slot_of[g];
+    const index_t rows = run.split.micro_batch(g).rows;
+    ConstMatrix dy;
+    if constexpr (I + 1 == K) {
+      dy = ConstMatrix{rt.dlogits.data() + slot * run.split.max_micro_rows() * S::out_width, rows,
+                       S::out_width};
+    } else {
+      const MicroBatchMessage& m = run.links.at(io.in).front();
+      if (m.micro_batch != g)
+        throw Error("received gradients of micro-batch " + std::to_string(m.micro_batch) +
+                    " while running B" + std::to_string(g));
+      dy = ConstMatrix{m.data.data, rows, S::out_width};
+    }
+    Matrix dx;
+    if constexpr (I > 0) {
+      MicroBatchMessage& out = run.links.at(io.out).back();
+      out.micro_batch = g;
+      out.data.rows = rows;
+      dx = Matrix{out.data.data, rows, S::in_width};
+    }
+    const float* w = rt.pred->backward_weights(rt.ctx(), rt.opt, g);
+    S::backward(rt.ctx(), w, rt.opt.grads(), !rt.fresh_grads, rt.acts[slot], dy, dx, rt.scratch);
+    rt.fresh_grads = false;
+    if constexpr (I > 0) run.links.at(io.out).push();
+    if constexpr (I + 1 < K) run.links.at(io.in).pop();
+    rt.pred->backward_done(g);
+    rt.free_slots.push_back(slot);
+    rt.slot_of[g] = -1;
+  }
+
+  //! S(t): let the predictor save what it still needs, then step the optimizer.
+  template <class RT>
+  static void step(RT& rt) {
+    rt.pred->before_step(rt.ctx(), rt.opt);
+    rt.opt.step(rt.ctx());
+    rt.fresh_grads = true;
+  }
+};
+
+}  // namespace xpipe

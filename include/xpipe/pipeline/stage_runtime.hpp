@@ -1,0 +1,87 @@
+// What one stage of a Pipeline owns while it lives: its context, flat weights and optimizer
+// state, predictor state, activation slots for the micro-batches in flight, and the buffers of
+// its loss. All of it lives on the pipeline's backend B; nothing here knows the schedule's
+// actions (stage_program.hpp runs those).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/optim/optimizer.hpp"
+#include "xpipe/predict/predictor.hpp"
+
+namespace xpipe {
+
+//! Stage S's state under optimizer O, predictor P, on backend B.
+template <class S, class O, class P, class B>
+struct StageRuntime {
+  using Stage = S;
+  using Context = typename B::Context;
+  template <class T>
+  using Buffer = typename B::template Buffer<T>;
+
+  typename B::ContextOwner context;
+  OptimizerState<O, B> opt;
+  // Rebuilt for each schedule (its copies are sized by the schedule's analysis); optional
+  // because a State need not be assignable.
+  std::optional<typename P::template State<O, B>> pred;
+  std::vector<typename S::template Activations<B>> acts;  // one per micro-batch in flight
+  Buffer<float> inputs;    // received activations, one block per activation slot
+  typename S::template GradScratch<B> scratch;
+  Buffer<float> dlogits;   // last stage: one block per activation slot
+  Buffer<float> row_loss;  // last stage: per-row loss of the current micro-batch
+  std::vector<int> slot_of, free_slots;
+  typename S::template Activations<B> eval_acts;
+  bool fresh_grads = true;  // the next backward overwrites the gradient instead of adding
+
+  StageRuntime(O o, const Placement& where, index_t batch, std::uint64_t seed,
+               std::size_t first_layer)
+      : context(where), opt(o, S::param_count), scratch(batch), row_loss(batch),
+        eval_acts(batch) {
+    S::init({opt.weights(), static_cast<std::size_t>(S::param_count)}, seed, first_layer);
+  }
+
+  const Context& ctx() const { return context.ctx(); }
+
+  ConstMatrix eval_forward(ConstMatrix x) { return S::forward(ctx(), opt.weights(), x, eval_acts); }
+
+  //! Sizes the activation slots (kept when large enough) and frees every slot.
+  void ensure_slots(int slots, index_t rows, bool receives, bool last) {
+    if (static_cast<int>(acts.size()) < slots) {
+      acts.clear();
+      for (int i = 0; i < slots; ++i) acts.emplace_back(rows);
+      if (receives) inputs = Buffer<float>(slots * rows * S::in_width);
+      if (last) dlogits = Buffer<float>(slots * rows * S::out_width);
+    }
+    free_slots.clear();
+    for (int i = slots - 1; i >= 0; --i) free_slots.push_back(i);
+  }
+};
+
+namespace detail {
+// Calls f(runtime, std::integral_constant<std::size_t, k>) for the runtime stage number k.
+// Executors name stages by int; the stage's types (widths, layers) are compile-time, so this
+// turns one into the other with a fold over the stage indices.
+template <class Tuple, class F, std::size_t... I>
+decltype(auto) visit_stage_impl(Tuple& runtimes, int k, F& f, std::index_sequence<I...>) {
+  using R = decltype(f(*std::get<0>(runtimes), std::integral_constant<std::size_t, 0>{}));
+  if constexpr (std::is_void_v<R>) {
+    ((k == static_cast<int>(I) ? (f(*std::get<I>(runtimes), std::integral_constant<std::size_t, I>{}), 0) : 0), ...);
+  } else {
+    R r{};
+    ((k == static_cast<int>(I) ? (r = f(*std::get<I>(runtimes), std::integral_constant<std::size_t, I>{}), 0) : 0), ...);
+    return r;
+  }
+}
+template <class Tuple, class F>
+decltype(auto) visit_stage(Tuple& runtimes, int k, F&& f) {
+  return visit_stage_impl(runtimes, k, f,
+                          std::make_index_sequence<std::tuple_size_v<std::remove_const_t<Tuple>>>{});
+}
+}  // namespace detail
+
+}  // namespace xpipe

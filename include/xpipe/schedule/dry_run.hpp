@@ -1,0 +1,87 @@
+// The dry run every analysis shares: each stage runs its list in order, as soon as the action
+// its input comes from (schedule/dependencies.hpp) has ended, with a cost per action. Unit
+// costs give the staleness analysis its clock; a measured cost model gives the simulator's.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "xpipe/schedule/dependencies.hpp"
+#include "xpipe/schedule/ir.hpp"
+#include "xpipe/schedule/timing.hpp"
+
+namespace xpipe {
+
+//! Duration of one action on one stage (the simulator's cost model plugs in here).
+using ActionCost = std::function<double(int stage, const Action&)>;
+
+//! Unit cost: forward and backward take 1, a step takes 0 (it follows its backward at once).
+inline double unit_cost(int, const Action& a) { return a.kind == ActionKind::Step ? 0.0 : 1.0; }
+
+namespace detail {
+inline std::string at(int k, const Action& a, std::size_t pos) {
+  return "stage " + std::to_string(k) + ": " + to_string(a) + " (position " + std::to_string(pos) +
+         ")";
+}
+}  // namespace detail
+
+//! As-soon-as-possible dry run: each stage runs its list in order; an action waits for the same
+//! action of its producer stage (F(k, g) for F(k-1, g), B(k, g) for B(k+1, g)). Returns every
+//! action's start and end (the trace's `seconds` is the makespan). Throws ConfigError on
+//! deadlock, naming what each stuck stage waits for. Expects a schedule whose per-stage lists
+//! passed the structural checks of validate().
+inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
+  const int K = s.stages, total = s.total_micro_batches();
+  ExecutionTrace tl = ExecutionTrace::sized_for(s);
+  // end_of[kind][k][index]: when that action ended at stage k, -1 while it has not run.
+  std::array<std::vector<std::vector<double>>, action_kinds.size()> end_of;
+  for (const ActionKindInfo& i : action_kinds)
+    end_of[static_cast<std::size_t>(i.kind)].assign(
+        static_cast<std::size_t>(K),
+        std::vector<double>(static_cast<std::size_t>(i.on_micro_batch ? total : s.mini_batches),
+                            -1));
+  auto end_slot = [&](int k, const Action& a) -> double& {
+    return end_of[static_cast<std::size_t>(a.kind)][static_cast<std::size_t>(k)]
+                 [static_cast<std::size_t>(a.index)];
+  };
+  std::vector<std::size_t> next(static_cast<std::size_t>(K), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(K), 0);
+  // When the input of stage k's action a is available; false while its producer has not run.
+  auto input_ready = [&](int k, const Action& a, double& ready) -> bool {
+    const int from = producer_stage(K, k, a);
+    ready = from < 0 ? 0.0 : end_slot(from, a);
+    return ready >= 0;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int k = 0; k < K; ++k) {
+      const auto& list = s.actions[static_cast<std::size_t>(k)];
+      double ready = 0;
+      while (next[k] < list.size() && input_ready(k, list[next[k]], ready)) {
+        const Action& a = list[next[k]];
+        const double t0 = std::max(free_at[k], ready), t1 = t0 + cost(k, a);
+        tl.stages[k][next[k]] = {a, t0, t1};
+        free_at[k] = t1;
+        tl.seconds = std::max(tl.seconds, t1);
+        end_slot(k, a) = t1;
+        ++next[k];
+        progress = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (int k = 0; k < K; ++k) {
+    if (next[k] == s.actions[k].size()) continue;
+    const Action& a = s.actions[k][next[k]];
+    stuck += "; " + detail::at(k, a, next[k]) + " waits for " + to_string(a) + " of stage " +
+             std::to_string(producer_stage(K, k, a));
+  }
+  if (!stuck.empty())
+    throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
+  return tl;
+}
+
+}  // namespace xpipe
