@@ -14,7 +14,15 @@ if(NOT DEFINED XPIPE_ENABLE_CUDA OR XPIPE_ENABLE_CUDA)
   if(EXISTS /usr/local/cuda AND NOT DEFINED CUDAToolkit_ROOT)
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
+  # CMake 3.25's FindCUDAToolkit marks CUDA::nvToolsExt deprecated without checking that the
+  # target exists when the project's cmake_minimum_required is >= 3.25; CUDA 13 ships no
+  # nvToolsExt (only the header-only nvtx3), so configure fails on a stock Debian 12. The check
+  # reads CMAKE_MINIMUM_REQUIRED_VERSION only to decide that warning, so it is lowered around the
+  # call and restored (policies are untouched).
+  set(_xpipe_saved_min_version "${CMAKE_MINIMUM_REQUIRED_VERSION}")
+  set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
   find_package(CUDAToolkit QUIET)
+  set(CMAKE_MINIMUM_REQUIRED_VERSION "${_xpipe_saved_min_version}")
   if(CUDAToolkit_FOUND)
     set(XPIPE_CUDA_FOUND ON)
   endif()
