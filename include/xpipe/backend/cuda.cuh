@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "xpipe/backend/host.hpp"
@@ -159,10 +160,14 @@ __global__ void for_each_element_kernel(index_t rows, index_t cols, F f) {
 }
 }  // namespace cuda_detail
 
-//! Calls f(i) on the device for i in [0, n), on ctx's stream; f is a __device__ callable (an
-//! XPIPE_LAMBDA). Usage: `for_each_index(ctx, n, [=] XPIPE_LAMBDA(index_t i) { d[i] = m[i]; });`
+//! Calls f(i) on the device for i in [0, n), on ctx's stream; f is a trivially copyable function
+//! object with an XPIPE_HOST_DEVICE operator() (kernels/ops.hpp has one per launcher).
+//! Usage: `for_each_index(ctx, n, ops::SgdDirection{m, d});`
 template <class F>
 void for_each_index(const CudaContext& ctx, index_t n, const F& f) {
+  static_assert(std::is_trivially_copyable_v<F>,
+                "xpipe: for_each_index on CUDA needs a trivially copyable function object (the "
+                "kernel takes it by value)");
   if (n <= 0) return;
   cuda_detail::for_each_index_kernel<<<cuda_detail::grid_for(n), cuda_detail::block_threads, 0,
                                        ctx.stream>>>(n, f);
@@ -179,6 +184,9 @@ void for_each_index(const CudaContext& ctx, index_t n, index_t /*work*/, const F
 //! Calls f(r, c) on the device for each element of a rows x cols matrix, one thread each.
 template <class F>
 void for_each_element(const CudaContext& ctx, index_t rows, index_t cols, const F& f) {
+  static_assert(std::is_trivially_copyable_v<F>,
+                "xpipe: for_each_element on CUDA needs a trivially copyable function object (the "
+                "kernel takes it by value)");
   if (rows <= 0 || cols <= 0) return;
   cuda_detail::for_each_element_kernel<<<cuda_detail::grid_for(rows * cols),
                                          cuda_detail::block_threads, 0, ctx.stream>>>(rows, cols,

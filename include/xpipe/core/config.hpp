@@ -2,15 +2,13 @@
 // Without nvcc they reduce to plain C++, so every header builds with an ordinary compiler.
 #pragma once
 
-// XPIPE_HOST_DEVICE marks the shared math functions (kernels/*.hpp); XPIPE_LAMBDA marks the
-// lambdas the launchers (kernels/ops.hpp) hand to a backend's element loop, so one lambda runs
-// in the host loop and in a CUDA kernel (nvcc needs --extended-lambda, set by xpipe::cuda).
+// XPIPE_HOST_DEVICE marks the shared math functions (kernels/*.hpp) and the call operators of
+// the function objects the launchers (kernels/ops.hpp) hand to a backend's element loop, so one
+// function runs in the host loop and in a CUDA kernel.
 #if defined(__CUDACC__)
 #define XPIPE_HOST_DEVICE __host__ __device__ __forceinline__
-#define XPIPE_LAMBDA __host__ __device__
 #else
 #define XPIPE_HOST_DEVICE inline
-#define XPIPE_LAMBDA
 #endif
 
 #if defined(__GNUC__) || defined(__clang__) || defined(__CUDACC__)
