@@ -1,11 +1,13 @@
 // Concepts both ways: every shipped policy qualifies; near misses (one member short) do not.
 #include <catch2/catch.hpp>
-
+#include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
+using Catch::Contains;
 
 namespace {
 // A user layer that qualifies: doubles its input.
@@ -94,9 +96,13 @@ struct UserLatest {
   struct State : PredictorHooks {
     explicit State(const PredictorSetup&) {}
     template <class Ctx>
-    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
     template <class Ctx>
-    const float* backward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
     int weight_copies() const { return 1; }
   };
 };
@@ -107,9 +113,13 @@ struct NoSetupConstructor {
   struct State : PredictorHooks {
     State() = default;
     template <class Ctx>
-    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
     template <class Ctx>
-    const float* backward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
     int weight_copies() const { return 1; }
   };
 };
@@ -120,7 +130,9 @@ struct NoBackwardWeights {
   struct State : PredictorHooks {
     explicit State(const PredictorSetup&) {}
     template <class Ctx>
-    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) { return o.weights(); }
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& o, int) {
+      return o.weights();
+    }
     int weight_copies() const { return 1; }
   };
 };
@@ -148,7 +160,7 @@ struct OtherOnly {
 struct AdamOnly {
   static constexpr const char* name = "adam-only";
   template <class O, class B>
-    requires std::same_as<O, Adam>
+  requires std::same_as<O, Adam>
   struct State : UserLatest::State<O, B> {
     using UserLatest::State<O, B>::State;
   };
@@ -204,9 +216,10 @@ TEST_CASE("Optimizer concept is probed on the backend's context", "[concepts]") 
   STATIC_REQUIRE(check_optimizer<OtherSgd, OtherBackend>());
 }
 
-TEST_CASE("Predictor concept accepts shipped and user predictors with Adam and SGD - rejects "
-          "near misses",
-          "[concepts]") {
+TEST_CASE(
+    "Predictor concept accepts shipped and user predictors with Adam and SGD - rejects "
+    "near misses",
+    "[concepts]") {
   STATIC_REQUIRE(Predictor<Latest>);
   STATIC_REQUIRE(Predictor<Stash, SGD>);
   STATIC_REQUIRE(check_predictor<Latest>());  // Adam and SGD on the host
@@ -255,4 +268,34 @@ TEST_CASE("Backend concept accepts the host backend - rejects a near miss", "[co
   STATIC_REQUIRE(Backend<Host>);
   STATIC_REQUIRE_FALSE(Backend<NoContext>);
   STATIC_REQUIRE(std::is_same_v<DefaultBackend, Host>);
+}
+
+TEST_CASE("Name lists: every listed schedule, predictor and optimizer is found by its name",
+          "[concepts]") {
+  for (const char* name : schedule_names) {
+    INFO(name);
+    CHECK(make_schedule(name, 2, 2, 2).name == name);
+  }
+  for (const char* name : optimizer_names) {
+    INFO(name);
+    CHECK(std::string_view(make_optimizer(name, 0.1f).chosen_name()) == name);
+  }
+  // with_predictor hands over the type whose own name matches, for each name in the list.
+  for (const char* name : predictor_names) {
+    INFO(name);
+    const std::string found =
+        with_predictor(name, []<class P>(std::type_identity<P>) { return std::string(P::name); });
+    CHECK(found == name);
+  }
+  CHECK(with_predictor("stash",
+                       []<class P>(std::type_identity<P>) { return std::is_same_v<P, Stash>; }));
+  CHECK(with_predictor("xpipe",
+                       []<class P>(std::type_identity<P>) { return std::is_same_v<P, XPipe>; }));
+  REQUIRE_THROWS_WITH(with_predictor("pipemare", [](auto) { return 0; }),
+                      Contains("unknown predictor 'pipemare'") &&
+                          Contains("latest, stash, 2bw, spectrain, xpipe, pipeoptim"));
+  REQUIRE_THROWS_WITH(make_optimizer("lamb", 0.1f),
+                      Contains("unknown optimizer 'lamb'") && Contains("sgd, adam, adamw"));
+  REQUIRE_THROWS_WITH(make_schedule("zb-h1", 2, 2, 2),
+                      Contains("gpipe, 1f1b-flush, async-1f1b, 2bw"));
 }

@@ -1,20 +1,20 @@
 // xpipe-train: trains a pipeline on Fashion-MNIST with the schedule, predictor, optimizer and
 // shape chosen by flags, or (--compare) runs the study of every schedule x predictor.
-#include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
+#include <thread>
 #include <vector>
 
 #include "models.hpp"
@@ -56,7 +56,9 @@ struct RunRecord {
   Schedule schedule;                   // that the trace ran
 };
 
-bool interactive() { return isatty(fileno(stdout)) != 0; }
+bool interactive() {
+  return isatty(fileno(stdout)) != 0;
+}
 
 // One line redrawn in place: [#####.....] 45%  loss 0.5312  12034 samples/s  ETA 3 s.
 void show_progress(const std::string& label, int epoch, int epochs, long done, long total,
@@ -76,8 +78,10 @@ void show_progress(const std::string& label, int epoch, int epochs, long done, l
 std::string file_stem(const std::string& label) {
   std::string out;
   for (char ch : label)
-    if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-') out += ch;
-    else if (!out.empty() && out.back() != '_') out += '_';
+    if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')
+      out += ch;
+    else if (!out.empty() && out.back() != '_')
+      out += '_';
   while (!out.empty() && out.back() == '_') out.pop_back();
   return out;
 }
@@ -92,7 +96,8 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
   HostBuffer<std::int32_t> y(data.train.count);
   const Matrix xm{x.data(), data.train.count, data.train.width};
   const index_t n = pipe.mini_batches_for(data.train.count);
-  const Schedule schedule = make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
+  const Schedule schedule =
+      make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
   RunRecord rec;
   rec.config = c;
   ReferenceExecutor reference;
@@ -151,15 +156,9 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
 
 template <class... Stages>
 RunRecord run_stages(const RunConfig& c, const DatasetPair& data) {
-  const std::string& p = c.predictor;
-  if (p == "latest") return run_pipeline<Pipeline<Stages..., Latest, AnyOptimizer>>(c, data);
-  if (p == "stash") return run_pipeline<Pipeline<Stages..., Stash, AnyOptimizer>>(c, data);
-  if (p == "2bw") return run_pipeline<Pipeline<Stages..., DoubleBuffered, AnyOptimizer>>(c, data);
-  if (p == "spectrain") return run_pipeline<Pipeline<Stages..., SpecTrain, AnyOptimizer>>(c, data);
-  if (p == "xpipe") return run_pipeline<Pipeline<Stages..., XPipe, AnyOptimizer>>(c, data);
-  if (p == "pipeoptim") return run_pipeline<Pipeline<Stages..., PipeOptim, AnyOptimizer>>(c, data);
-  throw ConfigError("unknown predictor '" + p +
-                    "' (available: latest, stash, 2bw, spectrain, xpipe, pipeoptim)");
+  return with_predictor(c.predictor, [&]<class P>(std::type_identity<P>) {
+    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data);
+  });
 }
 
 using Runner = std::function<RunRecord(const RunConfig&, const DatasetPair&)>;
@@ -169,8 +168,9 @@ const std::map<std::pair<std::string, int>, Runner>& model_table() {
       {{"mlp", 1}, run_stages<mlp::K1>},
       {{"mlp", 2}, run_stages<mlp::K2a, mlp::K2b>},
       {{"mlp", 4}, run_stages<mlp::A, mlp::B, mlp::C, mlp::D>},
-      {{"deep", 8}, run_stages<deep::In, deep::Mid, deep::Mid, deep::Mid, deep::Mid, deep::Mid,
-                               deep::Mid, deep::Out>},
+      {{"deep", 8},
+       run_stages<deep::In, deep::Mid, deep::Mid, deep::Mid, deep::Mid, deep::Mid, deep::Mid,
+                  deep::Out>},
   };
   return table;
 }
@@ -195,8 +195,8 @@ std::string joined(const std::vector<double>& v, const char* fmt) {
 // The study's table: accuracy per epoch, final loss, throughput, and per stage the measured
 // bubble (idle) fraction, weight copies held and peak activation memory.
 void print_table(const std::vector<RunRecord>& records) {
-  std::printf("\n%-30s %-22s %8s %9s  %-26s %-12s %s\n", "run", "test accuracy by epoch",
-              "loss", "samples/s", "bubble per stage", "weights", "peak activations KiB");
+  std::printf("\n%-30s %-22s %8s %9s  %-26s %-12s %s\n", "run", "test accuracy by epoch", "loss",
+              "samples/s", "bubble per stage", "weights", "peak activations KiB");
   for (const RunRecord& r : records) {
     if (!r.failure.empty()) {
       std::printf("%-30s stopped: %s\n", r.config.label().c_str(), r.failure.c_str());
@@ -225,12 +225,18 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
          "test_accuracy,samples_per_second\n";
   for (const RunRecord& r : records) {
     const RunConfig& c = r.config;
-    nlohmann::json jr{{"run", c.label()},         {"schedule", c.schedule},
-                      {"predictor", c.predictor}, {"optimizer", c.optimizer},
-                      {"lr", c.lr},               {"model", c.model},
-                      {"stages", c.stages},       {"micro_batches", c.micro_batches},
-                      {"batch", c.batch},         {"seed", c.seed},
-                      {"executor", c.executor},   {"weight_copies", r.weight_copies},
+    nlohmann::json jr{{"run", c.label()},
+                      {"schedule", c.schedule},
+                      {"predictor", c.predictor},
+                      {"optimizer", c.optimizer},
+                      {"lr", c.lr},
+                      {"model", c.model},
+                      {"stages", c.stages},
+                      {"micro_batches", c.micro_batches},
+                      {"batch", c.batch},
+                      {"seed", c.seed},
+                      {"executor", c.executor},
+                      {"weight_copies", r.weight_copies},
                       {"peak_activation_kib", r.activation_kib},
                       {"timeline_svg", "timeline-" + file_stem(c.label()) + ".svg"},
                       {"chrome_trace", "trace-" + file_stem(c.label()) + ".json"}};
@@ -249,9 +255,8 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
                               {"seconds", e.seconds},
                               {"bubble_fraction", e.bubble}});
       csv << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ','
-          << c.lr << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ','
-          << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ',' << e.samples_per_second
-          << '\n';
+          << c.lr << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',' << e.epoch
+          << ',' << e.loss << ',' << e.test_accuracy << ',' << e.samples_per_second << '\n';
     }
     j.push_back(jr);
     TimelineOptions to;
@@ -288,7 +293,9 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
         "set key outside right top noenhanced\n"
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
         "set title 'Fashion-MNIST test accuracy by schedule and predictor' noenhanced\n"
-        "n = " << plotted.size() << "\n"
+        "n = "
+     << plotted.size()
+     << "\n"
         "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
         "set output 'accuracy.svg'\n"
         "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title columnheader(c)\n"
@@ -299,12 +306,16 @@ void write_outputs(const std::vector<RunRecord>& records, const std::string& dir
     if (std::system(cmd.c_str()) != 0)
       std::fprintf(stderr, "xpipe-train: gnuplot failed; accuracy.gp is left in %s\n", dir.c_str());
   } else {
-    std::fprintf(stderr, "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
-                         "accuracy.gp' in %s to draw the plots\n", dir.c_str());
+    std::fprintf(stderr,
+                 "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
+                 "accuracy.gp' in %s to draw the plots\n",
+                 dir.c_str());
   }
-  std::printf("\nwrote to %s: runs.csv, runs.json, accuracy.csv, accuracy.gp, accuracy.svg, "
-              "accuracy.png, and per run timeline-*.svg and trace-*.json (open in "
-              "https://ui.perfetto.dev)\n", dir.c_str());
+  std::printf(
+      "\nwrote to %s: runs.csv, runs.json, accuracy.csv, accuracy.gp, accuracy.svg, "
+      "accuracy.png, and per run timeline-*.svg and trace-*.json (open in "
+      "https://ui.perfetto.dev)\n",
+      dir.c_str());
 }
 
 RunRecord run(const RunConfig& c, const DatasetPair& data) {
@@ -331,12 +342,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches,-M", c.micro_batches, "Micro-batches per mini-batch M")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--schedule", c.schedule, "gpipe, 1f1b-flush, async-1f1b or 2bw")
-      ->check(CLI::IsMember({"gpipe", "1f1b-flush", "async-1f1b", "2bw"}));
-  app.add_option("--predictor", c.predictor, "latest, stash, 2bw, spectrain, xpipe or pipeoptim")
-      ->check(CLI::IsMember({"latest", "stash", "2bw", "spectrain", "xpipe", "pipeoptim"}));
-  app.add_option("--optimizer", c.optimizer, "sgd (momentum 0.9), adam or adamw")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  // The name lists come from the library, so a new schedule or predictor needs no edit here.
+  const auto names = [](const auto& list) {
+    return std::vector<std::string>(list.begin(), list.end());
+  };
+  app.add_option("--schedule", c.schedule, "Schedule: " + join_names(schedule_names))
+      ->check(CLI::IsMember(names(schedule_names)));
+  app.add_option("--predictor", c.predictor, "Weight predictor: " + join_names(predictor_names))
+      ->check(CLI::IsMember(names(predictor_names)));
+  app.add_option("--optimizer", c.optimizer,
+                 "Optimizer (sgd has momentum 0.9): " + join_names(optimizer_names))
+      ->check(CLI::IsMember(names(optimizer_names)));
   app.add_option("--lr", c.lr, "Learning rate")->check(CLI::PositiveNumber);
   app.add_option("--batch", c.batch, "Mini-batch size")->check(CLI::Range(1L, 60000L));
   app.add_option("--epochs", c.epochs, "Epochs")->check(CLI::Range(1, 1000));
@@ -384,10 +400,14 @@ int main(int argc, char** argv) {
         return r;
       };
       const float sgd_lr = sgd_lr_flag;
-      runs = {with("gpipe", "latest", "adam", c.lr),        with("1f1b-flush", "latest", "adam", c.lr),
-              with("async-1f1b", "latest", "adam", c.lr),   with("async-1f1b", "stash", "adam", c.lr),
-              with("2bw", "2bw", "adam", c.lr),             with("async-1f1b", "spectrain", "sgd", sgd_lr),
-              with("async-1f1b", "xpipe", "adam", c.lr),    with("async-1f1b", "pipeoptim", "adam", c.lr)};
+      runs = {with("gpipe", "latest", "adam", c.lr),
+              with("1f1b-flush", "latest", "adam", c.lr),
+              with("async-1f1b", "latest", "adam", c.lr),
+              with("async-1f1b", "stash", "adam", c.lr),
+              with("2bw", "2bw", "adam", c.lr),
+              with("async-1f1b", "spectrain", "sgd", sgd_lr),
+              with("async-1f1b", "xpipe", "adam", c.lr),
+              with("async-1f1b", "pipeoptim", "adam", c.lr)};
     } else {
       runs = {c};
     }

@@ -38,6 +38,7 @@
 #include "xpipe/optim/optimizer.hpp"
 #include "xpipe/optim/sgd.hpp"
 
+#include "xpipe/predict/builtin.hpp"
 #include "xpipe/predict/extrapolate.hpp"
 #include "xpipe/predict/latest.hpp"
 #include "xpipe/predict/predictor.hpp"

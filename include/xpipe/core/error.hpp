@@ -54,4 +54,15 @@ class StageError : public Error {
   int stage_;
 };
 
+//! "a, b, c": the valid names an error message offers. Usage: `join_names(schedule_names)`.
+template <class Names>
+std::string join_names(const Names& names) {
+  std::string out;
+  for (const auto& n : names) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
 }  // namespace xpipe

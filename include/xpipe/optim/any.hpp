@@ -2,6 +2,7 @@
 // compiled Pipeline type instead of one instantiation per optimizer.
 #pragma once
 
+#include <array>
 #include <string>
 #include <variant>
 
@@ -38,13 +39,17 @@ struct AnyOptimizer {
 };
 static_assert(Optimizer<AnyOptimizer>);
 
+//! The names make_optimizer knows.
+inline constexpr std::array<const char*, 3> optimizer_names{SGD::name, Adam::name, AdamW::name};
+
 //! "sgd" (momentum 0.9), "adam" or "adamw" with learning rate lr; ConfigError otherwise.
 inline AnyOptimizer make_optimizer(const std::string& name, float lr) {
   if (!(lr > 0.f)) throw ConfigError("xpipe: learning rate must be > 0");
-  if (name == "sgd") return {SGD{.lr = lr, .momentum = 0.9f}};
-  if (name == "adam") return {Adam{.lr = lr}};
-  if (name == "adamw") return {AdamW{.lr = lr}};
-  throw ConfigError("xpipe: unknown optimizer '" + name + "' (available: sgd, adam, adamw)");
+  if (name == SGD::name) return {SGD{.lr = lr, .momentum = 0.9f}};
+  if (name == Adam::name) return {Adam{.lr = lr}};
+  if (name == AdamW::name) return {AdamW{.lr = lr}};
+  throw ConfigError("xpipe: unknown optimizer '" + name +
+                    "' (available: " + join_names(optimizer_names) + ")");
 }
 
 }  // namespace xpipe

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "xpipe/schedule/ir.hpp"
@@ -13,9 +14,11 @@ namespace xpipe {
 namespace detail {
 inline Schedule empty_schedule(const char* name, int K, int M, int N) {
   if (K < 1 || M < 1 || N < 1)
-    throw ConfigError(std::string("xpipe: ") + name + ": stages, micro_batches and mini_batches "
-                      "must be >= 1 (got " + std::to_string(K) + ", " + std::to_string(M) +
-                      ", " + std::to_string(N) + ")");
+    throw ConfigError(std::string("xpipe: ") + name +
+                      ": stages, micro_batches and mini_batches "
+                      "must be >= 1 (got " +
+                      std::to_string(K) + ", " + std::to_string(M) + ", " + std::to_string(N) +
+                      ")");
   Schedule s;
   s.name = name;
   s.stages = K;
@@ -94,20 +97,25 @@ inline Schedule async_1f1b(int K, int M, int N, const char* name = "async-1f1b")
 //! applied with delay 1). Two versions suffice only when M >= K, which is checked here.
 inline Schedule pipedream_2bw(int K, int M, int N) {
   if (M < K)
-    throw ConfigError("xpipe: pipedream_2bw: needs micro_batches >= stages so that two weight "
-                      "versions suffice (got M=" + std::to_string(M) + ", K=" + std::to_string(K) +
-                      ")");
+    throw ConfigError(
+        "xpipe: pipedream_2bw: needs micro_batches >= stages so that two weight "
+        "versions suffice (got M=" +
+        std::to_string(M) + ", K=" + std::to_string(K) + ")");
   return async_1f1b(K, M, N, "2bw");
 }
 
-//! The generators by name: "gpipe", "1f1b-flush", "async-1f1b", "2bw".
+//! The names make_schedule knows, in the order tools list them.
+inline constexpr std::array<const char*, 4> schedule_names{"gpipe", "1f1b-flush", "async-1f1b",
+                                                           "2bw"};
+
+//! The generators by name (schedule_names); ConfigError naming the choices otherwise.
 inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
-  if (name == "gpipe") return gpipe(K, M, N);
-  if (name == "1f1b-flush") return one_f_one_b_flush(K, M, N);
-  if (name == "async-1f1b") return async_1f1b(K, M, N);
-  if (name == "2bw") return pipedream_2bw(K, M, N);
+  if (name == schedule_names[0]) return gpipe(K, M, N);
+  if (name == schedule_names[1]) return one_f_one_b_flush(K, M, N);
+  if (name == schedule_names[2]) return async_1f1b(K, M, N);
+  if (name == schedule_names[3]) return pipedream_2bw(K, M, N);
   throw ConfigError("xpipe: unknown schedule '" + name +
-                    "' (available: gpipe, 1f1b-flush, async-1f1b, 2bw)");
+                    "' (available: " + join_names(schedule_names) + ")");
 }
 
 }  // namespace xpipe
