@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace {
@@ -14,25 +15,50 @@ std::atomic<bool> counting{false};
 std::atomic<long> allocations{0};
 void* counted(std::size_t n, std::size_t align) {
   if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
-  void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
-                                               : std::malloc(n == 0 ? 1 : n);
+  void* p = align > alignof(std::max_align_t)
+                ? std::aligned_alloc(align, (n + align - 1) / align * align)
+                : std::malloc(n == 0 ? 1 : n);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 }  // namespace
 
-void* operator new(std::size_t n) { return counted(n, 0); }
-void* operator new[](std::size_t n) { return counted(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
-void* operator new[](std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void* operator new(std::size_t n) {
+  return counted(n, 0);
+}
+void* operator new[](std::size_t n) {
+  return counted(n, 0);
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+  return counted(n, std::size_t(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return counted(n, std::size_t(a));
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
 
 namespace {
 long allocations_in_steps(int threads, int steps) {
@@ -43,8 +69,8 @@ long allocations_in_steps(int threads, int steps) {
   xpipe::HostBuffer<float> x(128 * 784);
   xpipe::HostBuffer<std::int32_t> y(128);
   xpipe::Rng rng{2};
-  for (float& v : x) v = rng.uniform(-1.f, 1.f);
-  for (auto& v : y) v = static_cast<std::int32_t>(rng.below(10));
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_labels(y, rng, 10);
   const xpipe::ConstMatrix xm{x.data(), 128, 784};
   for (int i = 0; i < 3; ++i) trainer.train_step(ctx, xm, y.data());  // warm-up
   allocations = 0;
@@ -86,13 +112,17 @@ int main() {
   }
   const long one = allocations_in_steps(1, 10);
   const long two = allocations_in_steps(2, 10);
-  std::printf("operator new calls in 10 training steps: %ld with 1 thread (must be 0), %ld with 2 "
-              "threads (inside oneDNN's threaded sgemm)\n", one, two);
+  std::printf(
+      "operator new calls in 10 training steps: %ld with 1 thread (must be 0), %ld with 2 "
+      "threads (inside oneDNN's threaded sgemm)\n",
+      one, two);
   const long ref10 = allocations_in_pipeline<xpipe::ReferenceExecutor>(10);
   const long ref40 = allocations_in_pipeline<xpipe::ReferenceExecutor>(40);
   const long thr10 = allocations_in_pipeline<xpipe::ThreadedExecutor>(10);
   const long thr40 = allocations_in_pipeline<xpipe::ThreadedExecutor>(40);
-  std::printf("operator new calls in Pipeline::train over 10 / 40 mini-batches: reference %ld / "
-              "%ld, threaded %ld / %ld (must not grow)\n", ref10, ref40, thr10, thr40);
+  std::printf(
+      "operator new calls in Pipeline::train over 10 / 40 mini-batches: reference %ld / "
+      "%ld, threaded %ld / %ld (must not grow)\n",
+      ref10, ref40, thr10, thr40);
   return one == 0 && ref10 == ref40 && thr10 == thr40 ? 0 : 1;
 }

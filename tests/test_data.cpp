@@ -1,7 +1,7 @@
 // IDX reader and Fashion-MNIST loader on the real files and on corrupted copies made here.
-#include <catch2/catch.hpp>
 #include <zlib.h>
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace fs = std::filesystem;
@@ -18,9 +19,7 @@ namespace {
 const std::string real_dir = xpipe::default_fashion_mnist_dir();
 
 fs::path scratch_dir() {
-  const fs::path p = fs::temp_directory_path() / ("xpipe_test_data_" + std::to_string(::getpid()));
-  fs::create_directories(p);
-  return p;
+  return xpipe::test::scratch_dir("data");
 }
 
 void write_gz(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
@@ -78,8 +77,9 @@ TEST_CASE("IDX reader rejects missing and corrupted files with the file's name",
     auto b = idx_bytes(0x08, {3}, 3);
     b[0] = 0x12;
     write_gz(p, b);
-    REQUIRE_THROWS_WITH(xpipe::read_idx(p.string()),
-                        Catch::Contains(p.string()) && Catch::Contains("bad magic number 0x12000801"));
+    REQUIRE_THROWS_WITH(
+        xpipe::read_idx(p.string()),
+        Catch::Contains(p.string()) && Catch::Contains("bad magic number 0x12000801"));
   }
   SECTION("wrong element type") {
     const fs::path p = dir / "floats.gz";

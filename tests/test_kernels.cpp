@@ -1,11 +1,11 @@
 // Host launchers of the shared math: values, numerical stability, and thread-count independence.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 using xpipe::ConstMatrix;
@@ -49,18 +49,17 @@ TEST_CASE("Element passes give the same bits on 1 and 2 threads", "[kernels]") {
   const xpipe::index_t rows = 256, cols = 1024;  // above the parallel grain
   xpipe::Rng rng{3};
   std::vector<float> z(rows * cols), bias(cols), dy(rows * cols);
-  for (float& v : z) v = rng.uniform(-1.f, 1.f);
-  for (float& v : bias) v = rng.uniform(-1.f, 1.f);
-  for (float& v : dy) v = rng.uniform(-1.f, 1.f);
+  xpipe::test::fill_uniform(z, rng);
+  xpipe::test::fill_uniform(bias, rng);
+  xpipe::test::fill_uniform(dy, rng);
   auto run = [&](int threads) {
     const HostContext ctx{.threads = threads};
     std::vector<float> y(rows * cols), dx(rows * cols), db(cols);
     xpipe::bias_activation_forward<xpipe::math::Gelu>(ctx, ConstMatrix{z.data(), rows, cols},
                                                       bias.data(), Matrix{y.data(), rows, cols});
-    xpipe::activation_backward<xpipe::math::Gelu>(ctx, ConstMatrix{z.data(), rows, cols},
-                                                  ConstMatrix{y.data(), rows, cols},
-                                                  ConstMatrix{dy.data(), rows, cols},
-                                                  Matrix{dx.data(), rows, cols});
+    xpipe::activation_backward<xpipe::math::Gelu>(
+        ctx, ConstMatrix{z.data(), rows, cols}, ConstMatrix{y.data(), rows, cols},
+        ConstMatrix{dy.data(), rows, cols}, Matrix{dx.data(), rows, cols});
     xpipe::bias_grad(ctx, ConstMatrix{dy.data(), rows, cols}, db.data(), false);
     y.insert(y.end(), dx.begin(), dx.end());
     y.insert(y.end(), db.begin(), db.end());
@@ -100,7 +99,7 @@ TEST_CASE("gemm computes row-major products with transposes", "[kernels]") {
   float ata[9] = {};
   xpipe::gemm(ctx, xpipe::Trans::Yes, xpipe::Trans::No, 3, 3, 2, 1.f, a, 3, a, 3, 0.f, ata, 3);
   REQUIRE(ata[2] == 27.f);
-  REQUIRE_THROWS_AS(xpipe::gemm(ctx, xpipe::Trans::No, xpipe::Trans::No, 2, 2, 3, 1.f, a, 1, b,
-                                2, 0.f, c, 2),
-                    xpipe::BackendError);
+  REQUIRE_THROWS_AS(
+      xpipe::gemm(ctx, xpipe::Trans::No, xpipe::Trans::No, 2, 2, 3, 1.f, a, 1, b, 2, 0.f, c, 2),
+      xpipe::BackendError);
 }

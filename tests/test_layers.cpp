@@ -1,9 +1,9 @@
 // Oracle 1: every layer's backward against central finite differences of its forward.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace {
@@ -39,7 +39,7 @@ void check_layer_gradients(int in, int out, index_t rows, float h, bool avoid_ki
     if (avoid_kink && std::fabs(v) < 4 * h) v = v < 0 ? v - 4 * h : v + 4 * h;
   }
   std::vector<float> r(static_cast<std::size_t>(rows * out));
-  for (float& v : r) v = rng.uniform(-1.f, 1.f);
+  xpipe::test::fill_uniform(r, rng);
 
   std::vector<float> y(r.size()), dx(x.size()), g(p.size(), 0.f);
   L::forward(ctx, p.data(), ConstMatrix{x.data(), rows, in}, Matrix{y.data(), rows, out});

@@ -1,7 +1,6 @@
 // Optimizer passes against reference values written from the published update rules in double
 // precision (PyTorch's documented algorithms), independent of xpipe's kernels.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <vector>
 
@@ -101,8 +100,11 @@ TEST_CASE("SGD with momentum - dampening - weight decay and Nesterov", "[optim]"
   const auto t = make_trajectory(4, 5);
   for (bool nesterov : {false, true}) {
     const double lr = 0.1, mu = 0.9, damp = nesterov ? 0.0 : 0.2, wd = 0.01;
-    auto st = run(xpipe::SGD{.lr = 0.1f, .momentum = 0.9f, .dampening = static_cast<float>(damp),
-                             .weight_decay = 0.01f, .nesterov = nesterov},
+    auto st = run(xpipe::SGD{.lr = 0.1f,
+                             .momentum = 0.9f,
+                             .dampening = static_cast<float>(damp),
+                             .weight_decay = 0.01f,
+                             .nesterov = nesterov},
                   t);
     for (std::size_t i = 0; i < t.w0.size(); ++i) {
       double w = t.w0[i], b = 0;

@@ -1,14 +1,15 @@
 // Pipeline oracles: 1 stage = sequential (bitwise); GPipe and 1F1B-flush = sequential with the
 // mini-batch (bitwise with equal summation order, within a tolerance without); threaded =
 // reference (bitwise) for every schedule x predictor; a failing stage stops the run promptly.
-#include <catch2/catch.hpp>
+#include <dirent.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
-#include <dirent.h>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
@@ -20,22 +21,14 @@ using S0 = Stage<Linear<20, 32>, ReLU>;
 using S1 = Stage<Linear<32, 32>, GELU>;
 using S2 = Stage<Linear<32, 16>, ReLU>;
 using S3 = Stage<Linear<16, 4>>;
-using Whole = Stage<Linear<20, 32>, ReLU, Linear<32, 32>, GELU, Linear<32, 16>, ReLU, Linear<16, 4>>;
+using Whole =
+    Stage<Linear<20, 32>, ReLU, Linear<32, 32>, GELU, Linear<32, 16>, ReLU, Linear<16, 4>>;
 
-struct Data {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  index_t rows;
-  EpochData epoch() const { return {{x.data(), rows, 20}, y.data()}; }
-};
+using Data = test::LabelledData;
 
 // rows = 10 mini-batches of 16 plus a tail of 6 rows (kept: 6 >= M for M <= 4).
 Data make_data(index_t rows = 166) {
-  Data d{std::vector<float>(rows * 20), std::vector<std::int32_t>(rows), rows};
-  Rng rng{1};
-  for (auto& v : d.x) v = rng.uniform(-1.f, 1.f);
-  for (auto& v : d.y) v = static_cast<std::int32_t>(rng.below(4));
-  return d;
+  return test::random_classification(rows, 20, 4, 1);
 }
 
 template <class O>
@@ -84,14 +77,16 @@ TEST_CASE("A 1-stage pipeline equals sequential training bitwise", "[pipeline][o
   const Data d = make_data();
   for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b"}) {
     INFO(name);
-    Pipeline<Whole, Latest, Adam> p(Adam{.lr = 1e-2f}, {.batch = 16, .micro_batches = 1, .seed = 3});
+    Pipeline<Whole, Latest, Adam> p(Adam{.lr = 1e-2f},
+                                    {.batch = 16, .micro_batches = 1, .seed = 3});
     ReferenceExecutor exec;
     p.train(make_schedule(name, 1, 1, 11), d.epoch(), exec);
     REQUIRE(p.weights() == sequential(d, Adam{.lr = 1e-2f}, 1));
   }
 }
 
-TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch", "[pipeline][oracle]") {
+TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch",
+          "[pipeline][oracle]") {
   const Data d = make_data();
   for (int M : {2, 4}) {
     for (const char* name : {"gpipe", "1f1b-flush"}) {
@@ -232,7 +227,8 @@ TEST_CASE("A stage that throws stops every stage at once - naming the stage",
   const int threads_before = thread_count();
   forward_calls = 0;
   throw_at = 300;  // mid-run: the 300th forward of stage 2 (of 800)
-  Pipeline<S0, S1, Stage<Linear<32, 16>, Fuse>, S3, XPipe> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  Pipeline<S0, S1, Stage<Linear<32, 16>, Fuse>, S3, XPipe> p(Adam{},
+                                                             {.batch = 16, .micro_batches = 4});
   ThreadedExecutor exec;
   // No wall-clock assertion: the other stages' waits would give up only after an hour, so
   // unless the failure stops them, the test hangs until CTest's timeout fails it.
@@ -250,7 +246,8 @@ TEST_CASE("A stage that throws stops every stage at once - naming the stage",
   forward_calls = 0;
   throw_at = 300;
   ReferenceExecutor ref;
-  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 200), d.epoch(), ref), Contains("stage 2, action F300"));
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 200), d.epoch(), ref),
+                      Contains("stage 2, action F300"));
   throw_at = -1;
 }
 
@@ -324,8 +321,8 @@ TEST_CASE("Backend and queue are real policies of Pipeline - same bits, their ow
   const auto reference = four_stages<XPipe>(s, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
 
   counted_pushes = 0;
-  Pipeline<S0, S1, S2, S3, XPipe, Adam, CountingQueue> counted(Adam{.lr = 1e-2f},
-                                                               {.batch = 16, .micro_batches = 2, .seed = 3});
+  Pipeline<S0, S1, S2, S3, XPipe, Adam, CountingQueue> counted(
+      Adam{.lr = 1e-2f}, {.batch = 16, .micro_batches = 2, .seed = 3});
   ThreadedExecutor exec;
   counted.train(s, d.epoch(), exec);
   REQUIRE(counted.weights() == reference);
@@ -333,11 +330,12 @@ TEST_CASE("Backend and queue are real policies of Pipeline - same bits, their ow
   REQUIRE(counted_pushes.load() == 2L * 3 * s.total_micro_batches());
 
   counted_floats = 0;
-  Pipeline<S0, S1, S2, S3, XPipe, Adam, TestBackend> on_test(Adam{.lr = 1e-2f},
-                                                              {.batch = 16, .micro_batches = 2, .seed = 3});
+  Pipeline<S0, S1, S2, S3, XPipe, Adam, TestBackend> on_test(
+      Adam{.lr = 1e-2f}, {.batch = 16, .micro_batches = 2, .seed = 3});
   const long at_construction = counted_floats.load();
   // At least weights, gradients and Adam's two moments of every stage.
-  REQUIRE(at_construction >= 4 * (S0::param_count + S1::param_count + S2::param_count + S3::param_count));
+  REQUIRE(at_construction >=
+          4 * (S0::param_count + S1::param_count + S2::param_count + S3::param_count));
   on_test.train(s, d.epoch(), exec);
   REQUIRE(counted_floats.load() > at_construction);  // slots, queues and predictor copies too
   REQUIRE(on_test.weights() == reference);

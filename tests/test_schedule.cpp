@@ -10,7 +10,8 @@ using Catch::Contains;
 namespace {
 Schedule from_lines(int K, int M, int N, std::vector<std::string> lines) {
   std::string text = "xpipe-schedule name=t stages=" + std::to_string(K) +
-                     " micro_batches=" + std::to_string(M) + " mini_batches=" + std::to_string(N) + "\n";
+                     " micro_batches=" + std::to_string(M) + " mini_batches=" + std::to_string(N) +
+                     "\n";
   for (std::size_t k = 0; k < lines.size(); ++k) text += std::to_string(k) + ": " + lines[k] + "\n";
   return parse_schedule(text);
 }
@@ -37,14 +38,17 @@ TEST_CASE("Schedule text form prints and parses back", "[schedule]") {
 TEST_CASE("Schedule parser names the line and token at fault", "[schedule]") {
   REQUIRE_THROWS_WITH(parse_schedule(""), Contains("empty"));
   REQUIRE_THROWS_WITH(parse_schedule("0: F0\n"), Contains("line 1") && Contains("header"));
-  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: F0 X1\n"),
-                      Contains("line 2") && Contains("'X1'"));
-  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n3: F0\n"),
-                      Contains("stage 3 out of range"));
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: F0 X1\n"),
+      Contains("line 2") && Contains("'X1'"));
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n3: F0\n"),
+      Contains("stage 3 out of range"));
   REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=2 mini_batches=1\n"),
                       Contains("micro_batches"));
-  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: Fx\n"),
-                      Contains("'Fx'"));
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: Fx\n"),
+      Contains("'Fx'"));
 }
 
 TEST_CASE("Validator rejects each kind of broken schedule - naming stage and action",
@@ -79,9 +83,9 @@ TEST_CASE("Validator rejects each kind of broken schedule - naming stage and act
     REQUIRE_THROWS_WITH(validate(s), Contains("1 stage lists for 2 stages"));
   }
   SECTION("forward order differs between neighbours") {
-    REQUIRE_THROWS_WITH(validate(from_lines(2, 2, 1, {"F0 F1 B0 B1 S0", "F1 F0 B0 B1 S0"})),
-                        Contains("stage 1 runs F1 as its forward number 0") &&
-                            Contains("stage 0 sends F0"));
+    REQUIRE_THROWS_WITH(
+        validate(from_lines(2, 2, 1, {"F0 F1 B0 B1 S0", "F1 F0 B0 B1 S0"})),
+        Contains("stage 1 runs F1 as its forward number 0") && Contains("stage 0 sends F0"));
   }
   SECTION("deadlock") {
     // Stage 0 waits for B0, which stage 1 runs only after F1, which stage 0 never sends first.
@@ -122,7 +126,7 @@ TEST_CASE("Apply-time staleness of async 1F1B - M = 1: forward K-k-1 - backward 
 TEST_CASE("XPipe's figure: K = 4 - M = 2 - bellwether forward s = 2 - 1 - 1 - 0", "[staleness]") {
   const auto a = analyze_staleness(async_1f1b(4, 2, 12));
   for (int t = 3; t < 10; ++t) {  // steady-state mini-batches
-    const int g = 2 * t;            // first micro-batch of mini-batch t
+    const int g = 2 * t;          // first micro-batch of mini-batch t
     const int expect[] = {2, 1, 1, 0};
     for (int k = 0; k < 4; ++k) {
       INFO("mini-batch " << t << " stage " << k);

@@ -1,10 +1,10 @@
 // Stage<Layers...>: widths, flat layout, seeded split-invariant init, chaining, and training.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
@@ -26,7 +26,8 @@ TEST_CASE("Stage resolves boundary widths and a 64-byte-aligned flat layout", "[
 }
 
 TEST_CASE("Seeded init is reproducible and the same however the model is split", "[stage]") {
-  std::vector<float> whole(Whole::param_count), again(Whole::param_count), other(Whole::param_count);
+  std::vector<float> whole(Whole::param_count), again(Whole::param_count),
+      other(Whole::param_count);
   Whole::init(whole, 5);
   Whole::init(again, 5);
   Whole::init(other, 6);
@@ -45,8 +46,7 @@ TEST_CASE("Seeded init is reproducible and the same however the model is split",
   REQUIRE_THROWS_AS(Whole::init(std::span<float>(front), 5), ShapeError);
 }
 
-TEST_CASE("Two stages chained give the bits of the whole model - forward and backward",
-          "[stage]") {
+TEST_CASE("Two stages chained give the bits of the whole model - forward and backward", "[stage]") {
   const HostContext ctx{};
   const index_t rows = 4;
   std::vector<float> w(Whole::param_count), wf(Front::param_count), wb(Back::param_count);
@@ -55,15 +55,15 @@ TEST_CASE("Two stages chained give the bits of the whole model - forward and bac
   Back::init(wb, 9, 2);
   Rng rng{1};
   std::vector<float> x(rows * 6), dy(rows * 3);
-  for (float& v : x) v = rng.uniform(-1.f, 1.f);
-  for (float& v : dy) v = rng.uniform(-1.f, 1.f);
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
 
   Whole::Activations<Host> aw(rows);
   Whole::GradScratch<Host> sw(rows);
   const ConstMatrix yw = Whole::forward(ctx, w.data(), {x.data(), rows, 6}, aw);
   std::vector<float> gw(Whole::param_count), dxw(rows * 6);
-  Whole::backward(ctx, w.data(), gw.data(), false, aw, {dy.data(), rows, 3},
-                  {dxw.data(), rows, 6}, sw);
+  Whole::backward(ctx, w.data(), gw.data(), false, aw, {dy.data(), rows, 3}, {dxw.data(), rows, 6},
+                  sw);
 
   Front::Activations<Host> af(rows);
   Back::Activations<Host> ab(rows);
@@ -75,8 +75,8 @@ TEST_CASE("Two stages chained give the bits of the whole model - forward and bac
   std::vector<float> gf(Front::param_count), gb(Back::param_count), dh(rows * 8), dxf(rows * 6);
   Back::backward(ctx, wb.data(), gb.data(), false, ab, {dy.data(), rows, 3}, {dh.data(), rows, 8},
                  sb);
-  Front::backward(ctx, wf.data(), gf.data(), false, af, {dh.data(), rows, 8},
-                  {dxf.data(), rows, 6}, sf);
+  Front::backward(ctx, wf.data(), gf.data(), false, af, {dh.data(), rows, 8}, {dxf.data(), rows, 6},
+                  sf);
   REQUIRE(dxw == dxf);
   REQUIRE(std::equal(gf.begin(), gf.begin() + 56, gw.begin()));
   REQUIRE(std::equal(gb.begin(), gb.begin() + 66, gw.begin() + 64));
@@ -104,7 +104,8 @@ TEST_CASE("Sequential training fits a separable synthetic problem", "[stage][tra
   Rng rng{4};
   for (int i = 0; i < 300; ++i) {
     d.labels.push_back(i % 3);
-    for (int j = 0; j < 6; ++j) d.features[i * 6 + j] = rng.normal() * 0.5f + (j % 3 == i % 3 ? 2.f : 0.f);
+    for (int j = 0; j < 6; ++j)
+      d.features[i * 6 + j] = rng.normal() * 0.5f + (j % 3 == i % 3 ? 2.f : 0.f);
   }
   SequentialTrainer<Model, Adam> t(Adam{.lr = 1e-2f}, 32, 3);
   Batcher b(d, 32, 3);

@@ -2,15 +2,13 @@
 // runs.csv, accuracy.csv, the gnuplot SVG (one series per run), per-run timelines and traces.
 // The directory comes from $XPIPE_TOOL_OUT (set by CTest after tool.end_to_end ran).
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
+
+#include "support/support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -20,22 +18,12 @@ fs::path out_dir() {
   REQUIRE(d != nullptr);
   return d;
 }
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-std::size_t count(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<std::size_t>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
+using xpipe::test::count_matches;
+using xpipe::test::read_text;
 }  // namespace
 
 TEST_CASE("runs.json and runs.csv describe every run of the study", "[tool]") {
-  const auto j = nlohmann::json::parse(slurp(out_dir() / "runs.json"));
+  const auto j = nlohmann::json::parse(read_text(out_dir() / "runs.json"));
   REQUIRE(j.size() == 8);
   std::set<std::string> predictors;
   for (const auto& r : j) {
@@ -50,29 +38,32 @@ TEST_CASE("runs.json and runs.csv describe every run of the study", "[tool]") {
     REQUIRE(fs::exists(out_dir() / r["timeline_svg"].get<std::string>()));
     REQUIRE(fs::exists(out_dir() / r["chrome_trace"].get<std::string>()));
   }
-  REQUIRE(predictors == std::set<std::string>{"latest", "stash", "2bw", "spectrain", "xpipe", "pipeoptim"});
-  const std::string csv = slurp(out_dir() / "runs.csv");
-  REQUIRE(count(csv, "\n") == 1 + 8);  // header + a row per run and epoch
-  REQUIRE(csv.rfind("run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,", 0) == 0);
-  const std::string acc = slurp(out_dir() / "accuracy.csv");
-  REQUIRE(count(acc, ",") == 2 * 8);  // header and one epoch row, 8 run columns each
+  REQUIRE(predictors ==
+          std::set<std::string>{"latest", "stash", "2bw", "spectrain", "xpipe", "pipeoptim"});
+  const std::string csv = read_text(out_dir() / "runs.csv");
+  REQUIRE(count_matches(csv, "\n") == 1 + 8);  // header + a row per run and epoch
+  REQUIRE(csv.rfind("run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,", 0) ==
+          0);
+  const std::string acc = read_text(out_dir() / "accuracy.csv");
+  REQUIRE(count_matches(acc, ",") == 2 * 8);  // header and one epoch row, 8 run columns each
 }
 
 TEST_CASE("gnuplot drew one series per run, and left its script", "[tool]") {
   REQUIRE(fs::exists(out_dir() / "accuracy.gp"));
   REQUIRE(fs::file_size(out_dir() / "accuracy.png") > 1000);
-  const std::string svg = slurp(out_dir() / "accuracy.svg");
-  REQUIRE(count(svg, "<g id=\"gnuplot_plot_[0-9]+[a-z]*\"") >= 8);
-  REQUIRE(count(svg, "<g id=\"gnuplot_plot_9") == 0);
+  const std::string svg = read_text(out_dir() / "accuracy.svg");
+  REQUIRE(count_matches(svg, "<g id=\"gnuplot_plot_[0-9]+[a-z]*\"") >= 8);
+  REQUIRE(count_matches(svg, "<g id=\"gnuplot_plot_9") == 0);
   REQUIRE(svg.find("async-1f1b+xpipe(adam)") != std::string::npos);
 }
 
 TEST_CASE("Timelines and Chrome traces of the runs parse back", "[tool]") {
-  const std::string svg = slurp(out_dir() / "timeline-async-1f1b_xpipe_adam.svg");
+  const std::string svg = read_text(out_dir() / "timeline-async-1f1b_xpipe_adam.svg");
   // The timeline shows 6 mini-batches of M = 4 over 4 stages: 96 forwards, 96 backwards.
-  REQUIRE(count(svg, "<rect class=\"F\"") == 96);
-  REQUIRE(count(svg, "<rect class=\"B\"") == 96);
-  const auto trace = nlohmann::json::parse(slurp(out_dir() / "trace-async-1f1b_xpipe_adam.json"));
+  REQUIRE(count_matches(svg, "<rect class=\"F\"") == 96);
+  REQUIRE(count_matches(svg, "<rect class=\"B\"") == 96);
+  const auto trace =
+      nlohmann::json::parse(read_text(out_dir() / "trace-async-1f1b_xpipe_adam.json"));
   std::size_t forwards = 0;
   for (const auto& e : trace["traceEvents"]) forwards += e["ph"] == "X" && e["cat"] == "forward";
   REQUIRE(forwards == 4 * 16 * 4);  // 2048 samples = 16 mini-batches of 128, M = 4, 4 stages

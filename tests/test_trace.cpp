@@ -1,11 +1,11 @@
 // Trace writers: the Chrome trace and the SVG timeline of a real run, parsed back and checked
 // against the schedule that ran.
 #include <catch2/catch.hpp>
-
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
@@ -22,24 +22,15 @@ struct Run {
 
 Run run_small() {
   Run r;
-  const index_t rows = 8 * 10;
-  std::vector<float> x(rows * 8);
-  std::vector<std::int32_t> y(rows);
-  Rng rng{2};
-  for (auto& v : x) v = rng.uniform(-1.f, 1.f);
-  for (auto& v : y) v = static_cast<std::int32_t>(rng.below(4));
+  const auto data = test::random_classification(8 * 10, 8, 4, 2);
   Pipeline<S0, S1, S2, XPipe> p(Adam{}, {.batch = 8, .micro_batches = 2});
   ThreadedExecutor exec;
-  p.train(r.schedule, {{x.data(), rows, 8}, y.data()}, exec);
+  p.train(r.schedule, data.epoch(), exec);
   r.trace = exec.trace();
   return r;
 }
 
-std::size_t count(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<std::size_t>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
+using test::count_matches;
 }  // namespace
 
 TEST_CASE("Chrome trace: one event per action on one track per stage", "[trace]") {
@@ -80,12 +71,13 @@ TEST_CASE("SVG timeline: a box per action of the shown mini-batches", "[trace]")
   REQUIRE(svg.find("</svg>") != std::string::npos);
   REQUIRE(svg.find("a &lt;test&gt; &amp; title") != std::string::npos);
   // 3 stages x 4 mini-batches x 2 micro-batches: 24 forwards, 24 backwards; 3 x 4 steps.
-  REQUIRE(count(svg, "<rect class=\"F\"") == 24);
-  REQUIRE(count(svg, "<rect class=\"B\"") == 24);
-  REQUIRE(count(svg, "<rect class=\"S\"") == 12);
-  REQUIRE(count(svg, "data-stage=\"2\"") == 20);
+  REQUIRE(count_matches(svg, "<rect class=\"F\"") == 24);
+  REQUIRE(count_matches(svg, "<rect class=\"B\"") == 24);
+  REQUIRE(count_matches(svg, "<rect class=\"S\"") == 12);
+  REQUIRE(count_matches(svg, "data-stage=\"2\"") == 20);
   // Every box lies inside the drawing.
   const std::regex box("<rect class=\"[FBS]\"[^>]* x=\"([0-9.]+)\"[^>]* width=\"([0-9.]+)\"");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator();
+       ++it)
     REQUIRE(std::stod((*it)[1]) + std::stod((*it)[2]) <= o.width_px + 2);
 }

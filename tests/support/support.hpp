@@ -1,0 +1,79 @@
+// Helpers the test programs share: random inputs drawn in a fixed order from one seed, synthetic
+// labelled data for pipelines, and reading outputs back. Free of Catch, so the plain test
+// programs (test_alloc) use them too; failures throw, which Catch reports as the test failing.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "xpipe/core/random.hpp"
+#include "xpipe/core/tensor.hpp"
+#include "xpipe/pipeline/micro_batches.hpp"
+
+namespace xpipe::test {
+
+//! Each v[i] = rng.uniform(lo, hi), in order: two fills from one Rng continue one sequence.
+inline void fill_uniform(std::span<float> v, Rng& rng, float lo = -1.f, float hi = 1.f) {
+  for (float& x : v) x = rng.uniform(lo, hi);
+}
+
+//! Each y[i] uniform in [0, classes), in order.
+inline void fill_labels(std::span<std::int32_t> y, Rng& rng, int classes) {
+  for (auto& v : y) v = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(classes)));
+}
+
+//! rows random samples of cols features in [-1, 1) and labels in [0, classes).
+struct LabelledData {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  index_t rows = 0, cols = 0;
+  ConstMatrix features() const { return {x.data(), rows, cols}; }
+  EpochData epoch() const { return {features(), y.data()}; }
+};
+
+//! The features first, then the labels, from one Rng seeded with seed.
+inline LabelledData random_classification(index_t rows, index_t cols, int classes,
+                                          std::uint64_t seed) {
+  LabelledData d{std::vector<float>(static_cast<std::size_t>(rows * cols)),
+                 std::vector<std::int32_t>(static_cast<std::size_t>(rows)), rows, cols};
+  Rng rng{seed};
+  fill_uniform(d.x, rng);
+  fill_labels(d.y, rng, classes);
+  return d;
+}
+
+//! How many times the regular expression `pattern` matches in text.
+inline std::size_t count_matches(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return static_cast<std::size_t>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
+}
+
+//! The whole file; std::runtime_error naming it when it cannot be read.
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("test: cannot read " + p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+//! A fresh folder under the system's temporary directory, private to this process and tag.
+inline std::filesystem::path scratch_dir(const std::string& tag) {
+  const auto p = std::filesystem::temp_directory_path() /
+                 ("xpipe_test_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+}  // namespace xpipe::test
