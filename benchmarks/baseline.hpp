@@ -2,11 +2,11 @@
 // triad through the library's own element loop, and raw dnnl_sgemm. Best of several timed runs.
 #pragma once
 
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <tuple>
 
@@ -80,9 +80,8 @@ inline double dnnl_flops(char ta, char tb, long m, long n, long k, int threads) 
   for (auto& v : b) v = 0.25f;
   const long lda = ta == 'N' ? k : m, ldb = tb == 'N' ? n : k;
   omp_set_num_threads(threads);
-  const double s = best_seconds([&] {
-    dnnl_sgemm(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), n);
-  });
+  const double s = best_seconds(
+      [&] { dnnl_sgemm(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), n); });
   return cache[key] = 2.0 * m * n * k / s;
 }
 

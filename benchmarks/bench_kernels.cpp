@@ -41,9 +41,12 @@ void BM_AdamStep(benchmark::State& st) {
   xpipe::ScopedFlushDenormals ftz;
   FlatBuffers b(params);
   const auto s = xpipe::math::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, false, 100);
-  auto kernel = [&] { xpipe::adam_step(ctx, b.w.data(), b.g.data(), b.m.data(), b.v.data(), params, s); };
+  auto kernel = [&] {
+    xpipe::adam_step(ctx, b.w.data(), b.g.data(), b.m.data(), b.v.data(), params, s);
+  };
   for (auto _ : st) kernel();
-  bandwidth_counters(st, kernel, 7.0 * 4 * params, params, 4, threads);  // read w g m v, write w m v
+  bandwidth_counters(st, kernel, 7.0 * 4 * params, params, 4,
+                     threads);  // read w g m v, write w m v
 }
 
 void BM_SgdStep(benchmark::State& st) {
@@ -126,13 +129,13 @@ void BM_Gemm(benchmark::State& st) {
   for (auto& v : b) v = 0.25f;
   const long lda = ta == 'N' ? k : m, ldb = tb == 'N' ? n : k;
   for (auto _ : st)
-    xpipe::gemm(ctx, xpipe::Trans{ta}, xpipe::Trans{tb}, m, n, k, 1.f, a.data(), lda, b.data(),
-                ldb, 0.f, c.data(), n);
+    xpipe::gemm(ctx, xpipe::Trans{ta}, xpipe::Trans{tb}, m, n, k, 1.f, a.data(), lda, b.data(), ldb,
+                0.f, c.data(), n);
   const double flop = 2.0 * m * n * k;
   st.counters["FLOP/s"] = benchmark::Counter(flop * st.iterations(), benchmark::Counter::kIsRate);
-  st.counters["vs_dnnl"] = benchmark::Counter(
-      flop * st.iterations() / bench::dnnl_flops(ta, tb, m, n, k, threads),
-      benchmark::Counter::kIsRate);
+  st.counters["vs_dnnl"] =
+      benchmark::Counter(flop * st.iterations() / bench::dnnl_flops(ta, tb, m, n, k, threads),
+                         benchmark::Counter::kIsRate);
 }
 
 void gemm_shapes(benchmark::internal::Benchmark* b) {
@@ -152,9 +155,18 @@ BENCHMARK(BM_AdamStep)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_SgdStep)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_AdamDirection)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_SgdDirection)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
-BENCHMARK(BM_BiasRelu)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
-BENCHMARK(BM_ReluBackward)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
-BENCHMARK(BM_BiasGrad)->ArgNames({"rows", "threads"})->ArgsProduct({{128, 4096}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_BiasRelu)
+    ->ArgNames({"rows", "threads"})
+    ->ArgsProduct({{128, 4096}, {1, 2}})
+    ->UseRealTime();
+BENCHMARK(BM_ReluBackward)
+    ->ArgNames({"rows", "threads"})
+    ->ArgsProduct({{128, 4096}, {1, 2}})
+    ->UseRealTime();
+BENCHMARK(BM_BiasGrad)
+    ->ArgNames({"rows", "threads"})
+    ->ArgsProduct({{128, 4096}, {1, 2}})
+    ->UseRealTime();
 BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -43,9 +43,9 @@ void BM_QueueHop(benchmark::State& st) {
   done = true;
   echo.join();
   // Seconds per hop (printed with an SI prefix: 80n = 80 ns).
-  st.counters["s_per_hop"] = benchmark::Counter(2.0 * static_cast<double>(st.iterations()),
-                                                benchmark::Counter::kIsRate |
-                                                    benchmark::Counter::kInvert);
+  st.counters["s_per_hop"] =
+      benchmark::Counter(2.0 * static_cast<double>(st.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // A Program of K stages that only passes micro-batch numbers through the pipeline's own links
@@ -98,7 +98,9 @@ void BM_AdamPredict(benchmark::State& st) {
   xpipe::Rng rng{1};
   for (index_t i = 0; i < n; ++i) w[i] = rng.uniform(-1.f, 1.f), m[i] = 1e-3f, v[i] = 1e-6f;
   const auto s = xpipe::math::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, false, 100);
-  auto kernel = [&] { xpipe::adam_predict(ctx, w.data(), m.data(), v.data(), out.data(), n, 3e-3f, s); };
+  auto kernel = [&] {
+    xpipe::adam_predict(ctx, w.data(), m.data(), v.data(), out.data(), n, 3e-3f, s);
+  };
   for (auto _ : st) kernel();
   st.SetBytesProcessed(static_cast<int64_t>(16.0 * n * st.iterations()));
   st.counters["vs_triad"] = bench::paired_triad_ratio(kernel, 16.0 * n, 4 * n, threads);
@@ -133,11 +135,14 @@ void BM_Overlap(benchmark::State& st) {
   double seq = 0, async = 0, gpipe = 0;
   for (auto _ : st) {
     xpipe::SequentialTrainer<Whole, xpipe::Adam> t(xpipe::Adam{}, 128, 1);
-    seq = 128.0 * N / bench::best_seconds([&] {
-      for (int b = 0; b < N; ++b)
-        t.train_step(xpipe::HostContext{}, {data.x.data() + b * 128 * 1024, 128, 1024},
-                     data.y.data() + b * 128);
-    }, 3, 1);
+    seq = 128.0 * N /
+          bench::best_seconds(
+              [&] {
+                for (int b = 0; b < N; ++b)
+                  t.train_step(xpipe::HostContext{}, {data.x.data() + b * 128 * 1024, 128, 1024},
+                               data.y.data() + b * 128);
+              },
+              3, 1);
     xpipe::Pipeline<Half, Head, xpipe::Latest> p(xpipe::Adam{}, {.batch = 128, .micro_batches = M});
     xpipe::ThreadedExecutor exec;
     const auto as = xpipe::async_1f1b(2, M, N), gp = xpipe::gpipe(2, M, N);
@@ -156,8 +161,19 @@ void BM_Overlap(benchmark::State& st) {
 }  // namespace
 
 BENCHMARK(BM_QueueHop)->UseRealTime();
-BENCHMARK(BM_ExecutorOverhead)->ArgName("stages")->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ExecutorOverhead)
+    ->ArgName("stages")
+    ->Arg(2)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamPredict)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
-BENCHMARK(BM_Overlap)->ArgName("M")->Arg(1)->Arg(4)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_Overlap)
+    ->ArgName("M")
+    ->Arg(1)
+    ->Arg(4)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kSecond);
 
 BENCHMARK_MAIN();

@@ -19,8 +19,8 @@ double gemm_bound_seconds(int threads) {
   };
   constexpr std::array<int, 5> w{784, 1024, 1024, 1024, 10};
   for (int l = 0; l < 4; ++l) {
-    add('N', 'N', batch, w[l + 1], w[l]);            // forward
-    add('T', 'N', w[l], w[l + 1], batch);            // weight gradient
+    add('N', 'N', batch, w[l + 1], w[l]);             // forward
+    add('T', 'N', w[l], w[l + 1], batch);             // weight gradient
     if (l > 0) add('N', 'T', batch, w[l], w[l + 1]);  // input gradient (none for layer 0)
   }
   return s;
@@ -36,7 +36,8 @@ void BM_TrainStep(benchmark::State& st) {
   xpipe::Rng rng{2};
   for (float& v : x) v = rng.uniform(-1.f, 1.f);
   for (auto& v : y) v = static_cast<std::int32_t>(rng.below(10));
-  for (auto _ : st) benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), batch, 784}, y.data()));
+  for (auto _ : st)
+    benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), batch, 784}, y.data()));
   const double iters = static_cast<double>(st.iterations());
   st.SetItemsProcessed(static_cast<int64_t>(iters * batch));
   st.counters["samples/s"] = benchmark::Counter(iters * batch, benchmark::Counter::kIsRate);
@@ -48,6 +49,11 @@ void BM_TrainStep(benchmark::State& st) {
 
 }  // namespace
 
-BENCHMARK(BM_TrainStep)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TrainStep)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

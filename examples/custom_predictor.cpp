@@ -3,7 +3,6 @@
 // apply-time staleness the library derives from the schedule. Trains the 4-stage MLP on
 // Fashion-MNIST with async 1F1B and compares it with no remedy (Latest) and XPipe.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -67,7 +66,7 @@ using S3 = Stage<Linear<1024, 10>>;
 template <class P>
 void train(const xpipe::DatasetPair& data, int epochs, int M, float lr) {
   xpipe::Pipeline<S0, S1, S2, S3, P, xpipe::Adam> pipe(xpipe::Adam{.lr = lr},
-                                                      {.batch = 128, .micro_batches = M});
+                                                       {.batch = 128, .micro_batches = M});
   xpipe::Batcher batcher(data.train, 128, 1);
   xpipe::HostBuffer<float> x(data.train.count * data.train.width);
   xpipe::HostBuffer<std::int32_t> y(data.train.count);
@@ -89,7 +88,8 @@ int main(int argc, char** argv) {
   float lr = 1e-3f;
   std::string dir = xpipe::default_fashion_mnist_dir();
   app.add_option("--epochs", epochs, "Epochs")->check(CLI::Range(1, 100));
-  app.add_option("--micro-batches,-M", M, "Micro-batches per mini-batch")->check(CLI::Range(1, 128));
+  app.add_option("--micro-batches,-M", M, "Micro-batches per mini-batch")
+      ->check(CLI::Range(1, 128));
   app.add_option("--lr", lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--data-dir", dir, "Fashion-MNIST directory");
   try {

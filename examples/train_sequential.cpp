@@ -1,7 +1,6 @@
 // Sequential training of the 784-1024-1024-1024-10 MLP on Fashion-MNIST with Adam: the baseline
 // every pipeline schedule is measured against. Prints per-epoch loss, test accuracy, samples/s.
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -37,9 +36,10 @@ int main(int argc, char** argv) {
     const xpipe::DatasetPair data = xpipe::load_fashion_mnist(data_dir);
     std::printf("Fashion-MNIST: %ld train, %ld test images from %s\n", data.train.count,
                 data.test.count, data_dir.c_str());
-    std::printf("model 784-1024-1024-1024-10 (%ld parameters), Adam lr %g, batch %ld, seed %lu, "
-                "%d threads\n",
-                static_cast<long>(Model::param_count), lr, batch, seed, threads);
+    std::printf(
+        "model 784-1024-1024-1024-10 (%ld parameters), Adam lr %g, batch %ld, seed %lu, "
+        "%d threads\n",
+        static_cast<long>(Model::param_count), lr, batch, seed, threads);
 
     xpipe::SequentialTrainer<Model, xpipe::Adam> trainer(xpipe::Adam{.lr = lr}, batch, seed);
     xpipe::Batcher batcher(data.train, batch, seed);
@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     for (int epoch = 1; epoch <= epochs; ++epoch) {
       const auto t0 = std::chrono::steady_clock::now();
       const double loss = trainer.train_epoch(ctx, batcher, static_cast<std::uint64_t>(epoch));
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double acc = trainer.evaluate(ctx, data.test);
       std::printf("%5d %12.4f %9.2f%% %12.0f %9.2f\n", epoch, loss, 100.0 * acc,
                   static_cast<double>(data.train.count) / secs, secs);

@@ -14,6 +14,7 @@ packages=(
   libcli11-dev              # command-line flags of the examples and tools
   nlohmann-json3-dev        # JSON output of xpipe-train
   gnuplot-nox               # xpipe-train's accuracy plots
+  clang-format              # the style.format test (Debian 12: clang-format 14)
 )
 
 missing=()

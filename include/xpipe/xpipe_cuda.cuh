@@ -3,7 +3,7 @@
 // linked to xpipe::cuda.
 #pragma once
 
-#include "xpipe/xpipe.hpp"
 #include "xpipe/backend/cuda.cuh"
+#include "xpipe/xpipe.hpp"
 
 static_assert(xpipe::Backend<xpipe::Cuda>);

@@ -2,4 +2,6 @@
 #include "xpipe/xpipe.hpp"
 using namespace xpipe;
 using Bad = Pipeline<Stage<Linear<8, 16>>, Stage<Linear<16, 64>>, Stage<Linear<32, 4>>, XPipe>;
-int main() { return Bad::stage_count; }
+int main() {
+  return Bad::stage_count;
+}

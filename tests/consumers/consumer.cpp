@@ -1,6 +1,5 @@
 // A program outside xpipe that uses it through the installed or sub-directory target.
 #include <cstdio>
-
 #include <xpipe/xpipe.hpp>
 
 int main() {

@@ -28,7 +28,8 @@ void check(const char* what, const std::vector<float>& ref, const std::vector<fl
   failures += bad != 0;
 }
 
-std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
+std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float lo = -1.f,
+                                 float hi = 1.f) {
   xpipe::Rng rng{seed};
   std::vector<float> v(n);
   for (float& x : v) x = rng.uniform(lo, hi);
@@ -49,8 +50,8 @@ std::vector<T> to_host(const xpipe::DeviceBuffer<T>& d) {
   return v;
 }
 
-using Model = xpipe::Stage<xpipe::Linear<96, 128>, xpipe::ReLU, xpipe::Linear<128, 64>,
-                           xpipe::GELU, xpipe::Linear<64, 10>>;
+using Model = xpipe::Stage<xpipe::Linear<96, 128>, xpipe::ReLU, xpipe::Linear<128, 64>, xpipe::GELU,
+                           xpipe::Linear<64, 10>>;
 
 // A whole stage: forward, loss, backward and two Adam steps on both backends.
 void stage_and_optimizer(const xpipe::CudaContext& cctx) {
@@ -94,7 +95,8 @@ void stage_and_optimizer(const xpipe::CudaContext& cctx) {
     hst.step(hctx);
     cst.step(cctx);
     XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
-    std::vector<float> hw(hst.weights(), hst.weights() + Model::param_count), cw(Model::param_count);
+    std::vector<float> hw(hst.weights(), hst.weights() + Model::param_count),
+        cw(Model::param_count);
     XPIPE_CUDA_CHECK(cudaMemcpy(cw.data(), cst.weights(), cw.size() * 4, cudaMemcpyDeviceToHost));
     check(("weights after step " + std::to_string(step)).c_str(), hw, cw, 1e-5f, 1e-4f);
   }
@@ -147,8 +149,8 @@ void element_ops(const xpipe::CudaContext& cctx) {
   std::vector<std::int32_t> labels(64);
   for (int r = 0; r < 64; ++r) labels[r] = r % 10;
   std::vector<float> hgrad(640), hloss(64);
-  xpipe::softmax_xent(hctx, {logits.data(), 64, 10}, labels.data(), 1.f / 64, {hgrad.data(), 64, 10},
-                      hloss.data());
+  xpipe::softmax_xent(hctx, {logits.data(), 64, 10}, labels.data(), 1.f / 64,
+                      {hgrad.data(), 64, 10}, hloss.data());
   auto dl = to_device(logits);
   auto dlab = to_device(labels);
   xpipe::DeviceBuffer<float> dgrad(640), dloss(64);

@@ -25,11 +25,13 @@ concept Backend = requires {
   typename B::template Buffer<float>;
   { B::name } -> std::convertible_to<const char*>;
   { B::column_block } -> std::convertible_to<index_t>;
-} && std::constructible_from<typename B::ContextOwner, const Placement&> &&
-  requires(const typename B::ContextOwner& owner, typename B::template Buffer<float>& buffer) {
-    { owner.ctx() } -> std::convertible_to<const typename B::Context&>;
-    { buffer.data() } -> std::convertible_to<float*>;
-  } && std::constructible_from<typename B::template Buffer<float>, index_t>;
+}
+&&std::constructible_from<typename B::ContextOwner, const Placement&>&& requires(
+    const typename B::ContextOwner& owner, typename B::template Buffer<float>& buffer) {
+  { owner.ctx() } -> std::convertible_to<const typename B::Context&>;
+  { buffer.data() } -> std::convertible_to<float*>;
+}
+&&std::constructible_from<typename B::template Buffer<float>, index_t>;
 
 static_assert(Backend<Host>);
 

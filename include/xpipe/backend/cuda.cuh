@@ -18,23 +18,23 @@
 #include "xpipe/core/error.hpp"
 
 //! Checks a CUDA runtime call; throws xpipe::BackendError naming the call, file and line.
-#define XPIPE_CUDA_CHECK(call)                                                                  \
-  do {                                                                                          \
-    const cudaError_t xpipe_err_ = (call);                                                      \
-    if (xpipe_err_ != cudaSuccess)                                                              \
-      throw ::xpipe::BackendError(std::string("xpipe: ") + #call + " failed at " + __FILE__ +   \
-                                  ":" + std::to_string(__LINE__) + ": " +                       \
-                                  cudaGetErrorString(xpipe_err_));                              \
+#define XPIPE_CUDA_CHECK(call)                                                                \
+  do {                                                                                        \
+    const cudaError_t xpipe_err_ = (call);                                                    \
+    if (xpipe_err_ != cudaSuccess)                                                            \
+      throw ::xpipe::BackendError(std::string("xpipe: ") + #call + " failed at " + __FILE__ + \
+                                  ":" + std::to_string(__LINE__) + ": " +                     \
+                                  cudaGetErrorString(xpipe_err_));                            \
   } while (0)
 
 //! Checks a cuBLAS call; throws xpipe::BackendError naming the call, file and line.
-#define XPIPE_CUBLAS_CHECK(call)                                                                \
-  do {                                                                                          \
-    const cublasStatus_t xpipe_st_ = (call);                                                    \
-    if (xpipe_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-      throw ::xpipe::BackendError(std::string("xpipe: ") + #call + " failed at " + __FILE__ +   \
-                                  ":" + std::to_string(__LINE__) + ": " +                       \
-                                  cublasGetStatusString(xpipe_st_));                            \
+#define XPIPE_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                        \
+    const cublasStatus_t xpipe_st_ = (call);                                                  \
+    if (xpipe_st_ != CUBLAS_STATUS_SUCCESS)                                                   \
+      throw ::xpipe::BackendError(std::string("xpipe: ") + #call + " failed at " + __FILE__ + \
+                                  ":" + std::to_string(__LINE__) + ": " +                     \
+                                  cublasGetStatusString(xpipe_st_));                          \
   } while (0)
 
 namespace xpipe {
@@ -107,12 +107,12 @@ class DeviceBuffer {
   std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
 
   void copy_from_host(const T* src, index_t n) {
-    XPIPE_CUDA_CHECK(cudaMemcpy(data_, src, static_cast<std::size_t>(n) * sizeof(T),
-                                cudaMemcpyHostToDevice));
+    XPIPE_CUDA_CHECK(
+        cudaMemcpy(data_, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice));
   }
   void copy_to_host(T* dst, index_t n) const {
-    XPIPE_CUDA_CHECK(cudaMemcpy(dst, data_, static_cast<std::size_t>(n) * sizeof(T),
-                                cudaMemcpyDeviceToHost));
+    XPIPE_CUDA_CHECK(
+        cudaMemcpy(dst, data_, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost));
   }
 
  private:
@@ -209,10 +209,9 @@ inline void gemm(const CudaContext& ctx, Trans ta, Trans tb, index_t m, index_t 
                  float alpha, const float* a, index_t lda, const float* b, index_t ldb, float beta,
                  float* c, index_t ldc) {
   const auto op = [](Trans t) { return t == Trans::No ? CUBLAS_OP_N : CUBLAS_OP_T; };
-  XPIPE_CUBLAS_CHECK(cublasSgemm(ctx.blas, op(tb), op(ta), static_cast<int>(n),
-                                 static_cast<int>(m), static_cast<int>(k), &alpha, b,
-                                 static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c,
-                                 static_cast<int>(ldc)));
+  XPIPE_CUBLAS_CHECK(cublasSgemm(ctx.blas, op(tb), op(ta), static_cast<int>(n), static_cast<int>(m),
+                                 static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                                 static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
 }
 
 }  // namespace xpipe

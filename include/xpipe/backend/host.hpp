@@ -80,13 +80,12 @@ enum class HostIsa { baseline, avx2, avx512 };
 //! The instruction set the host element loops use on this CPU (probed once).
 inline HostIsa host_isa() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const HostIsa isa = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                                     __builtin_cpu_supports("avx512bw") &&
-                                     __builtin_cpu_supports("avx512dq")
-                                 ? HostIsa::avx512
-                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-                                 ? HostIsa::avx2
-                                 : HostIsa::baseline;
+  static const HostIsa isa =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+          ? HostIsa::avx512
+      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? HostIsa::avx2
+                                                                        : HostIsa::baseline;
   return isa;
 #else
   return HostIsa::baseline;

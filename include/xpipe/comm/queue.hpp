@@ -39,6 +39,7 @@ template <class P>
 concept QueuePolicy = requires {
   typename P::template queue<Host>;
   { P::name } -> std::convertible_to<const char*>;
-} && Queue<typename P::template queue<Host>>;
+}
+&&Queue<typename P::template queue<Host>>;
 
 }  // namespace xpipe

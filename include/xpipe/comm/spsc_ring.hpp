@@ -41,16 +41,21 @@ class SpscRing {
  public:
   SpscRing() = default;
   SpscRing(int capacity, index_t rows, index_t cols)
-      : capacity_(static_cast<std::uint32_t>(capacity)), storage_(capacity * rows * cols),
+      : capacity_(static_cast<std::uint32_t>(capacity)),
+        storage_(capacity * rows * cols),
         slots_(static_cast<std::size_t>(capacity)) {
     if (capacity < 1) throw ConfigError("xpipe: SpscRing: capacity must be >= 1");
     for (int i = 0; i < capacity; ++i)
-      slots_[static_cast<std::size_t>(i)].data = Matrix{storage_.data() + i * rows * cols, rows, cols};
+      slots_[static_cast<std::size_t>(i)].data =
+          Matrix{storage_.data() + i * rows * cols, rows, cols};
     producer_.capacity = consumer_.capacity = capacity_;
   }
   SpscRing(SpscRing&& o) noexcept
-      : capacity_(o.capacity_), storage_(std::move(o.storage_)), slots_(std::move(o.slots_)),
-        producer_(o.producer_), consumer_(o.consumer_) {
+      : capacity_(o.capacity_),
+        storage_(std::move(o.storage_)),
+        slots_(std::move(o.slots_)),
+        producer_(o.producer_),
+        consumer_(o.consumer_) {
     tail_.store(o.tail_.load());
     head_.store(o.head_.load());
   }

@@ -23,7 +23,7 @@ class HostBuffer {
   explicit HostBuffer(index_t size) : size_(size) {
     if (size_ > 0) {
       // operator new (not aligned_alloc) so allocation-counting tests see every buffer.
-      data_ = static_cast<T*>(::operator new(bytes(), std::align_val_t{alignment}));
+      data_ = static_cast<T*>(::operator new (bytes(), std::align_val_t{alignment}));
       std::memset(static_cast<void*>(data_), 0, bytes());
     }
   }
@@ -56,7 +56,7 @@ class HostBuffer {
 
  private:
   void release() noexcept {
-    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{alignment});
+    if (data_ != nullptr) ::operator delete (data_, std::align_val_t{alignment});
     data_ = nullptr;
   }
   T* data_ = nullptr;

@@ -21,8 +21,9 @@ struct MatrixView {
   constexpr MatrixView(T* d, index_t r, index_t c, index_t l) : data(d), rows(r), cols(c), ld(l) {}
   // A view of T converts to a view of const T.
   template <class U>
-    requires(!std::is_same_v<U, T> && std::is_same_v<const U, T>)
-  constexpr MatrixView(const MatrixView<U>& o) : data(o.data), rows(o.rows), cols(o.cols), ld(o.ld) {}
+  requires(!std::is_same_v<U, T> &&
+           std::is_same_v<const U, T>) constexpr MatrixView(const MatrixView<U>& o)
+      : data(o.data), rows(o.rows), cols(o.cols), ld(o.ld) {}
 
   XPIPE_HOST_DEVICE T* row(index_t r) const { return data + r * ld; }
   XPIPE_HOST_DEVICE T& operator()(index_t r, index_t c) const { return data[r * ld + c]; }

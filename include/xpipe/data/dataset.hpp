@@ -128,7 +128,8 @@ class Batcher {
     if (!shuffle_) return;
     Rng rng{derive_seed(seed_, epoch)};
     for (index_t i = data_->count - 1; i > 0; --i)
-      std::swap(order_[i], order_[static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1))]);
+      std::swap(order_[i],
+                order_[static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1))]);
   }
 
   //! The whole epoch in its shuffled order, rows into x (count x width) and labels: what a

@@ -45,8 +45,8 @@ inline std::size_t gz_read(gzFile f, void* out, std::size_t n, const std::string
       gzerror(f, &code);
       // A gzip stream cut short reports Z_BUF_ERROR ("unexpected end of file") here.
       if (code != Z_OK && code != Z_STREAM_END)
-        throw DataError("xpipe: IDX file '" + path + "' is corrupt or truncated: " +
-                        gz_error_text(f));
+        throw DataError("xpipe: IDX file '" + path +
+                        "' is corrupt or truncated: " + gz_error_text(f));
       break;
     }
     total += static_cast<std::size_t>(got);

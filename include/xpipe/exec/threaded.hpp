@@ -48,8 +48,7 @@ class ThreadedExecutor {
 
  private:
   template <class P>
-  void stage_loop(P& program, const Schedule& s, int k,
-                  std::chrono::steady_clock::time_point t0) {
+  void stage_loop(P& program, const Schedule& s, int k, std::chrono::steady_clock::time_point t0) {
     ScopedFlushDenormals ftz;
     const auto& list = s.actions[k];
     std::size_t i = 0;

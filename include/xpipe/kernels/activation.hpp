@@ -26,9 +26,7 @@ struct Relu {
 struct Gelu {
   static constexpr float inv_sqrt2 = 0.70710678118654752440f;
   static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
-  XPIPE_HOST_DEVICE static float forward(float x) {
-    return 0.5f * x * (1.f + erff(x * inv_sqrt2));
-  }
+  XPIPE_HOST_DEVICE static float forward(float x) { return 0.5f * x * (1.f + erff(x * inv_sqrt2)); }
   // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
   XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
     const float cdf = 0.5f * (1.f + erff(x * inv_sqrt2));

@@ -29,13 +29,18 @@ XPIPE_HOST_DEVICE void sgd_update(float& w, float g, float& m, const SgdScalars&
 }
 
 //! SGD's next-step direction for prediction: the momentum buffer itself (DESIGN.md).
-XPIPE_HOST_DEVICE float sgd_direction(float m) { return m; }
+XPIPE_HOST_DEVICE float sgd_direction(float m) {
+  return m;
+}
 
 //! Weight prediction along SGD's direction: w_hat = w - s_lr * m, with s_lr = s * lr.
-XPIPE_HOST_DEVICE float sgd_predict(float w, float m, float s_lr) { return w - s_lr * sgd_direction(m); }
+XPIPE_HOST_DEVICE float sgd_predict(float w, float m, float s_lr) {
+  return w - s_lr * sgd_direction(m);
+}
 
 //! Scalars of one Adam/AdamW step, bias corrections precomputed for step t (1-based):
-//! step_size = lr / (1 - beta1^t), inv_bc1 = 1 / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+//! step_size = lr / (1 - beta1^t), inv_bc1 = 1 / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 -
+//! beta2^t).
 struct AdamScalars {
   float lr;
   float beta1;

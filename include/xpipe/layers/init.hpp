@@ -10,7 +10,9 @@ namespace xpipe {
 
 //! He (Kaiming) uniform: U(-sqrt(6 / fan_in), sqrt(6 / fan_in)); the default before ReLU/GELU.
 struct HeUniform {
-  static float bound(int fan_in, int /*fan_out*/) { return std::sqrt(6.f / static_cast<float>(fan_in)); }
+  static float bound(int fan_in, int /*fan_out*/) {
+    return std::sqrt(6.f / static_cast<float>(fan_in));
+  }
 };
 
 //! Xavier (Glorot) uniform: U(-sqrt(6 / (fan_in + fan_out)), ...); for tanh-like or linear maps.

@@ -16,16 +16,26 @@ inline constexpr int any_width = 0;
 
 namespace detail {
 template <class L>
-concept HasInWidth = requires { { L::in_width } -> std::convertible_to<int>; };
+concept HasInWidth = requires {
+  { L::in_width } -> std::convertible_to<int>;
+};
 template <class L>
-concept HasOutWidth = requires { { L::out_width } -> std::convertible_to<int>; };
+concept HasOutWidth = requires {
+  { L::out_width } -> std::convertible_to<int>;
+};
 template <class L>
-concept HasParamCount = requires { { L::param_count } -> std::convertible_to<index_t>; };
+concept HasParamCount = requires {
+  { L::param_count } -> std::convertible_to<index_t>;
+};
 template <class L>
-concept HasInit = requires(std::span<float> p, std::uint64_t seed) { L::init(p, seed); };
+concept HasInit = requires(std::span<float> p, std::uint64_t seed) {
+  L::init(p, seed);
+};
 template <class L, class B>
 concept HasForward = requires(const typename B::Context& ctx, const float* p, ConstMatrix x,
-                              Matrix y) { L::forward(ctx, p, x, y); };
+                              Matrix y) {
+  L::forward(ctx, p, x, y);
+};
 template <class L, class B>
 concept HasBackward = requires(const typename B::Context& ctx, const float* p, float* g, bool acc,
                                ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx) {
@@ -47,7 +57,7 @@ concept HasBackward = requires(const typename B::Context& ctx, const float* p, f
 //!     where dx may be empty (the first layer of a model needs no input gradient).
 template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
-                detail::HasInit<L> && detail::HasForward<L, B> && detail::HasBackward<L, B>;
+    detail::HasInit<L> && detail::HasForward<L, B> && detail::HasBackward<L, B>;
 
 //! Fails to compile with a message naming the first backend-free member L lacks (widths,
 //! param_count, init): what Stage<...> needs whatever the backend.

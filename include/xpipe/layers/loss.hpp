@@ -28,9 +28,9 @@ inline double sum_row_losses(const float* row_loss, index_t rows) {
   double total = 0.0;
   for (index_t r = 0; r < rows; ++r) {
     if (!std::isfinite(row_loss[r]))
-      throw NumericError("xpipe: loss is " + std::string(std::isnan(row_loss[r]) ? "NaN" : "infinite") +
-                         " at row " + std::to_string(r) +
-                         " of the batch (diverged: lower the learning rate?)");
+      throw NumericError("xpipe: loss is " +
+                         std::string(std::isnan(row_loss[r]) ? "NaN" : "infinite") + " at row " +
+                         std::to_string(r) + " of the batch (diverged: lower the learning rate?)");
     total += row_loss[r];
   }
   return total;

@@ -22,9 +22,10 @@ namespace detail {
 // name the layer (counted from 0 within the stage) and both widths.
 template <std::size_t LayerIndex, int PreviousOutWidth, int LayerInWidth>
 struct LayerWidthCheck {
-  static_assert(PreviousOutWidth == LayerInWidth,
-                "xpipe: Stage: layer input width does not match the previous layer's output "
-                "width (LayerWidthCheck<LayerIndex, PreviousOutWidth, LayerInWidth> above names them)");
+  static_assert(
+      PreviousOutWidth == LayerInWidth,
+      "xpipe: Stage: layer input width does not match the previous layer's output "
+      "width (LayerWidthCheck<LayerIndex, PreviousOutWidth, LayerInWidth> above names them)");
   static constexpr bool value = true;
 };
 
@@ -73,9 +74,10 @@ struct Stage {
  private:
   template <std::size_t... I>
   static consteval bool check_widths(std::index_sequence<I...>) {
-    return (detail::LayerWidthCheck<I, widths[I],
-                                    (Ls::in_width == any_width ? widths[I] : Ls::in_width)>::value &&
-            ...);
+    return (
+        detail::LayerWidthCheck<I, widths[I],
+                                (Ls::in_width == any_width ? widths[I] : Ls::in_width)>::value &&
+        ...);
   }
   static_assert(check_widths(std::index_sequence_for<Ls...>{}));
 
@@ -115,7 +117,8 @@ struct Stage {
       (layer<I>::init(params.subspan(param_offsets[I], layer<I>::param_count),
                       derive_seed(seed, first_layer + I)),
        ...);
-    }(std::make_index_sequence<layer_count>{});
+    }
+    (std::make_index_sequence<layer_count>{});
   }
 
   //! Activations of one micro-batch through the stage, on backend B: the input view and every
@@ -182,7 +185,8 @@ struct Stage {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1)),
        ...);
-    }(std::make_index_sequence<layer_count>{});
+    }
+    (std::make_index_sequence<layer_count>{});
     return acts.output();
   }
 
@@ -205,12 +209,13 @@ struct Stage {
           [&] {
             constexpr std::size_t I = layer_count - 1 - J;
             Matrix down = I == 0 ? dx : scratch.get(static_cast<int>(J % 2), rows, widths[I]);
-            layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
-                               accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down);
+            layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I], accumulate,
+                               acts.boundary(I), acts.boundary(I + 1), upstream, down);
             upstream = down;
           }(),
           ...);
-    }(std::make_index_sequence<layer_count>{});
+    }
+    (std::make_index_sequence<layer_count>{});
   }
 };
 

@@ -21,23 +21,27 @@ struct FlatState {
 
 namespace detail {
 template <class O>
-concept HasMomentCount = requires { { O::moment_count } -> std::convertible_to<int>; };
+concept HasMomentCount = requires {
+  { O::moment_count } -> std::convertible_to<int>;
+};
 template <class O>
-concept HasName = requires { { O::name } -> std::convertible_to<const char*>; };
+concept HasName = requires {
+  { O::name } -> std::convertible_to<const char*>;
+};
 template <class O, class B>
 concept HasStep = requires(const O& o, const typename B::Context& ctx, const FlatState& s) {
   o.step(ctx, s);
 };
 template <class O, class B>
-concept HasDirection =
-    requires(const O& o, const typename B::Context& ctx, const FlatState& s, float* d) {
-      o.direction(ctx, s, d);
-    };
+concept HasDirection = requires(const O& o, const typename B::Context& ctx, const FlatState& s,
+                                float* d) {
+  o.direction(ctx, s, d);
+};
 template <class O, class B>
-concept HasPredict =
-    requires(const O& o, const typename B::Context& ctx, const FlatState& s, float* d) {
-      o.predict(ctx, s, 1.f, d);
-    };
+concept HasPredict = requires(const O& o, const typename B::Context& ctx, const FlatState& s,
+                              float* d) {
+  o.predict(ctx, s, 1.f, d);
+};
 template <class O>
 concept HasLearningRate = requires(const O& o) {
   { o.learning_rate() } -> std::convertible_to<float>;
@@ -59,8 +63,7 @@ concept HasLearningRate = requires(const O& o) {
 //! Usage: `static_assert(Optimizer<Adam>); static_assert(Optimizer<Adam, Cuda>);`
 template <class O, class B = Host>
 concept Optimizer = detail::HasMomentCount<O> && detail::HasName<O> && detail::HasStep<O, B> &&
-                    detail::HasDirection<O, B> && detail::HasPredict<O, B> &&
-                    detail::HasLearningRate<O>;
+    detail::HasDirection<O, B> && detail::HasPredict<O, B> && detail::HasLearningRate<O>;
 
 //! Fails to compile with a message naming each member O lacks on backend B.
 //! Usage: `static_assert(check_optimizer<MyOptimizer>());`
@@ -87,7 +90,10 @@ class OptimizerState {
 
  public:
   OptimizerState(O optimizer, index_t size)
-      : optimizer_(optimizer), weights_(size), grads_(size), m0_(O::moment_count > 0 ? size : 0),
+      : optimizer_(optimizer),
+        weights_(size),
+        grads_(size),
+        m0_(O::moment_count > 0 ? size : 0),
         m1_(O::moment_count > 1 ? size : 0) {}
 
   float* weights() { return weights_.data(); }

@@ -26,26 +26,39 @@ struct IsStage<Stage<Ls...>> : std::true_type {};
 // one member short must still be recognised as "meant to be the predictor", so that its own
 // check (check_predictor) names the missing member instead of a generic "unknown argument".
 template <class T>
-concept LooksLikeBackend = requires { typename T::Context; };
+concept LooksLikeBackend = requires {
+  typename T::Context;
+};
 template <class T>
-concept LooksLikeQueuePolicy = requires { typename T::template queue<Host>; };
+concept LooksLikeQueuePolicy = requires {
+  typename T::template queue<Host>;
+};
 template <class T>
-concept LooksLikeOptimizer = requires { T::moment_count; };
+concept LooksLikeOptimizer = requires {
+  T::moment_count;
+};
 template <class T>
 concept LooksLikePredictor =
     !LooksLikeBackend<T> && !LooksLikeQueuePolicy<T> && !LooksLikeOptimizer<T> &&
-    (requires { typename T::template State<Adam, Host>; } || requires { T::name; });
+    (
+        requires { typename T::template State<Adam, Host>; } || requires { T::name; });
 
 enum class Role { Stage, Predictor, Optimizer, Backend, Queue, Unknown };
 
 template <class T>
 constexpr Role role_of() {
-  if constexpr (IsStage<T>::value) return Role::Stage;
-  else if constexpr (LooksLikeBackend<T>) return Role::Backend;
-  else if constexpr (LooksLikeQueuePolicy<T>) return Role::Queue;
-  else if constexpr (LooksLikeOptimizer<T>) return Role::Optimizer;
-  else if constexpr (LooksLikePredictor<T>) return Role::Predictor;
-  else return Role::Unknown;
+  if constexpr (IsStage<T>::value)
+    return Role::Stage;
+  else if constexpr (LooksLikeBackend<T>)
+    return Role::Backend;
+  else if constexpr (LooksLikeQueuePolicy<T>)
+    return Role::Queue;
+  else if constexpr (LooksLikeOptimizer<T>)
+    return Role::Optimizer;
+  else if constexpr (LooksLikePredictor<T>)
+    return Role::Predictor;
+  else
+    return Role::Unknown;
 }
 
 // Instantiated per argument; on failure the compiler prints ArgumentCheck<Index, T>, naming it.
@@ -69,8 +82,8 @@ struct FirstOfRole {
 };
 template <Role R, class Default, class T, class... Ts>
 struct FirstOfRole<R, Default, T, Ts...> {
-  using type = std::conditional_t<role_of<T>() == R, T,
-                                  typename FirstOfRole<R, Default, Ts...>::type>;
+  using type =
+      std::conditional_t<role_of<T>() == R, T, typename FirstOfRole<R, Default, Ts...>::type>;
 };
 
 // The Stage<...> arguments, in order, as a tuple type.
@@ -121,8 +134,9 @@ struct PipelineArguments {
   using stage = std::tuple_element_t<K, stages>;
 
  private:
-  static_assert(Backend<backend>, "xpipe: Pipeline: the Backend lacks Context, ContextOwner, "
-                                  "Buffer<T>, name or column_block (see backend/backend.hpp)");
+  static_assert(Backend<backend>,
+                "xpipe: Pipeline: the Backend lacks Context, ContextOwner, "
+                "Buffer<T>, name or column_block (see backend/backend.hpp)");
   static_assert(QueuePolicy<queue_policy>,
                 "xpipe: Pipeline: the QueuePolicy lacks name or a queue<B> that is a Queue "
                 "(see comm/queue.hpp)");

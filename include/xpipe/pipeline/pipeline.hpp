@@ -25,15 +25,15 @@ namespace xpipe {
 
 //! Runtime choices of a Pipeline, with defaults. Usage: `PipelineOptions{.batch = 128}`.
 struct PipelineOptions {
-  index_t batch = 128;          // rows of a mini-batch
-  int micro_batches = 4;        // M: micro-batches a mini-batch is split into
-  std::uint64_t seed = 1;       // initialisation
-  int threads_per_stage = 1;    // GEMM and element-loop threads of each stage
+  index_t batch = 128;        // rows of a mini-batch
+  int micro_batches = 4;      // M: micro-batches a mini-batch is split into
+  std::uint64_t seed = 1;     // initialisation
+  int threads_per_stage = 1;  // GEMM and element-loop threads of each stage
 };
 
 //! What one train() call measured.
 struct EpochResult {
-  double loss = 0;        // mean training loss over the samples
+  double loss = 0;  // mean training loss over the samples
   index_t samples = 0;
   double seconds = 0;
 };
@@ -175,9 +175,9 @@ class Pipeline {
     if (schedule.stages != K || schedule.micro_batches != options_.micro_batches)
       throw ConfigError("xpipe: Pipeline::train: schedule '" + schedule.name + "' has " +
                         std::to_string(schedule.stages) + " stages and " +
-                        std::to_string(schedule.micro_batches) + " micro-batches; the pipeline has " +
-                        std::to_string(K) + " stages and micro_batches = " +
-                        std::to_string(options_.micro_batches));
+                        std::to_string(schedule.micro_batches) +
+                        " micro-batches; the pipeline has " + std::to_string(K) +
+                        " stages and micro_batches = " + std::to_string(options_.micro_batches));
     if (data.inputs.cols != in_width)
       throw ShapeError("xpipe: Pipeline::train: inputs have " + std::to_string(data.inputs.cols) +
                        " columns, stage 0 expects " + std::to_string(in_width));
@@ -196,7 +196,8 @@ class Pipeline {
     run_.progress = &progress_;
     progress_.reset();
     sample_count_ = 0;
-    for (int g = 0; g < schedule.total_micro_batches(); ++g) sample_count_ += split.micro_batch(g).rows;
+    for (int g = 0; g < schedule.total_micro_batches(); ++g)
+      sample_count_ += split.micro_batch(g).rows;
     // Boundary b carries what stage b has in flight, at most; its width is stage b's output.
     constexpr std::array<index_t, stage_count> out_widths = out_widths_of();
     run_.links = Links<queue>(

@@ -7,8 +7,8 @@
 
 #include "xpipe/data/dataset.hpp"
 #include "xpipe/layers/loss.hpp"
-#include "xpipe/optim/optimizer.hpp"
 #include "xpipe/layers/stage.hpp"
+#include "xpipe/optim/optimizer.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 
 namespace xpipe {
@@ -27,9 +27,14 @@ class SequentialTrainer {
 
  public:
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
-      : state_(optimizer, Model::param_count), acts_(max_batch), scratch_(max_batch),
-        dlogits_(max_batch * Model::out_width), row_loss_(max_batch), predicted_(max_batch),
-        batch_x_(max_batch * Model::in_width), batch_y_(max_batch) {
+      : state_(optimizer, Model::param_count),
+        acts_(max_batch),
+        scratch_(max_batch),
+        dlogits_(max_batch * Model::out_width),
+        row_loss_(max_batch),
+        predicted_(max_batch),
+        batch_x_(max_batch * Model::in_width),
+        batch_y_(max_batch) {
     Model::init({state_.weights(), static_cast<std::size_t>(Model::param_count)}, seed);
   }
 
@@ -43,8 +48,7 @@ class SequentialTrainer {
   //! summation order of GPipe and 1F1B-flush with M
   //! micro-batches, so those schedules can be compared bit for bit.
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated).
-  double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels,
-                    int chunks = 1) {
+  double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels, int chunks = 1) {
     const index_t rows = x.rows;
     if (chunks < 1 || chunks > rows)
       throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
@@ -54,9 +58,8 @@ class SequentialTrainer {
       const ConstMatrix logits =
           Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_);
       const Matrix dlogits{dlogits_.data(), n, Model::out_width};
-      SoftmaxCrossEntropy::forward_backward(ctx, logits, labels + first,
-                                            1.f / static_cast<float>(rows), dlogits,
-                                            row_loss_.data());
+      SoftmaxCrossEntropy::forward_backward(
+          ctx, logits, labels + first, 1.f / static_cast<float>(rows), dlogits, row_loss_.data());
       loss += sum_row_losses(row_loss_.data(), n);
       Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
                       scratch_);
@@ -73,7 +76,8 @@ class SequentialTrainer {
     double loss_sum = 0;
     index_t samples = 0;
     while (const index_t rows = batcher.next(x, batch_y_.data())) {
-      loss_sum += train_step(ctx, x.slice_rows(0, rows), batch_y_.data()) * static_cast<double>(rows);
+      loss_sum +=
+          train_step(ctx, x.slice_rows(0, rows), batch_y_.data()) * static_cast<double>(rows);
       samples += rows;
     }
     return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;

@@ -56,9 +56,15 @@ struct StageProgram {
   template <class RT, class Q>
   static void execute(RT& rt, SharedRun<Q>& run, const Action& a) {
     switch (a.kind) {
-      case ActionKind::Forward: forward(rt, run, a.index); break;
-      case ActionKind::Backward: backward(rt, run, a.index); break;
-      case ActionKind::Step: step(rt); break;
+      case ActionKind::Forward:
+        forward(rt, run, a.index);
+        break;
+      case ActionKind::Backward:
+        backward(rt, run, a.index);
+        break;
+      case ActionKind::Step:
+        step(rt);
+        break;
     }
   }
 
@@ -99,9 +105,9 @@ struct StageProgram {
       out_q.push();
     } else {
       const Matrix dl{rt.dlogits.data() + slot * capacity * S::out_width, rows, S::out_width};
-      SoftmaxCrossEntropy::forward_backward(
-          rt.ctx(), y, run.data.labels + first_row,
-          1.f / static_cast<float>(run.split.mini_batch_rows(g)), dl, rt.row_loss.data());
+      SoftmaxCrossEntropy::forward_backward(rt.ctx(), y, run.data.labels + first_row,
+                                            1.f / static_cast<float>(run.split.mini_batch_rows(g)),
+                                            dl, rt.row_loss.data());
       run.micro_loss[g] = sum_row_losses(rt.row_loss.data(), rows);
       run.progress->add(rows, run.micro_loss[g]);
     }

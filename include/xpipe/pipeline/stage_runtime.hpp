@@ -30,7 +30,7 @@ struct StageRuntime {
   // because a State need not be assignable.
   std::optional<typename P::template State<O, B>> pred;
   std::vector<typename S::template Activations<B>> acts;  // one per micro-batch in flight
-  Buffer<float> inputs;    // received activations, one block per activation slot
+  Buffer<float> inputs;  // received activations, one block per activation slot
   typename S::template GradScratch<B> scratch;
   Buffer<float> dlogits;   // last stage: one block per activation slot
   Buffer<float> row_loss;  // last stage: per-row loss of the current micro-batch
@@ -40,8 +40,7 @@ struct StageRuntime {
 
   StageRuntime(O o, const Placement& where, index_t batch, std::uint64_t seed,
                std::size_t first_layer)
-      : context(where), opt(o, S::param_count), scratch(batch), row_loss(batch),
-        eval_acts(batch) {
+      : context(where), opt(o, S::param_count), scratch(batch), row_loss(batch), eval_acts(batch) {
     S::init({opt.weights(), static_cast<std::size_t>(S::param_count)}, seed, first_layer);
   }
 
@@ -70,17 +69,23 @@ template <class Tuple, class F, std::size_t... I>
 decltype(auto) visit_stage_impl(Tuple& runtimes, int k, F& f, std::index_sequence<I...>) {
   using R = decltype(f(*std::get<0>(runtimes), std::integral_constant<std::size_t, 0>{}));
   if constexpr (std::is_void_v<R>) {
-    ((k == static_cast<int>(I) ? (f(*std::get<I>(runtimes), std::integral_constant<std::size_t, I>{}), 0) : 0), ...);
+    ((k == static_cast<int>(I)
+          ? (f(*std::get<I>(runtimes), std::integral_constant<std::size_t, I>{}), 0)
+          : 0),
+     ...);
   } else {
     R r{};
-    ((k == static_cast<int>(I) ? (r = f(*std::get<I>(runtimes), std::integral_constant<std::size_t, I>{}), 0) : 0), ...);
+    ((k == static_cast<int>(I)
+          ? (r = f(*std::get<I>(runtimes), std::integral_constant<std::size_t, I>{}), 0)
+          : 0),
+     ...);
     return r;
   }
 }
 template <class Tuple, class F>
 decltype(auto) visit_stage(Tuple& runtimes, int k, F&& f) {
-  return visit_stage_impl(runtimes, k, f,
-                          std::make_index_sequence<std::tuple_size_v<std::remove_const_t<Tuple>>>{});
+  return visit_stage_impl(
+      runtimes, k, f, std::make_index_sequence<std::tuple_size_v<std::remove_const_t<Tuple>>>{});
 }
 }  // namespace detail
 

@@ -32,27 +32,37 @@ struct PredictorHooks {
 
 namespace detail {
 template <class P>
-concept HasPredictorName = requires { { P::name } -> std::convertible_to<const char*>; };
+concept HasPredictorName = requires {
+  { P::name } -> std::convertible_to<const char*>;
+};
 // `target` is optional; where present it must say which s the predictor reads.
 template <class P>
-concept HasValidTarget =
-    !requires { P::target; } || requires { { P::target } -> std::convertible_to<StalenessTarget>; };
+concept HasValidTarget = !requires {
+  P::target;
+}
+|| requires {
+  { P::target } -> std::convertible_to<StalenessTarget>;
+};
 template <class P, class O, class B>
-concept HasPredictorState = requires { typename P::template State<O, B>; };
+concept HasPredictorState = requires {
+  typename P::template State<O, B>;
+};
 template <class S>
 concept FromPredictorSetup = std::constructible_from<S, const PredictorSetup&>;
 template <class S, class O, class B>
-concept HasForwardWeights =
-    requires(S& st, const typename B::Context& ctx, OptimizerState<O, B>& opt) {
-      { st.forward_weights(ctx, opt, 0) } -> std::convertible_to<const float*>;
-    };
+concept HasForwardWeights = requires(S& st, const typename B::Context& ctx,
+                                     OptimizerState<O, B>& opt) {
+  { st.forward_weights(ctx, opt, 0) } -> std::convertible_to<const float*>;
+};
 template <class S, class O, class B>
-concept HasBackwardWeights =
-    requires(S& st, const typename B::Context& ctx, OptimizerState<O, B>& opt) {
-      { st.backward_weights(ctx, opt, 0) } -> std::convertible_to<const float*>;
-    };
+concept HasBackwardWeights = requires(S& st, const typename B::Context& ctx,
+                                      OptimizerState<O, B>& opt) {
+  { st.backward_weights(ctx, opt, 0) } -> std::convertible_to<const float*>;
+};
 template <class S>
-concept HasBackwardDone = requires(S& st) { st.backward_done(0); };
+concept HasBackwardDone = requires(S& st) {
+  st.backward_done(0);
+};
 template <class S, class O, class B>
 concept HasBeforeStep = requires(S& st, const typename B::Context& ctx, OptimizerState<O, B>& opt) {
   st.before_step(ctx, opt);
@@ -63,9 +73,9 @@ concept HasWeightCopies = requires(const S& st) {
 };
 
 template <class S, class O, class B>
-concept PredictorStateFor = FromPredictorSetup<S> && HasForwardWeights<S, O, B> &&
-                            HasBackwardWeights<S, O, B> && HasBackwardDone<S> &&
-                            HasBeforeStep<S, O, B> && HasWeightCopies<S>;
+concept PredictorStateFor =
+    FromPredictorSetup<S> && HasForwardWeights<S, O, B> && HasBackwardWeights<S, O, B> &&
+    HasBackwardDone<S> && HasBeforeStep<S, O, B> && HasWeightCopies<S>;
 }  // namespace detail
 
 //! Predictor: a policy choosing the weights each action of a stage reads, for optimizer O on
@@ -88,8 +98,8 @@ concept PredictorStateFor = FromPredictorSetup<S> && HasForwardWeights<S, O, B> 
 //! Usage: `static_assert(Predictor<XPipe>); static_assert(Predictor<MyCudaOnly, Adam, Cuda>);`
 template <class P, class O = Adam, class B = Host>
 concept Predictor = detail::HasPredictorName<P> && detail::HasValidTarget<P> &&
-                    detail::HasPredictorState<P, O, B> &&
-                    detail::PredictorStateFor<typename P::template State<O, B>, O, B>;
+    detail::HasPredictorState<P, O, B> &&
+    detail::PredictorStateFor<typename P::template State<O, B>, O, B>;
 
 //! Fails to compile with one message per requirement P does not meet for optimizer O on backend
 //! B, each naming the member; checks that depend on State are skipped when State is missing, so
@@ -130,8 +140,10 @@ consteval bool check_predictor() {
 //! Usage: `static_assert(check_predictor<Mine>());`
 template <class P>
 consteval bool check_predictor() {
-  if constexpr (Predictor<P, Adam, Host>) return check_predictor<P, SGD, Host>();
-  else return check_predictor<P, Adam, Host>();
+  if constexpr (Predictor<P, Adam, Host>)
+    return check_predictor<P, SGD, Host>();
+  else
+    return check_predictor<P, Adam, Host>();
 }
 
 }  // namespace xpipe

@@ -22,7 +22,8 @@ struct BasicStash {
   class State {
    public:
     explicit State(const PredictorSetup& setup)
-        : setup_(setup), fwd_version_(setup.schedule->total_micro_batches(), -1),
+        : setup_(setup),
+          fwd_version_(setup.schedule->total_micro_batches(), -1),
           slot_of_(setup.schedule->total_micro_batches(), -1),
           slots_(checked_versions(setup) - 1, setup.params, Name, setup.stage) {
       // pending_ never outgrows the micro-batches in flight: no allocation while training.
@@ -82,8 +83,8 @@ struct BasicStash {
     static int checked_versions(const PredictorSetup& setup) {
       const int versions = setup.analysis->stash_versions[setup.stage];
       if (MaxVersions > 0 && versions > MaxVersions)
-        throw ConfigError(std::string("xpipe: ") + Name + ": stage " +
-                          std::to_string(setup.stage) + " needs " + std::to_string(versions) +
+        throw ConfigError(std::string("xpipe: ") + Name + ": stage " + std::to_string(setup.stage) +
+                          " needs " + std::to_string(versions) +
                           " weight versions under schedule '" + setup.schedule->name + "', but " +
                           Name + " holds " + std::to_string(MaxVersions) +
                           " (use micro_batches >= stages)");

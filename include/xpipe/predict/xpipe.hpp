@@ -22,7 +22,8 @@ struct XPipe {
   class State : public PredictorHooks {
    public:
     explicit State(const PredictorSetup& setup)
-        : setup_(setup), slot_of_(setup.schedule->mini_batches, -1),
+        : setup_(setup),
+          slot_of_(setup.schedule->mini_batches, -1),
           slots_(setup.analysis->mini_batches_in_flight[setup.stage], setup.params, "XPipe",
                  setup.stage) {}
 

@@ -19,7 +19,9 @@ namespace xpipe {
 using ActionCost = std::function<double(int stage, const Action&)>;
 
 //! Unit cost: forward and backward take 1, a step takes 0 (it follows its backward at once).
-inline double unit_cost(int, const Action& a) { return a.kind == ActionKind::Step ? 0.0 : 1.0; }
+inline double unit_cost(int, const Action& a) {
+  return a.kind == ActionKind::Step ? 0.0 : 1.0;
+}
 
 namespace detail {
 inline std::string at(int k, const Action& a, std::size_t pos) {
@@ -79,8 +81,7 @@ inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_c
     stuck += "; " + detail::at(k, a, next[k]) + " waits for " + to_string(a) + " of stage " +
              std::to_string(producer_stage(K, k, a));
   }
-  if (!stuck.empty())
-    throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
+  if (!stuck.empty()) throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
   return tl;
 }
 

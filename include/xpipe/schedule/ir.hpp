@@ -49,9 +49,15 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-inline Action fwd(int g) { return {ActionKind::Forward, g}; }
-inline Action bwd(int g) { return {ActionKind::Backward, g}; }
-inline Action step(int t) { return {ActionKind::Step, t}; }
+inline Action fwd(int g) {
+  return {ActionKind::Forward, g};
+}
+inline Action bwd(int g) {
+  return {ActionKind::Backward, g};
+}
+inline Action step(int t) {
+  return {ActionKind::Step, t};
+}
 
 //! "F3", "B3" or "S0".
 inline std::string to_string(const Action& a) {
@@ -63,8 +69,8 @@ inline std::string to_string(const Action& a) {
 struct Schedule {
   std::string name = "custom";
   int stages = 0;
-  int micro_batches = 0;  // M, per mini-batch
-  int mini_batches = 0;   // N
+  int micro_batches = 0;                     // M, per mini-batch
+  int mini_batches = 0;                      // N
   std::vector<std::vector<Action>> actions;  // actions[k]: stage k's list, in order
 
   int total_micro_batches() const { return micro_batches * mini_batches; }

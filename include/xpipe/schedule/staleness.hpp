@@ -26,7 +26,9 @@ struct ActionVersion {
   int version = 0;     // steps the stage has taken before the action: the weights it reads
   int apply_time = 0;  // s under StalenessTarget::ApplyTime
   int round_trip = 0;  // s under StalenessTarget::RoundTrip
-  int s(StalenessTarget t) const { return t == StalenessTarget::ApplyTime ? apply_time : round_trip; }
+  int s(StalenessTarget t) const {
+    return t == StalenessTarget::ApplyTime ? apply_time : round_trip;
+  }
 };
 
 //! Per-stage results of the analysis. Usage: `auto a = analyze_staleness(async_1f1b(4, 1, 8));
@@ -109,8 +111,8 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
       }
       r.max_in_flight[k] = std::max(r.max_in_flight[k], live + (a.kind == ActionKind::Backward));
       r.mini_batches_in_flight[k] =
-          std::max(r.mini_batches_in_flight[k], live_mini + (a.kind == ActionKind::Backward &&
-                                                             backwards_done[t] == M));
+          std::max(r.mini_batches_in_flight[k],
+                   live_mini + (a.kind == ActionKind::Backward && backwards_done[t] == M));
       if (a.kind == ActionKind::Forward) {
         // Distinct versions among the micro-batches in flight, the live one included.
         const int mark = static_cast<int>(p);

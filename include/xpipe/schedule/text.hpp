@@ -45,11 +45,16 @@ inline Schedule parse_schedule(const std::string& text) {
         const auto eq = kv.find('=');
         if (eq == std::string::npos) fail("expected key=value, got '" + kv + "'");
         const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-        if (key == "name") s.name = value;
-        else if (key == "stages") s.stages = parse_int(value, "stages");
-        else if (key == "micro_batches") s.micro_batches = parse_int(value, "micro_batches");
-        else if (key == "mini_batches") s.mini_batches = parse_int(value, "mini_batches");
-        else fail("unknown key '" + key + "'");
+        if (key == "name")
+          s.name = value;
+        else if (key == "stages")
+          s.stages = parse_int(value, "stages");
+        else if (key == "micro_batches")
+          s.micro_batches = parse_int(value, "micro_batches");
+        else if (key == "mini_batches")
+          s.mini_batches = parse_int(value, "mini_batches");
+        else
+          fail("unknown key '" + key + "'");
       }
       if (s.stages < 1 || s.micro_batches < 1 || s.mini_batches < 1)
         fail("the header needs stages, micro_batches and mini_batches, each >= 1");
@@ -59,8 +64,9 @@ inline Schedule parse_schedule(const std::string& text) {
     }
     if (first.back() != ':') fail("expected '<stage>:' at the start, got '" + first + "'");
     const int k = parse_int(first.substr(0, first.size() - 1), "stage number");
-    if (k >= s.stages) fail("stage " + std::to_string(k) + " out of range (stages=" +
-                            std::to_string(s.stages) + ")");
+    if (k >= s.stages)
+      fail("stage " + std::to_string(k) + " out of range (stages=" + std::to_string(s.stages) +
+           ")");
     auto& list = s.actions[static_cast<std::size_t>(k)];
     if (!list.empty()) fail("stage " + std::to_string(k) + " listed twice");
     std::string tok;
@@ -68,7 +74,8 @@ inline Schedule parse_schedule(const std::string& text) {
       const ActionKindInfo* kind = nullptr;
       for (const ActionKindInfo& i : action_kinds)
         if (tok[0] == i.letter) kind = &i;
-      if (kind == nullptr) fail("bad action '" + tok + "' (expected F<mb>, B<mb> or S<mini-batch>)");
+      if (kind == nullptr)
+        fail("bad action '" + tok + "' (expected F<mb>, B<mb> or S<mini-batch>)");
       list.push_back({kind->kind, parse_int(tok.substr(1), "action '" + tok + "'")});
     }
   }

@@ -38,9 +38,11 @@ inline void validate(const Schedule& s) {
       const int limit = on_micro ? total : N;
       if (a.index < 0 || a.index >= limit)
         throw ConfigError(where + detail::at(k, a, p) + " is out of range (" +
-                          (on_micro ? "micro-batches" : "mini-batches") +
-                          " 0.." + std::to_string(limit - 1) + ")");
-      auto& pos = a.kind == ActionKind::Forward ? f_pos : a.kind == ActionKind::Backward ? b_pos : s_pos;
+                          (on_micro ? "micro-batches" : "mini-batches") + " 0.." +
+                          std::to_string(limit - 1) + ")");
+      auto& pos = a.kind == ActionKind::Forward    ? f_pos
+                  : a.kind == ActionKind::Backward ? b_pos
+                                                   : s_pos;
       if (pos[a.index] >= 0)
         throw ConfigError(where + detail::at(k, a, p) + " duplicates the same action at position " +
                           std::to_string(pos[a.index]));
@@ -69,11 +71,14 @@ inline void validate(const Schedule& s) {
       }
     }
     for (int g = 0; g < total; ++g) {
-      if (f_pos[g] < 0) throw ConfigError(where + "stage " + std::to_string(k) + ": missing F" + std::to_string(g));
-      if (b_pos[g] < 0) throw ConfigError(where + "stage " + std::to_string(k) + ": missing B" + std::to_string(g));
+      if (f_pos[g] < 0)
+        throw ConfigError(where + "stage " + std::to_string(k) + ": missing F" + std::to_string(g));
+      if (b_pos[g] < 0)
+        throw ConfigError(where + "stage " + std::to_string(k) + ": missing B" + std::to_string(g));
     }
     for (int t = 0; t < N; ++t)
-      if (s_pos[t] < 0) throw ConfigError(where + "stage " + std::to_string(k) + ": missing S" + std::to_string(t));
+      if (s_pos[t] < 0)
+        throw ConfigError(where + "stage " + std::to_string(k) + ": missing S" + std::to_string(t));
   }
   for (int k = 0; k + 1 < K; ++k) {
     for (int i = 0; i < total; ++i) {

@@ -19,11 +19,16 @@ namespace detail {
 inline std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -32,7 +37,7 @@ inline std::string xml_escape(const std::string& s) {
 //! What part of a run the SVG timeline shows, and how.
 struct TimelineOptions {
   std::string title;
-  int mini_batches = 6;   // show the actions of the first few mini-batches (fill and steady state)
+  int mini_batches = 6;  // show the actions of the first few mini-batches (fill and steady state)
   double width_px = 1200;
   double row_px = 30;
 };
@@ -76,20 +81,20 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
       const double x = left + (t.start - t0) * scale, y = top + k * o.row_px + 2;
       const double w = std::max(1.0, (t.end - t.start) * scale);
       if (a.kind == ActionKind::Step) {
-        os << "<rect class=\"S\" data-stage=\"" << k << "\" data-index=\"" << a.index
-           << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << std::max(2.0, w)
-           << "\" height=\"" << o.row_px - 4 << "\" fill=\"black\"><title>stage " << k << " "
-           << to_string(a) << "</title></rect>\n";
+        os << "<rect class=\"S\" data-stage=\"" << k << "\" data-index=\"" << a.index << "\" x=\""
+           << x << "\" y=\"" << y << "\" width=\"" << std::max(2.0, w) << "\" height=\""
+           << o.row_px - 4 << "\" fill=\"black\"><title>stage " << k << " " << to_string(a)
+           << "</title></rect>\n";
         continue;
       }
       const int j = a.index % M, mini = s.mini_batch_of(a.index);
       const int hue = static_cast<int>(360.0 * j / std::max(M, 1)) % 360;
       const int light = (a.kind == ActionKind::Forward ? 72 : 48) - (mini % 2) * 10;
-      os << "<rect class=\"" << info(a.kind).letter << "\" data-stage=\""
-         << k << "\" data-index=\"" << a.index << "\" x=\"" << x << "\" y=\"" << y
-         << "\" width=\"" << w << "\" height=\"" << o.row_px - 4 << "\" fill=\"hsl(" << hue
-         << ",65%," << light << "%)\" stroke=\"white\" stroke-width=\"0.5\"><title>stage " << k
-         << " " << to_string(a) << " (mini-batch " << mini << ")</title></rect>\n";
+      os << "<rect class=\"" << info(a.kind).letter << "\" data-stage=\"" << k << "\" data-index=\""
+         << a.index << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\""
+         << o.row_px - 4 << "\" fill=\"hsl(" << hue << ",65%," << light
+         << "%)\" stroke=\"white\" stroke-width=\"0.5\"><title>stage " << k << " " << to_string(a)
+         << " (mini-batch " << mini << ")</title></rect>\n";
       if (w > 18)
         os << "<text x=\"" << x + 2 << "\" y=\"" << y + o.row_px * 0.55 << "\" font-size=\"9\">"
            << to_string(a) << "</text>\n";
