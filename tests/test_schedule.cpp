@@ -2,6 +2,8 @@
 // every generator, and the staleness analysis against values counted by hand and published.
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
@@ -49,6 +51,61 @@ TEST_CASE("Schedule parser names the line and token at fault", "[schedule]") {
   REQUIRE_THROWS_WITH(
       parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: Fx\n"),
       Contains("'Fx'"));
+  // Strict tokens: a sign, a space or trailing junk is not a number.
+  const std::string one = "xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n";
+  REQUIRE_THROWS_WITH(parse_schedule(one + "0: F+0 B0 S0\n"), Contains("'F+0'"));
+  REQUIRE_THROWS_WITH(parse_schedule(one + "0: F0x B0 S0\n"), Contains("'F0x'"));
+  REQUIRE_THROWS_WITH(parse_schedule(one + "+0: F0 B0 S0\n"), Contains("stage number '+0'"));
+  REQUIRE_THROWS_WITH(parse_schedule(one + "0: F99999999999 B0 S0\n"), Contains("'F99999999999'"));
+  REQUIRE_THROWS_WITH(parse_schedule("xpipe-schedule stages=+1 micro_batches=1 mini_batches=1\n"),
+                      Contains("bad stages '+1'"));
+  // Repeats refused: a header key, a stage line (even one listed empty the first time).
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=1 stages=2 micro_batches=1 mini_batches=1\n"),
+      Contains("'stages' given twice"));
+  REQUIRE_THROWS_WITH(parse_schedule(one + "0:\n0: F0 B0 S0\n"), Contains("stage 0 listed twice"));
+  REQUIRE_THROWS_WITH(parse_schedule(one + "xpipe-schedule stages=1\n"), Contains("line 2"));
+}
+
+TEST_CASE("Schedule shapes are bounded before anything is allocated - as xpipe::Error",
+          "[schedule]") {
+  const auto header = [](const std::string& k, const std::string& m, const std::string& n) {
+    return "xpipe-schedule stages=" + k + " micro_batches=" + m + " mini_batches=" + n + "\n";
+  };
+  // Each would allocate gigabytes, or overflow M * N, if it were believed.
+  REQUIRE_THROWS_AS(parse_schedule(header("2147483647", "1", "1")), ConfigError);
+  REQUIRE_THROWS_WITH(parse_schedule(header("2147483647", "1", "1")),
+                      Contains("more than 4096 stages"));
+  REQUIRE_THROWS_WITH(parse_schedule(header("2", "2000000000", "1")),
+                      Contains("micro_batches x mini_batches exceeds"));
+  REQUIRE_THROWS_WITH(parse_schedule(header("2", "2", "1073741824")),
+                      Contains("micro_batches x mini_batches exceeds"));
+  REQUIRE_THROWS_WITH(parse_schedule(header("2", "65536", "65536")),
+                      Contains("micro_batches x mini_batches exceeds"));
+  REQUIRE_THROWS_WITH(parse_schedule(header("2", "99999999999", "1")),
+                      Contains("bad micro_batches"));
+  REQUIRE_THROWS_WITH(async_1f1b(2, 65536, 65536),
+                      Contains("micro_batches x mini_batches exceeds"));
+  REQUIRE_THROWS_WITH(gpipe(5000, 1, 1), Contains("more than 4096 stages"));
+  // The largest accepted shape parses (its actions are then missing, named by the validator).
+  const Schedule big = parse_schedule(header("4096", "2048", "2048"));
+  REQUIRE(big.total_micro_batches() == max_schedule_micro_batches);
+  REQUIRE_THROWS_WITH(validate(big), Contains("stage 0: F0 is missing"));
+}
+
+TEST_CASE("dry_run checks structure first - any Schedule value is safe to pass", "[schedule]") {
+  Schedule s = gpipe(2, 2, 1);
+  s.actions[1].pop_back();  // S0 of stage 1
+  REQUIRE_THROWS_WITH(dry_run(s), Contains("stage 1: S0 is missing"));
+  s = gpipe(2, 2, 1);
+  s.actions[0][0].index = 7;  // out of range: read out of bounds before
+  REQUIRE_THROWS_WITH(dry_run(s), Contains("stage 0: F7 (position 0) is out of range"));
+  s = gpipe(2, 2, 1);
+  s.actions.resize(5);
+  REQUIRE_THROWS_WITH(dry_run(s), Contains("5 stage lists for 2 stages"));
+  s = gpipe(2, 2, 1);
+  s.micro_batches = -3;
+  REQUIRE_THROWS_AS(dry_run(s), ConfigError);
 }
 
 TEST_CASE("Validator rejects each kind of broken schedule - naming stage and action",
@@ -57,13 +114,15 @@ TEST_CASE("Validator rejects each kind of broken schedule - naming stage and act
     REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 F0 B0 S0"})),
                         Contains("stage 0: F0 (position 1) duplicates"));
   }
-  SECTION("missing") {
+  SECTION("missing: named as missing, before any ordering rule could blame a later action") {
     REQUIRE_THROWS_WITH(validate(from_lines(2, 1, 1, {"F0 B0 S0", "F0 S0"})),
-                        Contains("stage 1: S0 (position 1) comes before B0"));
+                        Contains("stage 1: B0 is missing"));
     REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B0 F1 B1"})),
-                        Contains("stage 0: missing S0"));
-    REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B0 S0"})),
-                        Contains("stage 0: S0 (position 2) comes before B1"));
+                        Contains("stage 0: S0 is missing"));
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B0 F1 S0"})),
+                        Contains("stage 0: B1 is missing"));
+    REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B0 F1 S0 B1"})),
+                        Contains("stage 0: S0 (position 3) comes before B1"));
   }
   SECTION("backward before its forward") {
     REQUIRE_THROWS_WITH(validate(from_lines(1, 2, 1, {"F0 B1 F1 B0 S0"})),

@@ -11,6 +11,7 @@
 
 #include "xpipe/schedule/dependencies.hpp"
 #include "xpipe/schedule/ir.hpp"
+#include "xpipe/schedule/structure.hpp"
 #include "xpipe/schedule/timing.hpp"
 
 namespace xpipe {
@@ -23,19 +24,13 @@ inline double unit_cost(int, const Action& a) {
   return a.kind == ActionKind::Step ? 0.0 : 1.0;
 }
 
-namespace detail {
-inline std::string at(int k, const Action& a, std::size_t pos) {
-  return "stage " + std::to_string(k) + ": " + to_string(a) + " (position " + std::to_string(pos) +
-         ")";
-}
-}  // namespace detail
-
 //! As-soon-as-possible dry run: each stage runs its list in order; an action waits for the same
 //! action of its producer stage (F(k, g) for F(k-1, g), B(k, g) for B(k+1, g)). Returns every
 //! action's start and end (the trace's `seconds` is the makespan). Throws ConfigError on
-//! deadlock, naming what each stuck stage waits for. Expects a schedule whose per-stage lists
-//! passed the structural checks of validate().
+//! deadlock, naming what each stuck stage waits for, and on a schedule that fails
+//! check_structure() (it checks first, so any Schedule value is safe to pass).
 inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
+  check_structure(s);
   const int K = s.stages, total = s.total_micro_batches();
   ExecutionTrace tl = ExecutionTrace::sized_for(s);
   // end_of[kind][k][index]: when that action ended at stage k, -1 while it has not run.

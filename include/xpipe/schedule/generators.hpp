@@ -13,12 +13,7 @@ namespace xpipe {
 
 namespace detail {
 inline Schedule empty_schedule(const char* name, int K, int M, int N) {
-  if (K < 1 || M < 1 || N < 1)
-    throw ConfigError(std::string("xpipe: ") + name +
-                      ": stages, micro_batches and mini_batches "
-                      "must be >= 1 (got " +
-                      std::to_string(K) + ", " + std::to_string(M) + ", " + std::to_string(N) +
-                      ")");
+  check_schedule_shape(name, K, M, N);
   Schedule s;
   s.name = name;
   s.stages = K;

@@ -98,4 +98,28 @@ struct Schedule {
   }
 };
 
+//! The largest schedule the library accepts: far more stages than a pipeline has, and more
+//! micro-batches than an epoch of ImageNet at one sample each. The bounds keep a malformed header
+//! (`stages=2147483647`) from allocating, or M * N from overflowing, before the actions are read.
+inline constexpr int max_schedule_stages = 4096;
+inline constexpr std::int64_t max_schedule_micro_batches = std::int64_t{1} << 22;
+
+//! Throws ConfigError, naming `what`, unless 1 <= K <= max_schedule_stages, M >= 1, N >= 1 and
+//! M * N <= max_schedule_micro_batches (computed without overflow).
+inline void check_schedule_shape(const std::string& what, std::int64_t K, std::int64_t M,
+                                 std::int64_t N) {
+  const auto got = " (got stages=" + std::to_string(K) + ", micro_batches=" + std::to_string(M) +
+                   ", mini_batches=" + std::to_string(N) + ")";
+  if (K < 1 || M < 1 || N < 1)
+    throw ConfigError("xpipe: " + what + ": stages, micro_batches and mini_batches must be >= 1" +
+                      got);
+  if (K > max_schedule_stages)
+    throw ConfigError("xpipe: " + what + ": more than " + std::to_string(max_schedule_stages) +
+                      " stages" + got);
+  if (M > max_schedule_micro_batches || N > max_schedule_micro_batches ||
+      M * N > max_schedule_micro_batches)
+    throw ConfigError("xpipe: " + what + ": micro_batches x mini_batches exceeds " +
+                      std::to_string(max_schedule_micro_batches) + " micro-batches" + got);
+}
+
 }  // namespace xpipe

@@ -2,8 +2,12 @@
 // so users can write schedules by hand.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "xpipe/core/error.hpp"
 #include "xpipe/schedule/ir.hpp"
@@ -11,64 +15,82 @@
 namespace xpipe {
 
 //! Parses the text form (blank lines and lines starting with '#' are ignored). Throws
-//! ConfigError naming the line and token at fault. The result is not validated: call
-//! validate() before running it.
+//! ConfigError naming the line and token at fault: numbers are plain digits (no sign, no
+//! trailing characters), header keys and stage lines appear once, and the shape is bounded
+//! (check_schedule_shape) before anything is allocated. The result is not validated: call
+//! validate() before running it (executors and dry_run check its structure themselves).
 inline Schedule parse_schedule(const std::string& text) {
   Schedule s;
   std::istringstream in(text);
   std::string line;
   int line_no = 0;
   bool header = false;
+  std::vector<bool> listed;  // stage k's line was seen
   auto fail = [&](const std::string& what) {
     throw ConfigError("xpipe: schedule text, line " + std::to_string(line_no) + ": " + what);
   };
-  auto parse_int = [&](const std::string& tok, const std::string& what) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != tok.size() || tok.empty() || v < 0) fail("bad " + what + " '" + tok + "'");
+  // A non-negative decimal of at most 10 digits, at most `max`; the token is named otherwise.
+  auto parse_count = [&](const std::string& tok, const std::string& what, std::int64_t max) {
+    const bool digits = !tok.empty() && tok.size() <= 10 &&
+                        tok.find_first_not_of("0123456789") == std::string::npos;
+    const std::int64_t v = digits ? std::stoll(tok) : -1;
+    if (v < 0 || v > max) fail("bad " + what + " '" + tok + "'");
     return v;
   };
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
   while (std::getline(in, line)) {
     ++line_no;
     std::istringstream ls(line);
     std::string first;
     if (!(ls >> first) || first[0] == '#') continue;
+    if (first == "xpipe-schedule" && header) fail("a second 'xpipe-schedule' header");
     if (!header) {
       if (first != "xpipe-schedule") fail("expected the header 'xpipe-schedule stages=K ...'");
+      std::int64_t K = 0, M = 0, N = 0;
+      std::vector<std::string> seen;
       std::string kv;
       while (ls >> kv) {
         const auto eq = kv.find('=');
         if (eq == std::string::npos) fail("expected key=value, got '" + kv + "'");
         const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+        if (std::find(seen.begin(), seen.end(), key) != seen.end())
+          fail("'" + key + "' given twice in the header");
+        seen.push_back(key);
         if (key == "name")
           s.name = value;
         else if (key == "stages")
-          s.stages = parse_int(value, "stages");
+          K = parse_count(value, "stages", int_max);
         else if (key == "micro_batches")
-          s.micro_batches = parse_int(value, "micro_batches");
+          M = parse_count(value, "micro_batches", int_max);
         else if (key == "mini_batches")
-          s.mini_batches = parse_int(value, "mini_batches");
+          N = parse_count(value, "mini_batches", int_max);
         else
           fail("unknown key '" + key + "'");
       }
-      if (s.stages < 1 || s.micro_batches < 1 || s.mini_batches < 1)
+      if (K < 1 || M < 1 || N < 1)
         fail("the header needs stages, micro_batches and mini_batches, each >= 1");
-      s.actions.assign(static_cast<std::size_t>(s.stages), {});
+      try {
+        check_schedule_shape("schedule '" + s.name + "'", K, M, N);
+      } catch (const ConfigError& e) {
+        fail(e.what());
+      }
+      s.stages = static_cast<int>(K);
+      s.micro_batches = static_cast<int>(M);
+      s.mini_batches = static_cast<int>(N);
+      s.actions.assign(static_cast<std::size_t>(K), {});
+      listed.assign(static_cast<std::size_t>(K), false);
       header = true;
       continue;
     }
     if (first.back() != ':') fail("expected '<stage>:' at the start, got '" + first + "'");
-    const int k = parse_int(first.substr(0, first.size() - 1), "stage number");
-    if (k >= s.stages)
+    const auto k = static_cast<std::size_t>(
+        parse_count(first.substr(0, first.size() - 1), "stage number", int_max));
+    if (k >= listed.size())
       fail("stage " + std::to_string(k) + " out of range (stages=" + std::to_string(s.stages) +
            ")");
-    auto& list = s.actions[static_cast<std::size_t>(k)];
-    if (!list.empty()) fail("stage " + std::to_string(k) + " listed twice");
+    if (listed[k]) fail("stage " + std::to_string(k) + " listed twice");
+    listed[k] = true;
+    auto& list = s.actions[k];
     std::string tok;
     while (ls >> tok) {
       const ActionKindInfo* kind = nullptr;
@@ -76,7 +98,8 @@ inline Schedule parse_schedule(const std::string& text) {
         if (tok[0] == i.letter) kind = &i;
       if (kind == nullptr)
         fail("bad action '" + tok + "' (expected F<mb>, B<mb> or S<mini-batch>)");
-      list.push_back({kind->kind, parse_int(tok.substr(1), "action '" + tok + "'")});
+      list.push_back({kind->kind, static_cast<int>(parse_count(tok.substr(1),
+                                                               "action '" + tok + "'", int_max))});
     }
   }
   if (!header) throw ConfigError("xpipe: schedule text is empty (no 'xpipe-schedule' header)");
