@@ -5,7 +5,7 @@
 function(floor_of folder out)
   set(rank -1)
   set(i 0)
-  foreach(group "core" "backend|schedule|data" "kernels" "layers|optim" "predict"
+  foreach(group "core" "backend|schedule|data|checkpoint" "kernels" "layers|optim" "predict"
                 "comm|exec|trace" "pipeline" "models")
     if(folder MATCHES "^(${group})$")
       set(rank ${i})
@@ -41,7 +41,7 @@ foreach(h IN LISTS headers)
 endforeach()
 if(violations)
   list(JOIN violations "\n  " shown)
-  message(FATAL_ERROR "includes that reach up a floor (core < backend, schedule, data < kernels "
+  message(FATAL_ERROR "includes that reach up a floor (core < backend, schedule, data, checkpoint < kernels "
                       "< layers, optim < predict < comm, exec, trace < pipeline < models):\n  ${shown}")
 endif()
 list(LENGTH headers n)

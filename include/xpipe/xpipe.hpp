@@ -10,6 +10,7 @@
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/backend/host.hpp"
 #include "xpipe/backend/placement.hpp"
+#include "xpipe/checkpoint/files.hpp"
 #include "xpipe/data/dataset.hpp"
 #include "xpipe/data/idx.hpp"
 #include "xpipe/schedule/dependencies.hpp"
@@ -56,6 +57,7 @@
 #include "xpipe/trace/svg_timeline.hpp"
 
 #include "xpipe/pipeline/arguments.hpp"
+#include "xpipe/pipeline/checkpoint.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 #include "xpipe/pipeline/pipeline.hpp"
 #include "xpipe/pipeline/sequential.hpp"

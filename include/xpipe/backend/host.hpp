@@ -46,6 +46,8 @@ struct Host {
   template <class T>
   using Buffer = HostBuffer<T>;
   static constexpr const char* name = "host";
+  //! Its buffers are host memory: checkpoints read and write them directly.
+  static constexpr bool host_memory = true;
   //! Columns one step of a column reduction (bias_grad) sums side by side: a contiguous row
   //! segment that a core walks row after row with vector loads, its partial sums staying in L1.
   static constexpr index_t column_block = 256;

@@ -36,6 +36,13 @@ class NumericError : public Error {
   using Error::Error;
 };
 
+//! A checkpoint is missing, corrupt, truncated, of another format version or of another run;
+//! or writing one failed. The message names the file and the field.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 //! A backend call (oneDNN, CUDA, cuBLAS) reported failure.
 class BackendError : public Error {
  public:

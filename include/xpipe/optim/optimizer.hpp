@@ -89,6 +89,9 @@ class OptimizerState {
   static_assert(check_optimizer<O, B>());
 
  public:
+  //! Moment buffers it holds, each as long as the weights.
+  static constexpr int moment_buffers = O::moment_count > 2 ? 2 : O::moment_count;
+
   OptimizerState(O optimizer, index_t size)
       : optimizer_(optimizer),
         weights_(size),
@@ -104,6 +107,9 @@ class OptimizerState {
   long steps_taken() const { return steps_; }
   const O& optimizer() const { return optimizer_; }
   const float* moment(int i) const { return i == 0 ? m0_.data() : m1_.data(); }
+  float* moment(int i) { return i == 0 ? m0_.data() : m1_.data(); }
+  //! Sets the step count (a restored checkpoint's; Adam's bias correction reads it).
+  void set_steps_taken(long steps) { steps_ = steps; }
 
   FlatState flat() {
     return {weights_.data(), grads_.data(), {m0_.data(), m1_.data()}, weights_.size(), steps_};

@@ -120,6 +120,19 @@ class Pipeline {
     return out;
   }
 
+  //! Calls f(k, state) with stage k's OptimizerState (weights, moments, step count) for each k:
+  //! between train() calls, the whole trained state (pipeline/checkpoint.hpp saves it).
+  template <class F>
+  void for_each_optimizer_state(F&& f) {
+    int k = 0;
+    for_each_stage([&](auto& rt) { f(k++, rt.opt); });
+  }
+  template <class F>
+  void for_each_optimizer_state(F&& f) const {
+    int k = 0;
+    for_each_stage([&](const auto& rt) { f(k++, rt.opt); });
+  }
+
   //! Micro-batches whose loss the running (or last) train() call has computed, their samples
   //! and the sum of their losses: safe to read from another thread while train() runs (for
   //! progress bars).
