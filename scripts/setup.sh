@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev        # JSON output of xpipe-train
   gnuplot-nox               # xpipe-train's accuracy plots
   clang-format              # the style.format test (Debian 12: clang-format 14)
+  clang libclang-rt-14-dev  # the fuzz tests (libFuzzer, ASan, UBSan runtimes of clang 14)
 )
 
 missing=()

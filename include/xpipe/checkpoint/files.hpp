@@ -210,18 +210,27 @@ class CheckpointWriter {
   std::map<std::string, std::string> fields_;
 };
 
-//! Reads checkpoint folder `folder` and verifies it: the MANIFEST's version, every listed file's
-//! size and CRC-32. CheckpointError naming the file and the field at fault otherwise.
-inline CheckpointContents read_checkpoint(const std::filesystem::path& folder) {
-  const std::filesystem::path manifest = folder / "MANIFEST";
-  const std::vector<char> raw = detail::read_file_bytes(manifest, 1 << 20);
-  std::istringstream in(std::string(raw.begin(), raw.end()));
-  auto fail = [&](int line, const std::string& what) -> void {
-    throw CheckpointError("xpipe: checkpoint " + manifest.string() + ", line " +
-                          std::to_string(line) + ": " + what);
+//! What a MANIFEST says: the files it vouches for and the run's fields.
+struct CheckpointManifest {
+  struct File {
+    std::string name;
+    std::uint64_t bytes = 0;
+    std::uint32_t crc32 = 0;
   };
-  CheckpointContents out;
-  out.folder = folder;
+  std::vector<File> files;
+  std::map<std::string, std::string> fields;
+};
+
+//! Parses MANIFEST text, trusting nothing: the header and version, every name, size and
+//! checksum token, no repeats. CheckpointError naming `where` and the line otherwise.
+inline CheckpointManifest parse_checkpoint_manifest(const std::string& text,
+                                                    const std::string& where) {
+  std::istringstream in(text);
+  auto fail = [&](int line, const std::string& what) {
+    throw CheckpointError("xpipe: checkpoint " + where + ", line " + std::to_string(line) + ": " +
+                          what);
+  };
+  CheckpointManifest out;
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -239,26 +248,20 @@ inline CheckpointContents read_checkpoint(const std::filesystem::path& folder) {
     } else if (kind == "file") {
       std::string name, bytes, crc;
       ls >> name >> bytes >> crc;
-      if (!detail::checkpoint_name_ok(name) || name == "MANIFEST" || out.files.count(name))
+      const bool repeated = std::any_of(out.files.begin(), out.files.end(),
+                                        [&](const auto& f) { return f.name == name; });
+      if (!detail::checkpoint_name_ok(name) || name == "MANIFEST" || repeated)
         fail(n, "bad or repeated file name '" + name + "'");
-      if (bytes.rfind("bytes=", 0) != 0 || bytes.size() > 6 + 20 ||
-          bytes.find_first_not_of("0123456789", 6) != std::string::npos || bytes.size() == 6)
+      if (bytes.size() <= 6 || bytes.size() > 6 + 19 || bytes.rfind("bytes=", 0) != 0 ||
+          bytes.find_first_not_of("0123456789", 6) != std::string::npos)
         fail(n, "bad size '" + bytes + "' of " + name);
       if (crc.size() != 6 + 8 || crc.rfind("crc32=", 0) != 0 ||
           crc.find_first_not_of("0123456789abcdef", 6) != std::string::npos)
         fail(n, "bad checksum '" + crc + "' of " + name);
       const std::uint64_t size = std::stoull(bytes.substr(6));
       if (size > checkpoint_max_file_bytes) fail(n, "size of " + name + " out of bounds");
-      std::vector<char> data = detail::read_file_bytes(folder / name, size);
-      if (data.size() != size)
-        throw CheckpointError("xpipe: checkpoint: " + (folder / name).string() + " has " +
-                              std::to_string(data.size()) + " bytes, its MANIFEST says " +
-                              std::to_string(size) + " (truncated)");
-      if (detail::crc32_of(data) !=
-          static_cast<std::uint32_t>(std::stoul(crc.substr(6), nullptr, 16)))
-        throw CheckpointError("xpipe: checkpoint: " + (folder / name).string() +
-                              " does not match its MANIFEST checksum (corrupt)");
-      out.files.emplace(name, std::move(data));
+      out.files.push_back(
+          {name, size, static_cast<std::uint32_t>(std::stoul(crc.substr(6), nullptr, 16))});
     } else if (kind == "field") {
       std::string key;
       ls >> key;
@@ -271,7 +274,32 @@ inline CheckpointContents read_checkpoint(const std::filesystem::path& folder) {
       fail(n, "unknown entry '" + kind + "'");
     }
   }
-  if (n == 0) throw CheckpointError("xpipe: checkpoint " + manifest.string() + " is empty");
+  if (n == 0) throw CheckpointError("xpipe: checkpoint " + where + " is empty");
+  return out;
+}
+
+//! Reads checkpoint folder `folder` and verifies it: the MANIFEST (parse_checkpoint_manifest),
+//! then every listed file's size and CRC-32. CheckpointError naming the file and field otherwise.
+inline CheckpointContents read_checkpoint(const std::filesystem::path& folder) {
+  const std::filesystem::path manifest_path = folder / "MANIFEST";
+  const std::vector<char> raw = detail::read_file_bytes(manifest_path, 1 << 20);
+  CheckpointManifest manifest =
+      parse_checkpoint_manifest(std::string(raw.begin(), raw.end()), manifest_path.string());
+  CheckpointContents out;
+  out.folder = folder;
+  out.fields = std::move(manifest.fields);
+  for (const CheckpointManifest::File& f : manifest.files) {
+    const std::filesystem::path path = folder / f.name;
+    std::vector<char> data = detail::read_file_bytes(path, f.bytes);
+    if (data.size() != f.bytes)
+      throw CheckpointError("xpipe: checkpoint: " + path.string() + " has " +
+                            std::to_string(data.size()) + " bytes, its MANIFEST says " +
+                            std::to_string(f.bytes) + " (truncated)");
+    if (detail::crc32_of(data) != f.crc32)
+      throw CheckpointError("xpipe: checkpoint: " + path.string() +
+                            " does not match its MANIFEST checksum (corrupt)");
+    out.files.emplace(f.name, std::move(data));
+  }
   return out;
 }
 
