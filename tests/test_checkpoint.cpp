@@ -218,4 +218,21 @@ TEST_CASE("A failed checkpoint write is an error naming the path", "[checkpoint]
                       Contains("the 'pipeline.' names are the library's"));
   REQUIRE_THROWS_WITH(save_checkpoint(pipe, root, "ckpt-2", {{"note", "two\nlines"}}),
                       Contains("bad field 'note'"));
+  REQUIRE_THROWS_WITH(save_checkpoint(pipe, root, "ckpt-3", {}, {{"stage-0.bin", "x"}}),
+                      Contains("the 'stage-' names are the library's"));
+}
+
+TEST_CASE("A caller's own files travel with the checkpoint, verified like the state",
+          "[checkpoint]") {
+  using P = Pipeline<S0, S1, S2, Latest, Adam>;
+  P pipe(Adam{}, options);
+  const fs::path root = fresh_root("own-files");
+  const std::string records = "epoch,loss\n1,0.5\n2,0.25\n";
+  save_checkpoint(pipe, root, "ckpt-2", {{"epoch", "2"}}, {{"records.csv", records}});
+  const auto c = read_checkpoint(root / "ckpt-2");
+  REQUIRE(std::string(c.file("records.csv").begin(), c.file("records.csv").end()) == records);
+  REQUIRE_THROWS_WITH(c.file("notes.txt"), Contains("'notes.txt' is not in its MANIFEST"));
+  std::ofstream(root / "ckpt-2" / "records.csv") << "epoch,loss\n1,0.5\n2,0.24\n";
+  REQUIRE_THROWS_WITH(read_checkpoint(root / "ckpt-2"),
+                      Contains("records.csv") && Contains("checksum"));
 }

@@ -65,16 +65,25 @@ inline std::string stage_file(int k) {
 }  // namespace detail
 
 //! Saves `pipe`'s trained state as checkpoint `name` (e.g. "ckpt-000003") under `root`, with
-//! the caller's `fields` (its configuration and position: epoch, flags), by the crash-safe
-//! protocol of checkpoint/files.hpp. Call between train() calls. Returns the checkpoint folder;
-//! CheckpointError naming the file on any failed write.
+//! the caller's `fields` (its configuration and position: epoch, flags) and `files` (name to
+//! contents: e.g. a tool's per-epoch records), by the crash-safe protocol of
+//! checkpoint/files.hpp. Call between train() calls. Returns the checkpoint folder;
+//! CheckpointError naming the file on any failed write. Read the files back from the
+//! CheckpointContents (`contents.file(name)`).
 //! Usage: `save_checkpoint(pipe, "ckpts", "ckpt-000003", {{"epoch", "3"}});`
 template <class P>
 std::filesystem::path save_checkpoint(const P& pipe, const std::filesystem::path& root,
                                       const std::string& name,
-                                      const std::map<std::string, std::string>& fields = {}) {
+                                      const std::map<std::string, std::string>& fields = {},
+                                      const std::map<std::string, std::string>& files = {}) {
   detail::check_checkpointable<P>();
   CheckpointWriter w(root, name);
+  for (const auto& [file, contents] : files) {
+    if (file.rfind("stage-", 0) == 0)
+      throw CheckpointError("xpipe: save_checkpoint: file '" + file +
+                            "': the 'stage-' names are the library's");
+    w.add_file(file, contents);
+  }
   for (const auto& [key, value] : fields) {
     if (key.rfind("pipeline.", 0) == 0)
       throw CheckpointError("xpipe: save_checkpoint: field '" + key +
