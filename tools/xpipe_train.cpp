@@ -5,13 +5,16 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cctype>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -326,6 +329,28 @@ RunRecord run(const RunConfig& c, const DatasetPair& data) {
   return it->second(c, data);
 }
 
+// --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
+// ulp of any weight above 0.17 (ulp(1) = 1.2e-7), so nothing would train; above 10 nothing here
+// trains either (Adam at lr 1 already leaves the MLP at chance with a loss of 1e9).
+std::string check_learning_rate(std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') return "'" + text + "' is not a number";
+  if (!std::isfinite(v) || v < 1e-8 || v > 10)
+    return text + " is outside [1e-8, 10], the learning rates that can train";
+  return "";
+}
+
+// --seed: a whole number from 0 to 2^64 - 1 ("-1" is not quietly taken as 2^64 - 1).
+std::string check_seed(std::string& text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    return "'" + text + "' is not a whole number from 0 to " +
+           std::to_string(std::numeric_limits<std::uint64_t>::max());
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -336,6 +361,7 @@ int main(int argc, char** argv) {
   bool compare = false;
   long train_samples = 0, test_samples = 0;
   float sgd_lr_flag = 0.05f;
+  const CLI::Validator learning_rate(check_learning_rate, "in [1e-8, 10]");
   app.add_option("--model", c.model, "Model: mlp (784-1024-1024-1024-10) or deep (784-512x7-10)")
       ->check(CLI::IsMember({"mlp", "deep"}));
   app.add_option("--stages,-K", c.stages, "Pipeline stages K (mlp: 1, 2, 4; deep: 8)")
@@ -353,10 +379,11 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", c.optimizer,
                  "Optimizer (sgd has momentum 0.9): " + join_names(optimizer_names))
       ->check(CLI::IsMember(names(optimizer_names)));
-  app.add_option("--lr", c.lr, "Learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr, "Learning rate")->check(learning_rate);
   app.add_option("--batch", c.batch, "Mini-batch size")->check(CLI::Range(1L, 60000L));
   app.add_option("--epochs", c.epochs, "Epochs")->check(CLI::Range(1, 1000));
-  app.add_option("--seed", c.seed, "Seed of initialisation and shuffling");
+  app.add_option("--seed", c.seed, "Seed of initialisation and shuffling")
+      ->check(CLI::Validator(check_seed, "0 to 2^64-1"));
   app.add_option("--executor", c.executor, "threaded (a thread per stage) or reference")
       ->check(CLI::IsMember({"threaded", "reference"}));
   app.add_option("--data-dir", data_dir, "Directory of the four Fashion-MNIST .gz files");
@@ -366,7 +393,7 @@ int main(int argc, char** argv) {
   app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
       ->check(CLI::Range(0L, 10000L));
   app.add_option("--sgd-lr", sgd_lr_flag, "Learning rate of the SGD runs of --compare (SpecTrain)")
-      ->check(CLI::PositiveNumber);
+      ->check(learning_rate);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
   try {
     app.parse(argc, argv);
