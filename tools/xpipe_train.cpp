@@ -12,19 +12,22 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "divergence.hpp"
 #include "models.hpp"
+#include "output_files.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace fs = std::filesystem;
 using namespace xpipe;
+using tools::OutputError;
 
 namespace {
 
@@ -49,14 +52,33 @@ struct EpochRecord {
   std::vector<double> bubble;  // measured per stage
 };
 
+// ok: trained every epoch. diverged: its loss ran away (tools::divergence), so it was stopped.
+// failed: it could not run (2BW with M < K) or stopped on another error.
+enum class RunStatus { ok, diverged, failed };
+
+const char* to_string(RunStatus s) {
+  switch (s) {
+    case RunStatus::ok:
+      return "ok";
+    case RunStatus::diverged:
+      return "diverged";
+    case RunStatus::failed:
+      return "failed";
+  }
+  return "?";
+}
+
 struct RunRecord {
   RunConfig config;
-  std::vector<EpochRecord> epochs;
+  RunStatus status = RunStatus::ok;
+  std::string why;                  // what stopped it, unless ok
+  std::vector<EpochRecord> epochs;  // those it finished
   std::vector<int> weight_copies;
   std::vector<double> activation_kib;  // peak per stage
-  std::string failure;                 // why the run stopped early (divergence), if it did
   ExecutionTrace trace;                // of the last epoch
   Schedule schedule;                   // that the trace ran
+  bool trace_files = false;            // its timeline and trace are written
+  bool ok() const { return status == RunStatus::ok; }
 };
 
 bool interactive() {
@@ -89,7 +111,8 @@ std::string file_stem(const std::string& label) {
   return out;
 }
 
-// Runs one configuration on one compiled Pipeline type.
+// Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
+// epoch, comes back marked so, with the epochs it finished.
 template <class P>
 RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
   P pipe(make_optimizer(c.optimizer, c.lr),
@@ -132,7 +155,19 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
     }
     worker.join();
     if (interactive()) std::printf("\r\033[K");
-    if (failure) std::rethrow_exception(failure);
+    if (failure) {
+      try {
+        std::rethrow_exception(failure);
+      } catch (const Error& err) {
+        // The library throws on a NaN or infinite loss; any other error is a failure.
+        const std::string what = err.what();
+        const bool numeric = what.find("loss is NaN") != std::string::npos ||
+                             what.find("loss is infinite") != std::string::npos;
+        rec.status = numeric ? RunStatus::diverged : RunStatus::failed;
+        rec.why = "epoch " + std::to_string(e) + ": " + what;
+        return rec;
+      }
+    }
     const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
     EpochRecord er;
     er.epoch = e;
@@ -145,6 +180,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
                 er.loss, 100 * er.test_accuracy, er.samples_per_second);
     std::fflush(stdout);
     rec.epochs.push_back(er);
+    std::vector<double> losses;
+    for (const EpochRecord& done : rec.epochs) losses.push_back(done.loss);
+    if (std::string why = tools::divergence(losses); !why.empty()) {
+      rec.status = RunStatus::diverged;
+      rec.why = why;
+      return rec;
+    }
     if (e == c.epochs) {
       rec.trace = tr;
       rec.schedule = schedule;
@@ -196,13 +238,14 @@ std::string joined(const std::vector<double>& v, const char* fmt) {
 }
 
 // The study's table: accuracy per epoch, final loss, throughput, and per stage the measured
-// bubble (idle) fraction, weight copies held and peak activation memory.
+// bubble (idle) fraction, weight copies held and peak activation memory. A run that did not
+// finish says why.
 void print_table(const std::vector<RunRecord>& records) {
   std::printf("\n%-30s %-22s %8s %9s  %-26s %-12s %s\n", "run", "test accuracy by epoch", "loss",
               "samples/s", "bubble per stage", "weights", "peak activations KiB");
   for (const RunRecord& r : records) {
-    if (!r.failure.empty()) {
-      std::printf("%-30s stopped: %s\n", r.config.label().c_str(), r.failure.c_str());
+    if (!r.ok()) {
+      std::printf("%-30s %s: %s\n", r.config.label().c_str(), to_string(r.status), r.why.c_str());
       continue;
     }
     std::vector<double> acc, copies;
@@ -214,112 +257,198 @@ void print_table(const std::vector<RunRecord>& records) {
                 joined(last.bubble, "%.2f").c_str(), joined(copies, "%.0f").c_str(),
                 joined(r.activation_kib, "%.0f").c_str());
   }
+  std::fflush(stdout);
 }
 
-// runs.csv (long: a row per run and epoch), runs.json, accuracy.csv (wide: a column per run)
-// with accuracy.gp beside it (gnuplot draws accuracy.svg and accuracy.png when installed), and
-// per run a timeline SVG and a Chrome trace of its last epoch.
-void write_outputs(const std::vector<RunRecord>& records, const std::string& dir) {
-  fs::create_directories(dir);
-  const fs::path out(dir);
-  nlohmann::json j = nlohmann::json::array();
-  std::ofstream csv(out / "runs.csv");
-  csv << "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
-         "test_accuracy,samples_per_second\n";
-  for (const RunRecord& r : records) {
-    const RunConfig& c = r.config;
-    nlohmann::json jr{{"run", c.label()},
-                      {"schedule", c.schedule},
-                      {"predictor", c.predictor},
-                      {"optimizer", c.optimizer},
-                      {"lr", c.lr},
-                      {"model", c.model},
-                      {"stages", c.stages},
-                      {"micro_batches", c.micro_batches},
-                      {"batch", c.batch},
-                      {"seed", c.seed},
-                      {"executor", c.executor},
-                      {"weight_copies", r.weight_copies},
-                      {"peak_activation_kib", r.activation_kib},
-                      {"timeline_svg", "timeline-" + file_stem(c.label()) + ".svg"},
-                      {"chrome_trace", "trace-" + file_stem(c.label()) + ".json"}};
-    if (!r.failure.empty()) {
-      jr["failure"] = r.failure;
-      jr.erase("timeline_svg");
-      jr.erase("chrome_trace");
-      j.push_back(jr);
-      continue;
-    }
-    for (const EpochRecord& e : r.epochs) {
-      jr["epochs"].push_back({{"epoch", e.epoch},
-                              {"loss", e.loss},
-                              {"test_accuracy", e.test_accuracy},
-                              {"samples_per_second", e.samples_per_second},
-                              {"seconds", e.seconds},
-                              {"bubble_fraction", e.bubble}});
-      csv << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ','
-          << c.lr << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',' << e.epoch
-          << ',' << e.loss << ',' << e.test_accuracy << ',' << e.samples_per_second << '\n';
-    }
-    j.push_back(jr);
-    TimelineOptions to;
-    to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
-    std::ofstream(out / ("timeline-" + file_stem(c.label()) + ".svg"))
-        << timeline_svg(r.trace, r.schedule, to);
-    std::ofstream(out / ("trace-" + file_stem(c.label()) + ".json"))
-        << chrome_trace_json(r.trace, r.schedule, c.label());
+// The output folder, kept current as runs finish: runs.csv (long: a row per run and epoch) gets
+// each run's rows appended, written through; runs.json (everything), accuracy.csv (wide: a
+// column per finished run) and accuracy.gp (gnuplot draws accuracy.svg and accuracy.png from
+// it) are replaced atomically; a finished run's timeline SVG and Chrome trace of its last epoch
+// go beside them. Whatever stops the study, the folder holds every run done by then.
+class StudyFiles {
+ public:
+  // Starts the files of a study with no run: an earlier study's rows and plots in the folder
+  // are dropped. Throws OutputError naming a file it cannot write.
+  explicit StudyFiles(fs::path dir) : dir_(std::move(dir)), csv_(dir_ / "runs.csv") {
+    csv_.append(
+        "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
+        "test_accuracy,samples_per_second,status\n");
+    std::error_code ignored;  // a plot that stays is redrawn or reported when plotting
+    fs::remove(dir_ / "accuracy.svg", ignored);
+    fs::remove(dir_ / "accuracy.png", ignored);
+    write_summaries();
   }
-  std::ofstream(out / "runs.json") << j.dump(2) << '\n';
 
-  std::vector<const RunRecord*> plotted;  // diverged runs have no accuracy curve
-  for (const RunRecord& r : records)
-    if (r.failure.empty()) plotted.push_back(&r);
-  std::ofstream acc(out / "accuracy.csv");
-  acc << "epoch";
-  for (const RunRecord* r : plotted) acc << ',' << r->config.label();
-  acc << '\n';
-  std::size_t epochs = 0;
-  for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
-  for (std::size_t e = 0; e < epochs; ++e) {
-    acc << e + 1;
-    for (const RunRecord* r : plotted) {
-      acc << ',';
-      if (e < r->epochs.size()) acc << 100 * r->epochs[e].test_accuracy;
+  // Records a run that ended (finished, diverged or failed). Throws OutputError.
+  void add(RunRecord r) {
+    records_.push_back(std::move(r));
+    RunRecord& rec = records_.back();
+    csv_.append(csv_rows(rec));
+    // If its timeline or trace cannot be written, runs.json still gets the run (without them)
+    // before the error goes on.
+    std::exception_ptr failure;
+    if (rec.ok()) {
+      const RunConfig& c = rec.config;
+      TimelineOptions to;
+      to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
+      try {
+        tools::write_file_atomically(dir_ / timeline_name(c),
+                                     timeline_svg(rec.trace, rec.schedule, to));
+        tools::write_file_atomically(dir_ / trace_name(c),
+                                     chrome_trace_json(rec.trace, rec.schedule, c.label()));
+        rec.trace_files = true;
+      } catch (const OutputError&) {
+        failure = std::current_exception();
+      }
     }
-    acc << '\n';
+    write_summaries();
+    if (failure) std::rethrow_exception(failure);
   }
-  acc.close();
-  std::ofstream gp(out / "accuracy.gp");
-  gp << "# Test accuracy per epoch of every run in accuracy.csv. Restyle freely; run from this\n"
+
+  // Draws accuracy.svg and accuracy.png with gnuplot (no shell: the folder's name may hold any
+  // character). True when both were drawn and are not empty; otherwise says why on stderr.
+  bool plot() const {
+    if (finished() == 0) {
+      std::fprintf(stderr,
+                   "xpipe-train: no run trained to the end, so there is no accuracy plot\n");
+      return false;
+    }
+    const std::string gnuplot = tools::find_program("gnuplot");
+    if (gnuplot.empty()) {
+      std::fprintf(stderr,
+                   "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
+                   "accuracy.gp' in %s to draw the plots\n",
+                   dir_.c_str());
+      return false;
+    }
+    if (const std::string why = tools::run_program(gnuplot, {"gnuplot", "accuracy.gp"}, dir_);
+        !why.empty()) {
+      std::fprintf(stderr, "xpipe-train: gnuplot %s; no plot drawn (accuracy.gp is in %s)\n",
+                   why.c_str(), dir_.c_str());
+      return false;
+    }
+    for (const char* name : {"accuracy.svg", "accuracy.png"})
+      if (!non_empty(name)) {
+        std::fprintf(stderr, "xpipe-train: gnuplot left %s empty or missing in %s\n", name,
+                     dir_.c_str());
+        return false;
+      }
+    return true;
+  }
+
+  // Whether the folder holds `name` and it is not empty (before saying it was written).
+  bool non_empty(const std::string& name) const {
+    std::error_code ec;
+    const auto size = fs::file_size(dir_ / name, ec);
+    return !ec && size > 0;
+  }
+  const std::vector<RunRecord>& records() const { return records_; }
+  std::size_t finished() const {
+    std::size_t n = 0;
+    for (const RunRecord& r : records_) n += r.ok();
+    return n;
+  }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  static std::string timeline_name(const RunConfig& c) {
+    return "timeline-" + file_stem(c.label()) + ".svg";
+  }
+  static std::string trace_name(const RunConfig& c) {
+    return "trace-" + file_stem(c.label()) + ".json";
+  }
+
+  // A row per finished epoch; a run that finished none gets one row with the epoch fields empty.
+  static std::string csv_rows(const RunRecord& r) {
+    const RunConfig& c = r.config;
+    std::ostringstream run;
+    run << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ',' << c.lr
+        << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',';
+    std::ostringstream rows;
+    for (const EpochRecord& e : r.epochs)
+      rows << run.str() << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ','
+           << e.samples_per_second << ',' << to_string(r.status) << '\n';
+    if (r.epochs.empty()) rows << run.str() << ",,,," << to_string(r.status) << '\n';
+    return rows.str();
+  }
+
+  void write_summaries() const {
+    nlohmann::json j = nlohmann::json::array();
+    for (const RunRecord& r : records_) {
+      const RunConfig& c = r.config;
+      nlohmann::json jr{{"run", c.label()},
+                        {"status", to_string(r.status)},
+                        {"schedule", c.schedule},
+                        {"predictor", c.predictor},
+                        {"optimizer", c.optimizer},
+                        {"lr", c.lr},
+                        {"model", c.model},
+                        {"stages", c.stages},
+                        {"micro_batches", c.micro_batches},
+                        {"batch", c.batch},
+                        {"seed", c.seed},
+                        {"executor", c.executor},
+                        {"epochs", nlohmann::json::array()}};
+      if (!r.ok()) jr["failure"] = r.why;
+      for (const EpochRecord& e : r.epochs)
+        jr["epochs"].push_back({{"epoch", e.epoch},
+                                {"loss", e.loss},
+                                {"test_accuracy", e.test_accuracy},
+                                {"samples_per_second", e.samples_per_second},
+                                {"seconds", e.seconds},
+                                {"bubble_fraction", e.bubble}});
+      if (r.ok()) {
+        jr["weight_copies"] = r.weight_copies;
+        jr["peak_activation_kib"] = r.activation_kib;
+      }
+      if (r.trace_files) {
+        jr["timeline_svg"] = timeline_name(c);
+        jr["chrome_trace"] = trace_name(c);
+      }
+      j.push_back(jr);
+    }
+    tools::write_file_atomically(dir_ / "runs.json", j.dump(2) + '\n');
+
+    std::vector<const RunRecord*> plotted;  // only runs that trained to the end have a curve
+    for (const RunRecord& r : records_)
+      if (r.ok()) plotted.push_back(&r);
+    std::ostringstream acc;
+    acc << "epoch";
+    for (const RunRecord* r : plotted) acc << ',' << r->config.label();
+    acc << '\n';
+    std::size_t epochs = 0;
+    for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
+    for (std::size_t e = 0; e < epochs; ++e) {
+      acc << e + 1;
+      for (const RunRecord* r : plotted) {
+        acc << ',';
+        if (e < r->epochs.size()) acc << 100 * r->epochs[e].test_accuracy;
+      }
+      acc << '\n';
+    }
+    tools::write_file_atomically(dir_ / "accuracy.csv", acc.str());
+    tools::write_file_atomically(
+        dir_ / "accuracy.gp",
+        "# Test accuracy per epoch of every run in accuracy.csv. Restyle freely; run from this\n"
         "# directory with: gnuplot accuracy.gp\n"
         "set datafile separator ','\n"
         "set key outside right top noenhanced\n"
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
         "set title 'Fashion-MNIST test accuracy by schedule and predictor' noenhanced\n"
-        "n = "
-     << plotted.size()
-     << "\n"
-        "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
-        "set output 'accuracy.svg'\n"
-        "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title columnheader(c)\n"
-        "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n";
-  gp.close();
-  const std::string cmd = "cd '" + fs::absolute(out).string() + "' && gnuplot accuracy.gp 2>&1";
-  if (std::system("command -v gnuplot > /dev/null 2>&1") == 0) {
-    if (std::system(cmd.c_str()) != 0)
-      std::fprintf(stderr, "xpipe-train: gnuplot failed; accuracy.gp is left in %s\n", dir.c_str());
-  } else {
-    std::fprintf(stderr,
-                 "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
-                 "accuracy.gp' in %s to draw the plots\n",
-                 dir.c_str());
+        "n = " +
+            std::to_string(plotted.size()) +
+            "\n"
+            "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
+            "set output 'accuracy.svg'\n"
+            "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title "
+            "columnheader(c)\n"
+            "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n");
   }
-  std::printf(
-      "\nwrote to %s: runs.csv, runs.json, accuracy.csv, accuracy.gp, accuracy.svg, "
-      "accuracy.png, and per run timeline-*.svg and trace-*.json (open in "
-      "https://ui.perfetto.dev)\n",
-      dir.c_str());
-}
+
+  fs::path dir_;
+  tools::AppendFile csv_;
+  std::vector<RunRecord> records_;
+};
 
 RunRecord run(const RunConfig& c, const DatasetPair& data) {
   const auto it = model_table().find({c.model, c.stages});
@@ -387,7 +516,9 @@ int main(int argc, char** argv) {
   app.add_option("--executor", c.executor, "threaded (a thread per stage) or reference")
       ->check(CLI::IsMember({"threaded", "reference"}));
   app.add_option("--data-dir", data_dir, "Directory of the four Fashion-MNIST .gz files");
-  app.add_option("--out", out_dir, "Output directory (CSV, JSON)");
+  app.add_option("--out", out_dir,
+                 "Output directory (CSV, JSON, plots, timelines), made before training and "
+                 "updated as each run finishes");
   app.add_option("--train-samples", train_samples, "Train on the first N samples only (0: all)")
       ->check(CLI::Range(0L, 60000L));
   app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
@@ -410,6 +541,11 @@ int main(int argc, char** argv) {
   if (c.micro_batches > c.batch) {
     std::fprintf(stderr, "xpipe-train: --micro-batches (%d) exceeds --batch (%ld)\n",
                  c.micro_batches, c.batch);
+    return 2;
+  }
+  // So is an --out that cannot hold the results: found now, not after hours of training.
+  if (const std::string why = tools::prepare_output_dir(out_dir); !why.empty()) {
+    std::fprintf(stderr, "xpipe-train: --out '%s': %s\n", out_dir.c_str(), why.c_str());
     return 2;
   }
   try {
@@ -438,26 +574,47 @@ int main(int argc, char** argv) {
     } else {
       runs = {c};
     }
-    std::printf("xpipe-train: model %s over %d stages, M = %d, batch %ld, %d epochs, seed %lu\n",
-                c.model.c_str(), c.stages, c.micro_batches, c.batch, c.epochs,
-                static_cast<unsigned long>(c.seed));
-    std::vector<RunRecord> records;
+    StudyFiles files(out_dir);
+    std::printf(
+        "xpipe-train: model %s over %d stages, M = %d, batch %ld, %d epochs, seed %lu; results "
+        "go to %s as each run ends\n",
+        c.model.c_str(), c.stages, c.micro_batches, c.batch, c.epochs,
+        static_cast<unsigned long>(c.seed), out_dir.c_str());
+    std::fflush(stdout);
     for (const RunConfig& r : runs) {
+      RunRecord rec;
       try {
-        records.push_back(run(r, data));
-      } catch (const Error& e) {
-        // In a study one diverging configuration is a result, not a reason to stop.
-        if (!compare) throw;
-        std::fprintf(stderr, "  %s stopped: %s\n", r.label().c_str(), e.what());
-        RunRecord failed;
-        failed.config = r;
-        failed.failure = e.what();
-        records.push_back(std::move(failed));
+        rec = run(r, data);
+      } catch (const Error& e) {  // it could not start (2BW with M < K)
+        rec.config = r;
+        rec.status = RunStatus::failed;
+        rec.why = e.what();
       }
+      // In a study one diverging configuration is a result, not a reason to stop.
+      if (!rec.ok())
+        std::fprintf(stderr, "  %s %s: %s\n", r.label().c_str(), to_string(rec.status),
+                     rec.why.c_str());
+      files.add(std::move(rec));
     }
-
-    print_table(records);
-    write_outputs(records, out_dir);
+    print_table(files.records());
+    const bool plotted = files.plot();
+    std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"};
+    if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png"});
+    std::string written;
+    for (const std::string& name : names)
+      if (files.non_empty(name)) written += (written.empty() ? "" : ", ") + name;
+    if (files.finished() > 0)
+      written +=
+          ", and per finished run timeline-*.svg and trace-*.json (open in "
+          "https://ui.perfetto.dev)";
+    std::printf("\nwrote to %s: %s\n", out_dir.c_str(), written.c_str());
+    std::fflush(stdout);
+    // A single run that did not finish is a failed command; a study reports it as a result.
+    if (!compare && !files.records().front().ok()) {
+      std::fprintf(stderr, "xpipe-train: %s %s: %s\n", c.label().c_str(),
+                   to_string(files.records().front().status), files.records().front().why.c_str());
+      return 1;
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xpipe-train: %s\n", e.what());
