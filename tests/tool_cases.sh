@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # xpipe-train loses nothing, case by case: --out checked before any training, failed writes
 # reported by file name (and never "wrote to" for them), gnuplot run without a shell, diverged
-# runs marked.
+# runs marked, and SIGINT, SIGTERM and SIGPIPE leaving the finished runs on disk.
 # Usage: tool_cases.sh <xpipe-train> <cmake> <scratch folder, emptied> <case>
 set -u
 tool=$1 cmake=$2 work=$3 case=$4
@@ -46,6 +46,35 @@ runs_json() {
   local got
   got=$(statuses "$1")
   [ "$got" = "$2" ] || fail "$1 holds '$got', expected '$2'"
+}
+# A study long enough to be stopped after its first run: 8 runs of 2 epochs over 2048 samples.
+# Waits for runs.csv's first row, sends the signal, and expects the exit code within 10 s.
+stop_study_after_first_run() {
+  local signal=$1 want=$2
+  "$tool" --compare --train-samples 2048 --test-samples 200 --epochs 2 --out out >out.txt 2>&1 &
+  local pid=$! i
+  for ((i = 0; i < 1200; ++i)); do  # 60 s
+    [ -f out/runs.csv ] && [ "$(wc -l <out/runs.csv)" -ge 2 ] && break
+    kill -0 $pid 2>/dev/null || fail "the study ended before a signal was sent"
+    sleep 0.05
+  done
+  kill -s "$signal" $pid
+  for ((i = 0; i < 200; ++i)); do  # 10 s: an epoch of 2048 samples takes about 1 s here
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -0 $pid 2>/dev/null && { kill -KILL $pid; fail "still running 10 s after $signal"; }
+  wait $pid
+  local rc=$?
+  [ "$rc" -eq "$want" ] || fail "exit code $rc after $signal, expected $want"
+  says "stopped by SIG$signal (before|during) run [2-8] of 8"
+  says "the [1-7] run\\(s\\) done are in out"
+  # The finished runs are whole on disk; the run the signal cut (if any) is marked.
+  [ "$(grep -c ',ok$' out/runs.csv)" -ge 2 ] || fail "runs.csv lacks the first run's 2 rows"
+  local got
+  got=$(statuses out/runs.json)
+  [[ "$got" =~ ^[1-8]\ ok(\ ok)*(\ interrupted)?$ ]] || fail "runs.json holds '$got'"
+  [ -s out/timeline-gpipe_latest_adam.svg ] || fail "the first run's timeline is missing"
 }
 
 case $case in
@@ -108,6 +137,17 @@ case $case in
     says "epoch 1: loss [0-9.e+]+ is above 1e\\+06"
     says "wrote to out: runs.csv, runs.json, accuracy.csv, accuracy.gp$"
     runs_json out/runs.json "1 diverged"
+    ;;
+  sigint_keeps_finished_runs) stop_study_after_first_run INT 130 ;;
+  sigterm_keeps_finished_runs) stop_study_after_first_run TERM 143 ;;
+  sigpipe_keeps_the_files)  # stdout closed after one line; the study goes on and writes all
+    "$tool" --compare "${small[@]}" --out out 2>out.txt | head -1 >head.txt
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || fail "exit code $rc with stdout closed, expected 0"
+    grep -q "^xpipe-train: model mlp" head.txt || fail "head -1 got '$(cat head.txt)'"
+    runs_json out/runs.json "8 ok ok ok ok ok ok ok ok"
+    [ "$(grep -c ',ok$' out/runs.csv)" -eq 8 ] || fail "runs.csv lacks runs"
+    [ -s out/accuracy.png ] || fail "no accuracy.png"
     ;;
   *) fail "no such case" ;;
 esac

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -53,8 +54,9 @@ struct EpochRecord {
 };
 
 // ok: trained every epoch. diverged: its loss ran away (tools::divergence), so it was stopped.
-// failed: it could not run (2BW with M < K) or stopped on another error.
-enum class RunStatus { ok, diverged, failed };
+// failed: it could not run (2BW with M < K) or stopped on another error. interrupted: a signal
+// stopped the study during it.
+enum class RunStatus { ok, diverged, failed, interrupted };
 
 const char* to_string(RunStatus s) {
   switch (s) {
@@ -64,6 +66,8 @@ const char* to_string(RunStatus s) {
       return "diverged";
     case RunStatus::failed:
       return "failed";
+    case RunStatus::interrupted:
+      return "interrupted";
   }
   return "?";
 }
@@ -80,6 +84,31 @@ struct RunRecord {
   bool trace_files = false;            // its timeline and trace are written
   bool ok() const { return status == RunStatus::ok; }
 };
+
+// SIGINT and SIGTERM set this and nothing else; the study checks it at its check points (every
+// 100 ms while an epoch trains, after each epoch and each run), so no write is ever cut short.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (stop_signal != 0) {  // a second signal: stop at once, as if there were no handler
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  stop_signal = sig;
+}
+
+// SIGPIPE is ignored: when stdout is a closed pipe (`| head -1`) printing fails quietly and the
+// study goes on writing its files.
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
 
 bool interactive() {
   return isatty(fileno(stdout)) != 0;
@@ -111,10 +140,15 @@ std::string file_stem(const std::string& label) {
   return out;
 }
 
+// Called by a run at its check points with what it has finished: every 100 ms while an epoch
+// trains (epoch_running is that epoch, which a stop abandons: a Pipeline cannot stop train()
+// part-way) and after each epoch (epoch_running 0). It does not return when a signal arrived.
+using CheckPoint = std::function<void(const RunRecord& so_far, int epoch_running)>;
+
 // Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
 // epoch, comes back marked so, with the epochs it finished.
 template <class P>
-RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
+RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   P pipe(make_optimizer(c.optimizer, c.lr),
          PipelineOptions{.batch = c.batch, .micro_batches = c.micro_batches, .seed = c.seed});
   Batcher batcher(data.train, c.batch, c.seed);
@@ -146,6 +180,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
     const auto t0 = std::chrono::steady_clock::now();
     while (!finished) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      check(rec, e);
       if (interactive()) {
         const auto p = pipe.progress();
         show_progress(c.label(), e, c.epochs, p.samples, data.train.count,
@@ -191,6 +226,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
       rec.trace = tr;
       rec.schedule = schedule;
     }
+    if (e < c.epochs) check(rec, 0);  // after the last, the run is done: recorded whole
   }
   for (int k = 0; k < P::stage_count; ++k) {
     rec.weight_copies.push_back(pipe.weight_copies(k));
@@ -200,13 +236,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
 }
 
 template <class... Stages>
-RunRecord run_stages(const RunConfig& c, const DatasetPair& data) {
+RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return with_predictor(c.predictor, [&]<class P>(std::type_identity<P>) {
-    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data);
+    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data, check);
   });
 }
 
-using Runner = std::function<RunRecord(const RunConfig&, const DatasetPair&)>;
+using Runner = std::function<RunRecord(const RunConfig&, const DatasetPair&, const CheckPoint&)>;
 const std::map<std::pair<std::string, int>, Runner>& model_table() {
   using namespace tools;
   static const std::map<std::pair<std::string, int>, Runner> table{
@@ -279,7 +315,7 @@ class StudyFiles {
     write_summaries();
   }
 
-  // Records a run that ended (finished, diverged or failed). Throws OutputError.
+  // Records a run that ended (finished, diverged, failed or interrupted). Throws OutputError.
   void add(RunRecord r) {
     records_.push_back(std::move(r));
     RunRecord& rec = records_.back();
@@ -450,12 +486,32 @@ class StudyFiles {
   std::vector<RunRecord> records_;
 };
 
-RunRecord run(const RunConfig& c, const DatasetPair& data) {
+// After SIGINT or SIGTERM: the runs done are on disk already; print them, say where they are and
+// exit with 128 + the signal (130, 143). _Exit: a stage thread may still be training the
+// abandoned epoch, and nothing of it is to be kept.
+[[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
+  const int sig = stop_signal;
+  print_table(files.records());
+  std::size_t done = 0;
+  for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
+  std::fprintf(stderr,
+               "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (runs.csv, "
+               "runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them)\n",
+               sig == SIGINT    ? "SIGINT"
+               : sig == SIGTERM ? "SIGTERM"
+                                : "a signal",
+               when.c_str(), done, files.dir().c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(128 + sig);
+}
+
+RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   const auto it = model_table().find({c.model, c.stages});
   if (it == model_table().end())
     throw ConfigError("no compiled model '" + c.model + "' over " + std::to_string(c.stages) +
                       " stages (available: " + available_models() + ")");
-  return it->second(c, data);
+  return it->second(c, data, check);
 }
 
 // --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
@@ -548,6 +604,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "xpipe-train: --out '%s': %s\n", out_dir.c_str(), why.c_str());
     return 2;
   }
+  install_signal_handlers();
   try {
     DatasetPair data = load_fashion_mnist(data_dir);
     if (train_samples > 0) data.train = head(data.train, train_samples);
@@ -574,6 +631,10 @@ int main(int argc, char** argv) {
     } else {
       runs = {c};
     }
+    if (stop_signal != 0) {  // before the study starts, so a folder's earlier results stay
+      std::fprintf(stderr, "xpipe-train: stopped by a signal before training; nothing written\n");
+      return 128 + stop_signal;
+    }
     StudyFiles files(out_dir);
     std::printf(
         "xpipe-train: model %s over %d stages, M = %d, batch %ld, %d epochs, seed %lu; results "
@@ -581,10 +642,33 @@ int main(int argc, char** argv) {
         c.model.c_str(), c.stages, c.micro_batches, c.batch, c.epochs,
         static_cast<unsigned long>(c.seed), out_dir.c_str());
     std::fflush(stdout);
-    for (const RunConfig& r : runs) {
+    std::size_t current = 0;  // index of the run in progress
+    const CheckPoint check = [&](const RunRecord& so_far, int epoch_running) {
+      if (stop_signal == 0) return;
+      RunRecord partial = so_far;
+      partial.status = RunStatus::interrupted;
+      partial.why =
+          epoch_running > 0
+              ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
+              : "stopped after epoch " + std::to_string(so_far.epochs.size());
+      try {
+        files.add(std::move(partial));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "xpipe-train: %s\n", e.what());
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+      stop_for_signal(files, "during run " + std::to_string(current + 1) + " of " +
+                                 std::to_string(runs.size()) + " (" + so_far.config.label() + ")");
+    };
+    for (; current < runs.size(); ++current) {
+      const RunConfig& r = runs[current];
+      if (stop_signal != 0)
+        stop_for_signal(files, "before run " + std::to_string(current + 1) + " of " +
+                                   std::to_string(runs.size()));
       RunRecord rec;
       try {
-        rec = run(r, data);
+        rec = run(r, data, check);
       } catch (const Error& e) {  // it could not start (2BW with M < K)
         rec.config = r;
         rec.status = RunStatus::failed;
@@ -596,8 +680,10 @@ int main(int argc, char** argv) {
                      rec.why.c_str());
       files.add(std::move(rec));
     }
+    if (stop_signal != 0) stop_for_signal(files, "after the last run");
     print_table(files.records());
     const bool plotted = files.plot();
+    if (stop_signal != 0) stop_for_signal(files, "while plotting");
     std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"};
     if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png"});
     std::string written;
