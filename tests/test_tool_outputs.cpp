@@ -1,13 +1,16 @@
 // What `xpipe-train --compare` leaves in its output directory, parsed back: runs.json,
 // runs.csv, accuracy.csv, the gnuplot SVG (one series per run), per-run timelines and traces.
-// The directory comes from $XPIPE_TOOL_OUT (set by CTest after tool.end_to_end ran).
+// The directory comes from $XPIPE_TOOL_OUT (set by CTest after tool.end_to_end ran). And the
+// rule by which the tool calls a run diverged.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
+#include "divergence.hpp"
 #include "support/support.hpp"
 
 namespace fs = std::filesystem;
@@ -28,6 +31,7 @@ TEST_CASE("runs.json and runs.csv describe every run of the study", "[tool]") {
   std::set<std::string> predictors;
   for (const auto& r : j) {
     predictors.insert(r["predictor"]);
+    REQUIRE(r["status"] == "ok");
     REQUIRE(r["epochs"].size() == 1);
     const auto& e = r["epochs"][0];
     REQUIRE(e["test_accuracy"].get<double>() > 0.3);  // far above chance after one epoch
@@ -44,6 +48,7 @@ TEST_CASE("runs.json and runs.csv describe every run of the study", "[tool]") {
   REQUIRE(count_matches(csv, "\n") == 1 + 8);  // header + a row per run and epoch
   REQUIRE(csv.rfind("run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,", 0) ==
           0);
+  REQUIRE(count_matches(csv, ",ok\n") == 8);  // the status column
   const std::string acc = read_text(out_dir() / "accuracy.csv");
   REQUIRE(count_matches(acc, ",") == 2 * 8);  // header and one epoch row, 8 run columns each
 }
@@ -67,4 +72,21 @@ TEST_CASE("Timelines and Chrome traces of the runs parse back", "[tool]") {
   std::size_t forwards = 0;
   for (const auto& e : trace["traceEvents"]) forwards += e["ph"] == "X" && e["cat"] == "forward";
   REQUIRE(forwards == 4 * 16 * 4);  // 2048 samples = 16 mini-batches of 128, M = 4, 4 stages
+}
+
+TEST_CASE("A run has diverged when its loss is not finite, above 1e6, or 10x its lowest",
+          "[tool]") {
+  using xpipe::tools::divergence;
+  REQUIRE(divergence({}).empty());
+  REQUIRE(divergence({2.3}).empty());
+  // A high learning rate's first epoch swings far and comes back (Adam, lr 0.03): not diverged.
+  REQUIRE(divergence({3368}).empty());
+  REQUIRE(divergence({3368, 13.9}).empty());
+  REQUIRE(divergence({3368, 13.9, 3.9}).empty());
+  REQUIRE(divergence({std::nan("")}) == "epoch 1: loss is nan");
+  REQUIRE(divergence({0.5, INFINITY}) == "epoch 2: loss is inf");
+  REQUIRE(divergence({3.1e33}) == "epoch 1: loss 3.1e+33 is above 1e+06");
+  // It had learned and ran away: judged against the lowest epoch before, not the first.
+  REQUIRE(divergence({0.5, 0.3, 2.9}).empty());
+  REQUIRE(divergence({0.5, 0.3, 3.1}) == "epoch 3: loss 3.1 is above 10x epoch 2's 0.3");
 }

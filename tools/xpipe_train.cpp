@@ -5,23 +5,30 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cctype>
+#include <charconv>
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "divergence.hpp"
 #include "models.hpp"
+#include "output_files.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace fs = std::filesystem;
 using namespace xpipe;
+using tools::OutputError;
 
 namespace {
 
@@ -46,15 +53,62 @@ struct EpochRecord {
   std::vector<double> bubble;  // measured per stage
 };
 
+// ok: trained every epoch. diverged: its loss ran away (tools::divergence), so it was stopped.
+// failed: it could not run (2BW with M < K) or stopped on another error. interrupted: a signal
+// stopped the study during it.
+enum class RunStatus { ok, diverged, failed, interrupted };
+
+const char* to_string(RunStatus s) {
+  switch (s) {
+    case RunStatus::ok:
+      return "ok";
+    case RunStatus::diverged:
+      return "diverged";
+    case RunStatus::failed:
+      return "failed";
+    case RunStatus::interrupted:
+      return "interrupted";
+  }
+  return "?";
+}
+
 struct RunRecord {
   RunConfig config;
-  std::vector<EpochRecord> epochs;
+  RunStatus status = RunStatus::ok;
+  std::string why;                  // what stopped it, unless ok
+  std::vector<EpochRecord> epochs;  // those it finished
   std::vector<int> weight_copies;
   std::vector<double> activation_kib;  // peak per stage
-  std::string failure;                 // why the run stopped early (divergence), if it did
   ExecutionTrace trace;                // of the last epoch
   Schedule schedule;                   // that the trace ran
+  bool trace_files = false;            // its timeline and trace are written
+  bool ok() const { return status == RunStatus::ok; }
 };
+
+// SIGINT and SIGTERM set this and nothing else; the study checks it at its check points (every
+// 100 ms while an epoch trains, after each epoch and each run), so no write is ever cut short.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (stop_signal != 0) {  // a second signal: stop at once, as if there were no handler
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  stop_signal = sig;
+}
+
+// SIGPIPE is ignored: when stdout is a closed pipe (`| head -1`) printing fails quietly and the
+// study goes on writing its files.
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
 
 bool interactive() {
   return isatty(fileno(stdout)) != 0;
@@ -86,9 +140,15 @@ std::string file_stem(const std::string& label) {
   return out;
 }
 
-// Runs one configuration on one compiled Pipeline type.
+// Called by a run at its check points with what it has finished: every 100 ms while an epoch
+// trains (epoch_running is that epoch, which a stop abandons: a Pipeline cannot stop train()
+// part-way) and after each epoch (epoch_running 0). It does not return when a signal arrived.
+using CheckPoint = std::function<void(const RunRecord& so_far, int epoch_running)>;
+
+// Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
+// epoch, comes back marked so, with the epochs it finished.
 template <class P>
-RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
+RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   P pipe(make_optimizer(c.optimizer, c.lr),
          PipelineOptions{.batch = c.batch, .micro_batches = c.micro_batches, .seed = c.seed});
   Batcher batcher(data.train, c.batch, c.seed);
@@ -120,6 +180,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
     const auto t0 = std::chrono::steady_clock::now();
     while (!finished) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      check(rec, e);
       if (interactive()) {
         const auto p = pipe.progress();
         show_progress(c.label(), e, c.epochs, p.samples, data.train.count,
@@ -129,7 +190,19 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
     }
     worker.join();
     if (interactive()) std::printf("\r\033[K");
-    if (failure) std::rethrow_exception(failure);
+    if (failure) {
+      try {
+        std::rethrow_exception(failure);
+      } catch (const Error& err) {
+        // The library throws on a NaN or infinite loss; any other error is a failure.
+        const std::string what = err.what();
+        const bool numeric = what.find("loss is NaN") != std::string::npos ||
+                             what.find("loss is infinite") != std::string::npos;
+        rec.status = numeric ? RunStatus::diverged : RunStatus::failed;
+        rec.why = "epoch " + std::to_string(e) + ": " + what;
+        return rec;
+      }
+    }
     const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
     EpochRecord er;
     er.epoch = e;
@@ -142,10 +215,18 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
                 er.loss, 100 * er.test_accuracy, er.samples_per_second);
     std::fflush(stdout);
     rec.epochs.push_back(er);
+    std::vector<double> losses;
+    for (const EpochRecord& done : rec.epochs) losses.push_back(done.loss);
+    if (std::string why = tools::divergence(losses); !why.empty()) {
+      rec.status = RunStatus::diverged;
+      rec.why = why;
+      return rec;
+    }
     if (e == c.epochs) {
       rec.trace = tr;
       rec.schedule = schedule;
     }
+    if (e < c.epochs) check(rec, 0);  // after the last, the run is done: recorded whole
   }
   for (int k = 0; k < P::stage_count; ++k) {
     rec.weight_copies.push_back(pipe.weight_copies(k));
@@ -155,13 +236,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data) {
 }
 
 template <class... Stages>
-RunRecord run_stages(const RunConfig& c, const DatasetPair& data) {
+RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return with_predictor(c.predictor, [&]<class P>(std::type_identity<P>) {
-    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data);
+    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data, check);
   });
 }
 
-using Runner = std::function<RunRecord(const RunConfig&, const DatasetPair&)>;
+using Runner = std::function<RunRecord(const RunConfig&, const DatasetPair&, const CheckPoint&)>;
 const std::map<std::pair<std::string, int>, Runner>& model_table() {
   using namespace tools;
   static const std::map<std::pair<std::string, int>, Runner> table{
@@ -193,13 +274,14 @@ std::string joined(const std::vector<double>& v, const char* fmt) {
 }
 
 // The study's table: accuracy per epoch, final loss, throughput, and per stage the measured
-// bubble (idle) fraction, weight copies held and peak activation memory.
+// bubble (idle) fraction, weight copies held and peak activation memory. A run that did not
+// finish says why.
 void print_table(const std::vector<RunRecord>& records) {
   std::printf("\n%-30s %-22s %8s %9s  %-26s %-12s %s\n", "run", "test accuracy by epoch", "loss",
               "samples/s", "bubble per stage", "weights", "peak activations KiB");
   for (const RunRecord& r : records) {
-    if (!r.failure.empty()) {
-      std::printf("%-30s stopped: %s\n", r.config.label().c_str(), r.failure.c_str());
+    if (!r.ok()) {
+      std::printf("%-30s %s: %s\n", r.config.label().c_str(), to_string(r.status), r.why.c_str());
       continue;
     }
     std::vector<double> acc, copies;
@@ -211,119 +293,247 @@ void print_table(const std::vector<RunRecord>& records) {
                 joined(last.bubble, "%.2f").c_str(), joined(copies, "%.0f").c_str(),
                 joined(r.activation_kib, "%.0f").c_str());
   }
+  std::fflush(stdout);
 }
 
-// runs.csv (long: a row per run and epoch), runs.json, accuracy.csv (wide: a column per run)
-// with accuracy.gp beside it (gnuplot draws accuracy.svg and accuracy.png when installed), and
-// per run a timeline SVG and a Chrome trace of its last epoch.
-void write_outputs(const std::vector<RunRecord>& records, const std::string& dir) {
-  fs::create_directories(dir);
-  const fs::path out(dir);
-  nlohmann::json j = nlohmann::json::array();
-  std::ofstream csv(out / "runs.csv");
-  csv << "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
-         "test_accuracy,samples_per_second\n";
-  for (const RunRecord& r : records) {
-    const RunConfig& c = r.config;
-    nlohmann::json jr{{"run", c.label()},
-                      {"schedule", c.schedule},
-                      {"predictor", c.predictor},
-                      {"optimizer", c.optimizer},
-                      {"lr", c.lr},
-                      {"model", c.model},
-                      {"stages", c.stages},
-                      {"micro_batches", c.micro_batches},
-                      {"batch", c.batch},
-                      {"seed", c.seed},
-                      {"executor", c.executor},
-                      {"weight_copies", r.weight_copies},
-                      {"peak_activation_kib", r.activation_kib},
-                      {"timeline_svg", "timeline-" + file_stem(c.label()) + ".svg"},
-                      {"chrome_trace", "trace-" + file_stem(c.label()) + ".json"}};
-    if (!r.failure.empty()) {
-      jr["failure"] = r.failure;
-      jr.erase("timeline_svg");
-      jr.erase("chrome_trace");
-      j.push_back(jr);
-      continue;
-    }
-    for (const EpochRecord& e : r.epochs) {
-      jr["epochs"].push_back({{"epoch", e.epoch},
-                              {"loss", e.loss},
-                              {"test_accuracy", e.test_accuracy},
-                              {"samples_per_second", e.samples_per_second},
-                              {"seconds", e.seconds},
-                              {"bubble_fraction", e.bubble}});
-      csv << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ','
-          << c.lr << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',' << e.epoch
-          << ',' << e.loss << ',' << e.test_accuracy << ',' << e.samples_per_second << '\n';
-    }
-    j.push_back(jr);
-    TimelineOptions to;
-    to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
-    std::ofstream(out / ("timeline-" + file_stem(c.label()) + ".svg"))
-        << timeline_svg(r.trace, r.schedule, to);
-    std::ofstream(out / ("trace-" + file_stem(c.label()) + ".json"))
-        << chrome_trace_json(r.trace, r.schedule, c.label());
+// The output folder, kept current as runs finish: runs.csv (long: a row per run and epoch) gets
+// each run's rows appended, written through; runs.json (everything), accuracy.csv (wide: a
+// column per finished run) and accuracy.gp (gnuplot draws accuracy.svg and accuracy.png from
+// it) are replaced atomically; a finished run's timeline SVG and Chrome trace of its last epoch
+// go beside them. Whatever stops the study, the folder holds every run done by then.
+class StudyFiles {
+ public:
+  // Starts the files of a study with no run: an earlier study's rows and plots in the folder
+  // are dropped. Throws OutputError naming a file it cannot write.
+  explicit StudyFiles(fs::path dir) : dir_(std::move(dir)), csv_(dir_ / "runs.csv") {
+    csv_.append(
+        "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
+        "test_accuracy,samples_per_second,status\n");
+    std::error_code ignored;  // a plot that stays is redrawn or reported when plotting
+    fs::remove(dir_ / "accuracy.svg", ignored);
+    fs::remove(dir_ / "accuracy.png", ignored);
+    write_summaries();
   }
-  std::ofstream(out / "runs.json") << j.dump(2) << '\n';
 
-  std::vector<const RunRecord*> plotted;  // diverged runs have no accuracy curve
-  for (const RunRecord& r : records)
-    if (r.failure.empty()) plotted.push_back(&r);
-  std::ofstream acc(out / "accuracy.csv");
-  acc << "epoch";
-  for (const RunRecord* r : plotted) acc << ',' << r->config.label();
-  acc << '\n';
-  std::size_t epochs = 0;
-  for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
-  for (std::size_t e = 0; e < epochs; ++e) {
-    acc << e + 1;
-    for (const RunRecord* r : plotted) {
-      acc << ',';
-      if (e < r->epochs.size()) acc << 100 * r->epochs[e].test_accuracy;
+  // Records a run that ended (finished, diverged, failed or interrupted). Throws OutputError.
+  void add(RunRecord r) {
+    records_.push_back(std::move(r));
+    RunRecord& rec = records_.back();
+    csv_.append(csv_rows(rec));
+    // If its timeline or trace cannot be written, runs.json still gets the run (without them)
+    // before the error goes on.
+    std::exception_ptr failure;
+    if (rec.ok()) {
+      const RunConfig& c = rec.config;
+      TimelineOptions to;
+      to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
+      try {
+        tools::write_file_atomically(dir_ / timeline_name(c),
+                                     timeline_svg(rec.trace, rec.schedule, to));
+        tools::write_file_atomically(dir_ / trace_name(c),
+                                     chrome_trace_json(rec.trace, rec.schedule, c.label()));
+        rec.trace_files = true;
+      } catch (const OutputError&) {
+        failure = std::current_exception();
+      }
     }
-    acc << '\n';
+    write_summaries();
+    if (failure) std::rethrow_exception(failure);
   }
-  acc.close();
-  std::ofstream gp(out / "accuracy.gp");
-  gp << "# Test accuracy per epoch of every run in accuracy.csv. Restyle freely; run from this\n"
+
+  // Draws accuracy.svg and accuracy.png with gnuplot (no shell: the folder's name may hold any
+  // character). True when both were drawn and are not empty; otherwise says why on stderr.
+  bool plot() const {
+    if (finished() == 0) {
+      std::fprintf(stderr,
+                   "xpipe-train: no run trained to the end, so there is no accuracy plot\n");
+      return false;
+    }
+    const std::string gnuplot = tools::find_program("gnuplot");
+    if (gnuplot.empty()) {
+      std::fprintf(stderr,
+                   "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
+                   "accuracy.gp' in %s to draw the plots\n",
+                   dir_.c_str());
+      return false;
+    }
+    if (const std::string why = tools::run_program(gnuplot, {"gnuplot", "accuracy.gp"}, dir_);
+        !why.empty()) {
+      std::fprintf(stderr, "xpipe-train: gnuplot %s; no plot drawn (accuracy.gp is in %s)\n",
+                   why.c_str(), dir_.c_str());
+      return false;
+    }
+    for (const char* name : {"accuracy.svg", "accuracy.png"})
+      if (!non_empty(name)) {
+        std::fprintf(stderr, "xpipe-train: gnuplot left %s empty or missing in %s\n", name,
+                     dir_.c_str());
+        return false;
+      }
+    return true;
+  }
+
+  // Whether the folder holds `name` and it is not empty (before saying it was written).
+  bool non_empty(const std::string& name) const {
+    std::error_code ec;
+    const auto size = fs::file_size(dir_ / name, ec);
+    return !ec && size > 0;
+  }
+  const std::vector<RunRecord>& records() const { return records_; }
+  std::size_t finished() const {
+    std::size_t n = 0;
+    for (const RunRecord& r : records_) n += r.ok();
+    return n;
+  }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  static std::string timeline_name(const RunConfig& c) {
+    return "timeline-" + file_stem(c.label()) + ".svg";
+  }
+  static std::string trace_name(const RunConfig& c) {
+    return "trace-" + file_stem(c.label()) + ".json";
+  }
+
+  // A row per finished epoch; a run that finished none gets one row with the epoch fields empty.
+  static std::string csv_rows(const RunRecord& r) {
+    const RunConfig& c = r.config;
+    std::ostringstream run;
+    run << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ',' << c.lr
+        << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',';
+    std::ostringstream rows;
+    for (const EpochRecord& e : r.epochs)
+      rows << run.str() << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ','
+           << e.samples_per_second << ',' << to_string(r.status) << '\n';
+    if (r.epochs.empty()) rows << run.str() << ",,,," << to_string(r.status) << '\n';
+    return rows.str();
+  }
+
+  void write_summaries() const {
+    nlohmann::json j = nlohmann::json::array();
+    for (const RunRecord& r : records_) {
+      const RunConfig& c = r.config;
+      nlohmann::json jr{{"run", c.label()},
+                        {"status", to_string(r.status)},
+                        {"schedule", c.schedule},
+                        {"predictor", c.predictor},
+                        {"optimizer", c.optimizer},
+                        {"lr", c.lr},
+                        {"model", c.model},
+                        {"stages", c.stages},
+                        {"micro_batches", c.micro_batches},
+                        {"batch", c.batch},
+                        {"seed", c.seed},
+                        {"executor", c.executor},
+                        {"epochs", nlohmann::json::array()}};
+      if (!r.ok()) jr["failure"] = r.why;
+      for (const EpochRecord& e : r.epochs)
+        jr["epochs"].push_back({{"epoch", e.epoch},
+                                {"loss", e.loss},
+                                {"test_accuracy", e.test_accuracy},
+                                {"samples_per_second", e.samples_per_second},
+                                {"seconds", e.seconds},
+                                {"bubble_fraction", e.bubble}});
+      if (r.ok()) {
+        jr["weight_copies"] = r.weight_copies;
+        jr["peak_activation_kib"] = r.activation_kib;
+      }
+      if (r.trace_files) {
+        jr["timeline_svg"] = timeline_name(c);
+        jr["chrome_trace"] = trace_name(c);
+      }
+      j.push_back(jr);
+    }
+    tools::write_file_atomically(dir_ / "runs.json", j.dump(2) + '\n');
+
+    std::vector<const RunRecord*> plotted;  // only runs that trained to the end have a curve
+    for (const RunRecord& r : records_)
+      if (r.ok()) plotted.push_back(&r);
+    std::ostringstream acc;
+    acc << "epoch";
+    for (const RunRecord* r : plotted) acc << ',' << r->config.label();
+    acc << '\n';
+    std::size_t epochs = 0;
+    for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
+    for (std::size_t e = 0; e < epochs; ++e) {
+      acc << e + 1;
+      for (const RunRecord* r : plotted) {
+        acc << ',';
+        if (e < r->epochs.size()) acc << 100 * r->epochs[e].test_accuracy;
+      }
+      acc << '\n';
+    }
+    tools::write_file_atomically(dir_ / "accuracy.csv", acc.str());
+    tools::write_file_atomically(
+        dir_ / "accuracy.gp",
+        "# Test accuracy per epoch of every run in accuracy.csv. Restyle freely; run from this\n"
         "# directory with: gnuplot accuracy.gp\n"
         "set datafile separator ','\n"
         "set key outside right top noenhanced\n"
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
         "set title 'Fashion-MNIST test accuracy by schedule and predictor' noenhanced\n"
-        "n = "
-     << plotted.size()
-     << "\n"
-        "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
-        "set output 'accuracy.svg'\n"
-        "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title columnheader(c)\n"
-        "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n";
-  gp.close();
-  const std::string cmd = "cd '" + fs::absolute(out).string() + "' && gnuplot accuracy.gp 2>&1";
-  if (std::system("command -v gnuplot > /dev/null 2>&1") == 0) {
-    if (std::system(cmd.c_str()) != 0)
-      std::fprintf(stderr, "xpipe-train: gnuplot failed; accuracy.gp is left in %s\n", dir.c_str());
-  } else {
-    std::fprintf(stderr,
-                 "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
-                 "accuracy.gp' in %s to draw the plots\n",
-                 dir.c_str());
+        "n = " +
+            std::to_string(plotted.size()) +
+            "\n"
+            "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
+            "set output 'accuracy.svg'\n"
+            "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title "
+            "columnheader(c)\n"
+            "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n");
   }
-  std::printf(
-      "\nwrote to %s: runs.csv, runs.json, accuracy.csv, accuracy.gp, accuracy.svg, "
-      "accuracy.png, and per run timeline-*.svg and trace-*.json (open in "
-      "https://ui.perfetto.dev)\n",
-      dir.c_str());
+
+  fs::path dir_;
+  tools::AppendFile csv_;
+  std::vector<RunRecord> records_;
+};
+
+// After SIGINT or SIGTERM: the runs done are on disk already; print them, say where they are and
+// exit with 128 + the signal (130, 143). _Exit: a stage thread may still be training the
+// abandoned epoch, and nothing of it is to be kept.
+[[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
+  const int sig = stop_signal;
+  print_table(files.records());
+  std::size_t done = 0;
+  for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
+  std::fprintf(stderr,
+               "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (runs.csv, "
+               "runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them)\n",
+               sig == SIGINT    ? "SIGINT"
+               : sig == SIGTERM ? "SIGTERM"
+                                : "a signal",
+               when.c_str(), done, files.dir().c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(128 + sig);
 }
 
-RunRecord run(const RunConfig& c, const DatasetPair& data) {
+RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   const auto it = model_table().find({c.model, c.stages});
   if (it == model_table().end())
     throw ConfigError("no compiled model '" + c.model + "' over " + std::to_string(c.stages) +
                       " stages (available: " + available_models() + ")");
-  return it->second(c, data);
+  return it->second(c, data, check);
+}
+
+// --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
+// ulp of any weight above 0.17 (ulp(1) = 1.2e-7), so nothing would train; above 10 nothing here
+// trains either (Adam at lr 1 already leaves the MLP at chance with a loss of 1e9).
+std::string check_learning_rate(std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') return "'" + text + "' is not a number";
+  if (!std::isfinite(v) || v < 1e-8 || v > 10)
+    return text + " is outside [1e-8, 10], the learning rates that can train";
+  return "";
+}
+
+// --seed: a whole number from 0 to 2^64 - 1 ("-1" is not quietly taken as 2^64 - 1).
+std::string check_seed(std::string& text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    return "'" + text + "' is not a whole number from 0 to " +
+           std::to_string(std::numeric_limits<std::uint64_t>::max());
+  return "";
 }
 
 }  // namespace
@@ -336,6 +546,7 @@ int main(int argc, char** argv) {
   bool compare = false;
   long train_samples = 0, test_samples = 0;
   float sgd_lr_flag = 0.05f;
+  const CLI::Validator learning_rate(check_learning_rate, "in [1e-8, 10]");
   app.add_option("--model", c.model, "Model: mlp (784-1024-1024-1024-10) or deep (784-512x7-10)")
       ->check(CLI::IsMember({"mlp", "deep"}));
   app.add_option("--stages,-K", c.stages, "Pipeline stages K (mlp: 1, 2, 4; deep: 8)")
@@ -353,20 +564,23 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", c.optimizer,
                  "Optimizer (sgd has momentum 0.9): " + join_names(optimizer_names))
       ->check(CLI::IsMember(names(optimizer_names)));
-  app.add_option("--lr", c.lr, "Learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr, "Learning rate")->check(learning_rate);
   app.add_option("--batch", c.batch, "Mini-batch size")->check(CLI::Range(1L, 60000L));
   app.add_option("--epochs", c.epochs, "Epochs")->check(CLI::Range(1, 1000));
-  app.add_option("--seed", c.seed, "Seed of initialisation and shuffling");
+  app.add_option("--seed", c.seed, "Seed of initialisation and shuffling")
+      ->check(CLI::Validator(check_seed, "0 to 2^64-1"));
   app.add_option("--executor", c.executor, "threaded (a thread per stage) or reference")
       ->check(CLI::IsMember({"threaded", "reference"}));
   app.add_option("--data-dir", data_dir, "Directory of the four Fashion-MNIST .gz files");
-  app.add_option("--out", out_dir, "Output directory (CSV, JSON)");
+  app.add_option("--out", out_dir,
+                 "Output directory (CSV, JSON, plots, timelines), made before training and "
+                 "updated as each run finishes");
   app.add_option("--train-samples", train_samples, "Train on the first N samples only (0: all)")
       ->check(CLI::Range(0L, 60000L));
   app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
       ->check(CLI::Range(0L, 10000L));
   app.add_option("--sgd-lr", sgd_lr_flag, "Learning rate of the SGD runs of --compare (SpecTrain)")
-      ->check(CLI::PositiveNumber);
+      ->check(learning_rate);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
   try {
     app.parse(argc, argv);
@@ -385,6 +599,12 @@ int main(int argc, char** argv) {
                  c.micro_batches, c.batch);
     return 2;
   }
+  // So is an --out that cannot hold the results: found now, not after hours of training.
+  if (const std::string why = tools::prepare_output_dir(out_dir); !why.empty()) {
+    std::fprintf(stderr, "xpipe-train: --out '%s': %s\n", out_dir.c_str(), why.c_str());
+    return 2;
+  }
+  install_signal_handlers();
   try {
     DatasetPair data = load_fashion_mnist(data_dir);
     if (train_samples > 0) data.train = head(data.train, train_samples);
@@ -411,26 +631,76 @@ int main(int argc, char** argv) {
     } else {
       runs = {c};
     }
-    std::printf("xpipe-train: model %s over %d stages, M = %d, batch %ld, %d epochs, seed %lu\n",
-                c.model.c_str(), c.stages, c.micro_batches, c.batch, c.epochs,
-                static_cast<unsigned long>(c.seed));
-    std::vector<RunRecord> records;
-    for (const RunConfig& r : runs) {
-      try {
-        records.push_back(run(r, data));
-      } catch (const Error& e) {
-        // In a study one diverging configuration is a result, not a reason to stop.
-        if (!compare) throw;
-        std::fprintf(stderr, "  %s stopped: %s\n", r.label().c_str(), e.what());
-        RunRecord failed;
-        failed.config = r;
-        failed.failure = e.what();
-        records.push_back(std::move(failed));
-      }
+    if (stop_signal != 0) {  // before the study starts, so a folder's earlier results stay
+      std::fprintf(stderr, "xpipe-train: stopped by a signal before training; nothing written\n");
+      return 128 + stop_signal;
     }
-
-    print_table(records);
-    write_outputs(records, out_dir);
+    StudyFiles files(out_dir);
+    std::printf(
+        "xpipe-train: model %s over %d stages, M = %d, batch %ld, %d epochs, seed %lu; results "
+        "go to %s as each run ends\n",
+        c.model.c_str(), c.stages, c.micro_batches, c.batch, c.epochs,
+        static_cast<unsigned long>(c.seed), out_dir.c_str());
+    std::fflush(stdout);
+    std::size_t current = 0;  // index of the run in progress
+    const CheckPoint check = [&](const RunRecord& so_far, int epoch_running) {
+      if (stop_signal == 0) return;
+      RunRecord partial = so_far;
+      partial.status = RunStatus::interrupted;
+      partial.why =
+          epoch_running > 0
+              ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
+              : "stopped after epoch " + std::to_string(so_far.epochs.size());
+      try {
+        files.add(std::move(partial));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "xpipe-train: %s\n", e.what());
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+      stop_for_signal(files, "during run " + std::to_string(current + 1) + " of " +
+                                 std::to_string(runs.size()) + " (" + so_far.config.label() + ")");
+    };
+    for (; current < runs.size(); ++current) {
+      const RunConfig& r = runs[current];
+      if (stop_signal != 0)
+        stop_for_signal(files, "before run " + std::to_string(current + 1) + " of " +
+                                   std::to_string(runs.size()));
+      RunRecord rec;
+      try {
+        rec = run(r, data, check);
+      } catch (const Error& e) {  // it could not start (2BW with M < K)
+        rec.config = r;
+        rec.status = RunStatus::failed;
+        rec.why = e.what();
+      }
+      // In a study one diverging configuration is a result, not a reason to stop.
+      if (!rec.ok())
+        std::fprintf(stderr, "  %s %s: %s\n", r.label().c_str(), to_string(rec.status),
+                     rec.why.c_str());
+      files.add(std::move(rec));
+    }
+    if (stop_signal != 0) stop_for_signal(files, "after the last run");
+    print_table(files.records());
+    const bool plotted = files.plot();
+    if (stop_signal != 0) stop_for_signal(files, "while plotting");
+    std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"};
+    if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png"});
+    std::string written;
+    for (const std::string& name : names)
+      if (files.non_empty(name)) written += (written.empty() ? "" : ", ") + name;
+    if (files.finished() > 0)
+      written +=
+          ", and per finished run timeline-*.svg and trace-*.json (open in "
+          "https://ui.perfetto.dev)";
+    std::printf("\nwrote to %s: %s\n", out_dir.c_str(), written.c_str());
+    std::fflush(stdout);
+    // A single run that did not finish is a failed command; a study reports it as a result.
+    if (!compare && !files.records().front().ok()) {
+      std::fprintf(stderr, "xpipe-train: %s %s: %s\n", c.label().c_str(),
+                   to_string(files.records().front().status), files.records().front().why.c_str());
+      return 1;
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xpipe-train: %s\n", e.what());
