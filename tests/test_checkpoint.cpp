@@ -103,6 +103,7 @@ TEST_CASE("Resume restores moments and step counts - not only weights", "[checkp
   });
   REQUIRE(weights_only.weights() == loaded.weights());
   loaded.for_each_optimizer_state([](int, const auto& st) { REQUIRE(st.steps_taken() == 6); });
+  REQUIRE(loaded.weight_copies(2) == 0);  // nothing trained yet: no run to report (and no crash)
   loaded.train(async_1f1b(3, 4, 6), d1.epoch(), exec);
   weights_only.train(async_1f1b(3, 4, 6), d1.epoch(), exec);
   REQUIRE(loaded.weights() == a.weights());

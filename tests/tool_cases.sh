@@ -149,6 +149,51 @@ case $case in
     [ "$(grep -c ',ok$' out/runs.csv)" -eq 8 ] || fail "runs.csv lacks runs"
     [ -s out/accuracy.png ] || fail "no accuracy.png"
     ;;
+  resume_is_exact)  # 3 epochs straight = 2 epochs, then --resume to 3: the same numbers
+    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
+    run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck-straight --out straight
+    run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --out first
+    run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
+    says "resumed from ck/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done\\)"
+    # loss and test accuracy of every epoch (columns 9-11), the resumed run's first two restored
+    cut -d, -f9-11 straight/runs.csv >want.txt
+    cut -d, -f9-11 resumed/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    [ -d ck/async-1f1b_xpipe_adam/ckpt-000003 ] || fail "no checkpoint after epoch 3"
+    ;;
+  checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
+    run 0 "${small[@]}" --checkpoint-dir ck --out out
+    run 2 "${small[@]}" --checkpoint-dir ck --out out
+    says "ck/async-1f1b_xpipe_adam already holds checkpoints.*pass --resume"
+    run 2 "${small[@]}" --resume --out out
+    says "--resume needs --checkpoint-dir"
+    touch file
+    run 2 "${small[@]}" --checkpoint-dir file --out out
+    says "--checkpoint-dir 'file': exists and is not a directory"
+    ;;
+  resume_refuses_another_run)  # a changed flag that changes the computation is named
+    run 0 --train-samples 512 --test-samples 100 --epochs 1 --checkpoint-dir ck --out out
+    run 1 --train-samples 512 --test-samples 100 --epochs 2 --lr 0.002 --checkpoint-dir ck \
+      --resume --out out
+    says "cannot resume .*ckpt-000001: it was run with run.lr = 0.00100000005, this run has 0.00200000009"
+    ;;
+  kill_then_resume)  # kill -9 mid-study; --resume finishes it with every run whole
+    ck=(--compare --train-samples 1024 --test-samples 100 --epochs 2 --checkpoint-dir ck)
+    "$tool" "${ck[@]}" --out out >out.txt 2>&1 &
+    pid=$!
+    for ((i = 0; i < 1200; ++i)); do  # until the second run has a checkpoint (60 s at most)
+      ls ck/1f1b-flush_latest_adam/ckpt-000001/MANIFEST >/dev/null 2>&1 && break
+      kill -0 $pid 2>/dev/null || fail "the study ended before the kill"
+      sleep 0.05
+    done
+    kill -KILL $pid
+    wait $pid
+    run 0 "${ck[@]}" --resume --out out
+    says "resumed from ck/gpipe_latest_adam/ckpt-000002 \\(2 epochs done\\)"
+    says "resumed from ck/1f1b-flush_latest_adam/ckpt-00000[12]"
+    runs_json out/runs.json "8 ok ok ok ok ok ok ok ok"
+    [ "$(grep -c ',ok$' out/runs.csv)" -eq 16 ] || fail "runs.csv lacks epochs"
+    ;;
   *) fail "no such case" ;;
 esac
 echo "ok: $case"

@@ -24,11 +24,14 @@
 #include "divergence.hpp"
 #include "models.hpp"
 #include "output_files.hpp"
+#include "run_checkpoints.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace fs = std::filesystem;
 using namespace xpipe;
+using tools::EpochRecord;
 using tools::OutputError;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -44,13 +47,10 @@ struct RunConfig {
   int epochs = 3;
   std::uint64_t seed = 1;
   std::string executor = "threaded";
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 1;    // epochs
+  bool resume = false;
   std::string label() const { return schedule + "+" + predictor + "(" + optimizer + ")"; }
-};
-
-struct EpochRecord {
-  int epoch = 0;
-  double loss = 0, test_accuracy = 0, samples_per_second = 0, seconds = 0;
-  std::vector<double> bubble;  // measured per stage
 };
 
 // ok: trained every epoch. diverged: its loss ran away (tools::divergence), so it was stopped.
@@ -145,6 +145,34 @@ std::string file_stem(const std::string& label) {
 // part-way) and after each epoch (epoch_running 0). It does not return when a signal arrived.
 using CheckPoint = std::function<void(const RunRecord& so_far, int epoch_running)>;
 
+// The run's checkpoint folder under --checkpoint-dir (empty when checkpoints are off).
+fs::path run_checkpoint_dir(const RunConfig& c) {
+  return c.checkpoint_dir.empty() ? fs::path{} : fs::path(c.checkpoint_dir) / file_stem(c.label());
+}
+
+// A float's shortest text that reads back to the same float (%.9g always does).
+std::string float_text(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// What a checkpoint records of the run: everything that changes what it computes (not the
+// executor, which gives the same bits, nor --epochs, which a resumed run may extend).
+std::map<std::string, std::string> run_fields(const RunConfig& c, const DatasetPair& data) {
+  return {{"run.model", c.model},
+          {"run.stages", std::to_string(c.stages)},
+          {"run.micro_batches", std::to_string(c.micro_batches)},
+          {"run.schedule", c.schedule},
+          {"run.predictor", c.predictor},
+          {"run.optimizer", c.optimizer},
+          {"run.lr", float_text(c.lr)},
+          {"run.batch", std::to_string(c.batch)},
+          {"run.seed", std::to_string(c.seed)},
+          {"run.train_samples", std::to_string(data.train.count)},
+          {"run.test_samples", std::to_string(data.test.count)}};
+}
+
 // Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
 // epoch, comes back marked so, with the epochs it finished.
 template <class P>
@@ -160,9 +188,50 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
   RunRecord rec;
   rec.config = c;
+  // Checkpoints: one folder per run, a checkpoint every --checkpoint-every epochs and after
+  // the last (and at a stop), resumed from the newest that verifies.
+  const fs::path ckpt_dir = run_checkpoint_dir(c);
+  const auto fields = run_fields(c, data);
+  int first_epoch = 1;
+  std::vector<int> restored_copies;
+  std::vector<double> restored_kib;
+  if (!ckpt_dir.empty() && c.resume) {
+    if (const auto found = find_latest_checkpoint(ckpt_dir)) {
+      for (const std::string& why : found->skipped)
+        std::fprintf(stderr, "  %s: passed over %s\n", c.label().c_str(), why.c_str());
+      const std::string where = found->contents.folder.string();
+      tools::check_run_fields(found->contents.fields, fields, where);
+      load_checkpoint(pipe, found->contents);
+      const auto& bytes = found->contents.file("records.tsv");
+      rec.epochs = tools::parse_records(std::string(bytes.begin(), bytes.end()),
+                                        where + "/records.tsv", P::stage_count);
+      first_epoch = static_cast<int>(rec.epochs.size()) + 1;
+      for (int k = 0; k < P::stage_count; ++k) {
+        const std::string at = std::to_string(k);
+        restored_copies.push_back(std::stoi(found->contents.field("result.weight_copies." + at)));
+        restored_kib.push_back(std::stod(found->contents.field("result.activation_kib." + at)));
+      }
+      std::printf("  %-34s resumed from %s (%d epochs done)\n", c.label().c_str(), where.c_str(),
+                  first_epoch - 1);
+    }
+  }
+  auto save = [&](int e) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%06d", e);
+    auto with_epoch = fields;
+    with_epoch["epoch"] = std::to_string(e);
+    for (int k = 0; k < P::stage_count; ++k) {  // what the outputs report of the run
+      const std::string at = std::to_string(k);
+      with_epoch["result.weight_copies." + at] = std::to_string(pipe.weight_copies(k));
+      with_epoch["result.activation_kib." + at] =
+          tools::exact(static_cast<double>(pipe.activation_floats(k)) * 4 / 1024);
+    }
+    save_checkpoint(pipe, ckpt_dir, name, with_epoch,
+                    {{"records.tsv", tools::records_text(rec.epochs)}});
+  };
   ReferenceExecutor reference;
   ThreadedExecutor threaded;
-  for (int e = 1; e <= c.epochs; ++e) {
+  for (int e = first_epoch; e <= c.epochs; ++e) {
     batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
     const EpochData epoch{xm, y.data()};
     EpochResult r;
@@ -226,7 +295,14 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       rec.trace = tr;
       rec.schedule = schedule;
     }
+    if (!ckpt_dir.empty() && (e % c.checkpoint_every == 0 || e == c.epochs || stop_signal != 0))
+      save(e);
     if (e < c.epochs) check(rec, 0);  // after the last, the run is done: recorded whole
+  }
+  if (first_epoch > c.epochs) {  // resumed after its last epoch: what that epoch measured
+    rec.weight_copies = restored_copies;
+    rec.activation_kib = restored_kib;
+    return rec;
   }
   for (int k = 0; k < P::stage_count; ++k) {
     rec.weight_copies.push_back(pipe.weight_copies(k));
@@ -323,7 +399,7 @@ class StudyFiles {
     // If its timeline or trace cannot be written, runs.json still gets the run (without them)
     // before the error goes on.
     std::exception_ptr failure;
-    if (rec.ok()) {
+    if (rec.ok() && !rec.trace.stages.empty()) {  // (a run resumed after its last epoch has none)
       const RunConfig& c = rec.config;
       TimelineOptions to;
       to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
@@ -582,6 +658,14 @@ int main(int argc, char** argv) {
   app.add_option("--sgd-lr", sgd_lr_flag, "Learning rate of the SGD runs of --compare (SpecTrain)")
       ->check(learning_rate);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
+  app.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "Save checkpoints here, a folder per run (off when not given)");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "Epochs between checkpoints (the last epoch is always saved)")
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--resume", c.resume,
+               "Continue each run from its newest checkpoint that verifies (needs "
+               "--checkpoint-dir; a run with none starts afresh)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -598,6 +682,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "xpipe-train: --micro-batches (%d) exceeds --batch (%ld)\n",
                  c.micro_batches, c.batch);
     return 2;
+  }
+  if (c.resume && c.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "xpipe-train: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  if (!c.checkpoint_dir.empty()) {
+    if (const std::string why = tools::prepare_output_dir(c.checkpoint_dir); !why.empty()) {
+      std::fprintf(stderr, "xpipe-train: --checkpoint-dir '%s': %s\n", c.checkpoint_dir.c_str(),
+                   why.c_str());
+      return 2;
+    }
   }
   // So is an --out that cannot hold the results: found now, not after hours of training.
   if (const std::string why = tools::prepare_output_dir(out_dir); !why.empty()) {
@@ -630,6 +725,19 @@ int main(int argc, char** argv) {
               with("async-1f1b", "pipeoptim", "adam", c.lr)};
     } else {
       runs = {c};
+    }
+    // Checkpoints are never overwritten: a run folder that holds some needs --resume.
+    for (const RunConfig& r : runs) {
+      const fs::path dir = run_checkpoint_dir(r);
+      if (dir.empty() || r.resume || !fs::is_directory(dir)) continue;
+      for (const auto& e : fs::directory_iterator(dir))
+        if (e.path().filename().string().rfind("ckpt-", 0) == 0) {
+          std::fprintf(stderr,
+                       "xpipe-train: %s already holds checkpoints of %s; pass --resume to "
+                       "continue them or choose another --checkpoint-dir\n",
+                       dir.c_str(), r.label().c_str());
+          return 2;
+        }
     }
     if (stop_signal != 0) {  // before the study starts, so a folder's earlier results stay
       std::fprintf(stderr, "xpipe-train: stopped by a signal before training; nothing written\n");

@@ -148,9 +148,11 @@ class Pipeline {
 
   //! The staleness analysis of the last schedule trained.
   const StalenessAnalysis& analysis() const { return analysis_; }
-  //! Weight buffers stage k's predictor held in the last run (live weights included).
+  //! Weight buffers stage k's predictor held in the last run (live weights included); 0 before
+  //! the first train() call.
   int weight_copies(int k) const { return copies_[k]; }
-  //! Peak activation floats stage k held in the last run (its in-flight micro-batches).
+  //! Peak activation floats stage k held in the last run (its in-flight micro-batches); 0 before
+  //! the first train() call.
   index_t activation_floats(int k) const { return activation_floats_[k]; }
 
  private:
@@ -266,8 +268,8 @@ class Pipeline {
   StalenessAnalysis analysis_;
   const Schedule* schedule_ = nullptr;
   index_t sample_count_ = 0;
-  std::vector<int> copies_;
-  std::vector<index_t> activation_floats_;
+  std::vector<int> copies_ = std::vector<int>(stage_count, 0);
+  std::vector<index_t> activation_floats_ = std::vector<index_t>(stage_count, 0);
   std::vector<std::int32_t> eval_predicted_;
 };
 
