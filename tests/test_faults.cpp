@@ -81,3 +81,120 @@ TEST_CASE("A layer throwing a non-std::exception becomes a StageError - no threa
     REQUIRE_NOTHROW(p.train(s, d.epoch(), exec));
   }
 }
+
+namespace {
+
+// The oracle of weight stashing: a predictor that keeps every version ever stepped past (and
+// allocates as it goes), so Backward(g) reads exactly the weights Forward(g) read, by
+// construction. Stash, and DoubleBuffered where it applies, must compute the same bits.
+struct AllVersions {
+  static constexpr const char* name = "all-versions";
+  template <class O, class B>
+  class State {
+   public:
+    explicit State(const PredictorSetup& s)
+        : fwd_version_(static_cast<std::size_t>(s.schedule->total_micro_batches()), -1) {}
+    template <class Ctx>
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
+      fwd_version_[g] = static_cast<int>(opt.steps_taken());
+      return opt.weights();
+    }
+    template <class Ctx>
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
+      const int v = fwd_version_[g];
+      return v == opt.steps_taken() ? opt.weights() : history_[v].data();
+    }
+    void backward_done(int) {}
+    template <class Ctx>
+    void before_step(const Ctx&, OptimizerState<O, B>& opt) {
+      history_.emplace_back(opt.weights(), opt.weights() + opt.size());  // version v at [v]
+    }
+    int weight_copies() const { return 1 + static_cast<int>(history_.size()); }
+
+   private:
+    std::vector<int> fwd_version_;
+    std::vector<std::vector<float>> history_;
+  };
+};
+static_assert(Predictor<AllVersions>);
+
+// K stages of 4 -> 4 (4 classes): tiny, so a sweep over K, M and N runs in moments.
+using Tiny = Stage<Linear<4, 4>>;
+template <class P, class Seq>
+struct UniformPipeline;
+template <class P, std::size_t... I>
+struct UniformPipeline<P, std::index_sequence<I...>> {
+  template <std::size_t>
+  using S = Tiny;
+  using type = Pipeline<S<I>..., P, Adam>;
+};
+template <int K, class P>
+using Tiny_pipeline = typename UniformPipeline<P, std::make_index_sequence<K>>::type;
+
+// Weights after one epoch of N mini-batches of M rows (one row per micro-batch) under `s`.
+template <int K, class P, class E = ReferenceExecutor>
+std::vector<float> tiny_run(const Schedule& s, const test::LabelledData& d) {
+  const int M = s.micro_batches;
+  Tiny_pipeline<K, P> p(Adam{.lr = 1e-2f}, {.batch = M, .micro_batches = M, .seed = 7});
+  const EpochData epoch{d.features().slice_rows(0, s.mini_batches * M), d.y.data()};
+  E exec;
+  p.train(s, epoch, exec);
+  return p.weights();
+}
+
+}  // namespace
+
+TEST_CASE("Stash and 2BW train every short epoch of async 1F1B - K and M up to 8",
+          "[faults][stash]") {
+  // Every mini-batch count 1 .. 3K: the schedule's start and end (fill and drain) overlap
+  // when N is small, which is where a slot count read off the forwards alone fell short.
+  [&]<int... Ks>(std::integer_sequence<int, Ks...>) {
+    (
+        [&] {
+          constexpr int K = Ks + 1;
+          for (int M = 1; M <= 8; ++M) {
+            const auto d = test::random_classification(3 * K * M, 4, 4, 11);
+            for (int N = 1; N <= 3 * K; ++N) {
+              INFO("K=" << K << " M=" << M << " N=" << N);
+              const Schedule s = async_1f1b(K, M, N);
+              const auto oracle = tiny_run<K, AllVersions>(s, d);
+              REQUIRE(tiny_run<K, Stash>(s, d) == oracle);
+              if (M >= K) REQUIRE(tiny_run<K, DoubleBuffered>(pipedream_2bw(K, M, N), d) == oracle);
+            }
+          }
+        }(),
+        ...);
+  }
+  (std::make_integer_sequence<int, 8>{});
+}
+
+TEST_CASE("Short epochs under Stash and 2BW: threaded = reference bitwise - the oracle bites",
+          "[faults][stash]") {
+  const auto d = test::random_classification(4 * 4 * 3, 4, 4, 13);
+  for (int N = 1; N <= 6; ++N) {
+    INFO("N=" << N);
+    const Schedule s1 = async_1f1b(4, 1, N);
+    REQUIRE(tiny_run<4, Stash, ThreadedExecutor>(s1, d) == tiny_run<4, Stash>(s1, d));
+    const Schedule s4 = pipedream_2bw(4, 4, N);
+    REQUIRE(tiny_run<4, DoubleBuffered, ThreadedExecutor>(s4, d) ==
+            tiny_run<4, DoubleBuffered>(s4, d));
+  }
+  // The sweep's oracle is not vacuous: with stale micro-batches in flight, backwards on the
+  // stashed version compute other bits than backwards on the live weights.
+  const Schedule s = async_1f1b(4, 1, 6);
+  REQUIRE(tiny_run<4, AllVersions>(s, d) != tiny_run<4, Latest>(s, d));
+}
+
+TEST_CASE("Stash versions count the drain's steps - K = 4 - M = 1 - two mini-batches",
+          "[faults][stash][staleness]") {
+  // Stages 0-2 run F0 F1 B0 S0 B1 S1: at S0 micro-batch 1 is still in flight on version 0,
+  // which S0 replaces, so two versions are alive, and no forward follows S0 to see them.
+  // Stage 3 runs F0 B0 S0 F1 B1 S1: one version at a time.
+  const Schedule s = async_1f1b(4, 1, 2);
+  REQUIRE(analyze_staleness(s).stash_versions == std::vector<int>{2, 2, 2, 1});
+  const auto d = test::random_classification(2, 4, 4, 17);
+  Tiny_pipeline<4, Stash> p(Adam{}, {.batch = 1, .micro_batches = 1});
+  ReferenceExecutor exec;
+  p.train(s, d.epoch(), exec);
+  for (int k = 0; k < 4; ++k) REQUIRE(p.weight_copies(k) == (k < 3 ? 2 : 1));
+}
