@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 
 using namespace xpipe;
 using Catch::Contains;
+using Catch::Equals;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -197,4 +200,132 @@ TEST_CASE("Stash versions count the drain's steps - K = 4 - M = 1 - two mini-bat
   ReferenceExecutor exec;
   p.train(s, d.epoch(), exec);
   for (int k = 0; k < 4; ++k) REQUIRE(p.weight_copies(k) == (k < 3 ? 2 : 1));
+}
+
+namespace {
+
+// The four Fashion-MNIST files in `dir`, n = train_labels.size() images each of 28 x 28 bytes
+// 0..9 repeating; the test labels are 0, 1, ..., 9, 0, ... (valid).
+void write_small_fashion_mnist(const fs::path& dir, const std::vector<std::uint8_t>& train_labels) {
+  const auto n = static_cast<std::uint32_t>(train_labels.size());
+  auto labels_file = [&](const std::vector<std::uint8_t>& labels) {
+    auto b = test::idx_bytes(0x08, {n}, 0);
+    b.insert(b.end(), labels.begin(), labels.end());
+    return b;
+  };
+  std::vector<std::uint8_t> test_labels(n);
+  for (std::uint32_t i = 0; i < n; ++i) test_labels[i] = static_cast<std::uint8_t>(i % 10);
+  for (const char* set : {"train", "t10k"}) {
+    test::write_gz(dir / (std::string(set) + "-images-idx3-ubyte.gz"),
+                   test::idx_bytes(0x08, {n, 28, 28}, std::size_t{n} * 28 * 28));
+    test::write_gz(dir / (std::string(set) + "-labels-idx1-ubyte.gz"),
+                   labels_file(set == std::string("train") ? train_labels : test_labels));
+  }
+}
+
+// A DataError's message; "" when `f` throws nothing, "not a DataError" for anything else.
+template <class F>
+std::string data_error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  } catch (...) {
+    return "not a DataError";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Fashion-MNIST loader refuses labels outside 0..9 - naming file and index",
+          "[faults][labels][data]") {
+  const fs::path dir = test::scratch_dir("faults_labels");
+  const std::string train_labels = (dir / "train-labels-idx1-ubyte.gz").string();
+  write_small_fashion_mnist(dir, {0, 9, 3, 10});
+  REQUIRE_THAT(
+      data_error_of([&] { load_fashion_mnist(dir.string()); }),
+      Equals("xpipe: labels file '" + train_labels + "': label 10 at index 3 is outside 0..9"));
+  write_small_fashion_mnist(dir, {255, 1, 2, 3});
+  REQUIRE_THAT(
+      data_error_of([&] { load_fashion_mnist(dir.string()); }),
+      Equals("xpipe: labels file '" + train_labels + "': label 255 at index 0 is outside 0..9"));
+  // The bounds themselves are labels.
+  write_small_fashion_mnist(dir, {0, 9, 9, 0});
+  const DatasetPair d = load_fashion_mnist(dir.string());
+  REQUIRE(d.train.labels == std::vector<std::int32_t>{0, 9, 9, 0});
+  REQUIRE(d.test.labels == std::vector<std::int32_t>{0, 1, 2, 3});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Pipeline::train refuses a label outside the classes before any action",
+          "[faults][labels][pipeline]") {
+  // 4 classes; batch 4 in M = 2 micro-batches; 41 rows = 10 mini-batches and a 1-row tail,
+  // which is dropped (fewer rows than M) and so never read.
+  const auto clean = test::random_classification(41, 4, 4, 19);
+  const Schedule s = async_1f1b(2, 2, 10);
+  for (std::int32_t bad : {4, -1, 1 << 28, -(1 << 28)}) {
+    INFO("label " << bad);
+    auto d = clean;
+    d.y[13] = bad;
+    for (bool threaded : {false, true}) {
+      Tiny_pipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
+      const auto before = p.weights();
+      const int threads_before = thread_count();
+      ThreadedExecutor thr;
+      ReferenceExecutor ref;
+      const std::string msg = data_error_of([&] {
+        if (threaded)
+          p.train(s, d.epoch(), thr);
+        else
+          p.train(s, d.epoch(), ref);
+      });
+      REQUIRE_THAT(msg, Equals("xpipe: Pipeline::train: label " + std::to_string(bad) +
+                               " at row 13 (mini-batch 3) is outside 0..3"));
+      REQUIRE(p.weights() == before);  // nothing ran
+      REQUIRE(thread_count() == threads_before);
+    }
+  }
+  // A bad label in the dropped tail is not read, so not refused; the edge classes train.
+  auto d = clean;
+  d.y[40] = 99;
+  d.y[0] = 0;
+  d.y[1] = 3;
+  Tiny_pipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
+  ReferenceExecutor exec;
+  REQUIRE(p.train(s, d.epoch(), exec).samples == 40);
+}
+
+TEST_CASE("SequentialTrainer::train_step and the loss refuse labels outside the classes",
+          "[faults][labels]") {
+  const auto clean = test::random_classification(8, 4, 4, 23);
+  for (std::int32_t bad : {4, -1, 1 << 28}) {
+    INFO("label " << bad);
+    auto d = clean;
+    d.y[5] = bad;
+    SequentialTrainer<Tiny, Adam> t(Adam{}, 8, 1);
+    const std::vector<float> before(t.state().weights(), t.state().weights() + t.state().size());
+    for (int chunks : {1, 2}) {
+      REQUIRE_THAT(
+          data_error_of([&] { t.train_step(HostContext{}, d.features(), d.y.data(), chunks); }),
+          Equals("xpipe: SequentialTrainer::train_step: label " + std::to_string(bad) +
+                 " at row 5 is outside 0..3"));
+      // Refused before any math: no step taken, weights as they were.
+      REQUIRE(t.state().steps_taken() == 0);
+      REQUIRE(std::vector<float>(t.state().weights(), t.state().weights() + t.state().size()) ==
+              before);
+    }
+    // The loss called directly checks its own rows.
+    std::vector<float> logits(8 * 4, 0.5f), grad(8 * 4), row_loss(8);
+    REQUIRE_THAT(data_error_of([&] {
+                   SoftmaxCrossEntropy::forward_backward(HostContext{}, {logits.data(), 8, 4},
+                                                         d.y.data(), 1.f / 8, {grad.data(), 8, 4},
+                                                         row_loss.data());
+                 }),
+                 Equals("xpipe: SoftmaxCrossEntropy: label " + std::to_string(bad) +
+                        " at row 5 is outside 0..3"));
+  }
+  SequentialTrainer<Tiny, Adam> t(Adam{}, 8, 1);
+  REQUIRE_NOTHROW(t.train_step(HostContext{}, clean.features(), clean.y.data(), 2));
+  REQUIRE(t.state().steps_taken() == 1);
 }
