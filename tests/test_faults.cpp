@@ -1,14 +1,20 @@
 // Every input checked (issue 13): bad labels, lying or odd data files, short epochs under
 // weight stashing, and layers that throw what is not a std::exception.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/support.hpp"
@@ -328,4 +334,120 @@ TEST_CASE("SequentialTrainer::train_step and the loss refuse labels outside the 
   SequentialTrainer<Tiny, Adam> t(Adam{}, 8, 1);
   REQUIRE_NOTHROW(t.train_step(HostContext{}, clean.features(), clean.y.data(), 2));
   REQUIRE(t.state().steps_taken() == 1);
+}
+
+namespace {
+
+// Caps this process's address space at its present size plus `headroom` while it lives: an
+// allocation of more than that fails (std::bad_alloc) instead of succeeding, so a test sees
+// whether code under it tried to allocate a declared size rather than what it read.
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(std::size_t headroom) {
+    REQUIRE(getrlimit(RLIMIT_AS, &old_) == 0);
+    std::size_t vm_kib = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string key; status >> key;)
+      if (key == "VmSize:") {
+        status >> vm_kib;
+        break;
+      }
+    REQUIRE(vm_kib > 0);
+    const rlimit capped{vm_kib * 1024 + headroom, old_.rlim_max};
+    REQUIRE(setrlimit(RLIMIT_AS, &capped) == 0);
+  }
+  ~AddressSpaceCap() { setrlimit(RLIMIT_AS, &old_); }
+  AddressSpaceCap(const AddressSpaceCap&) = delete;
+  AddressSpaceCap& operator=(const AddressSpaceCap&) = delete;
+
+ private:
+  rlimit old_{};
+};
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+}  // namespace
+
+TEST_CASE("IDX reader bounds a lying header before allocating what it declares",
+          "[faults][data][idx]") {
+  const fs::path dir = test::scratch_dir("faults_idx");
+  // Each file here is a few dozen bytes; reading one may take a 16 MiB chunk, never 1 GiB.
+  SECTION("4 GiB declared: over the 1 GiB bound, refused from the header alone") {
+    const fs::path p = dir / "huge-idx2-ubyte.gz";
+    test::write_gz(p, test::idx_bytes(0x08, {65536, 65536}, 0));
+    REQUIRE(fs::file_size(p) < 64);
+    const AddressSpaceCap cap(256 * mib);
+    REQUIRE_THAT(data_error_of([&] { read_idx(p.string()); }),
+                 Equals("xpipe: IDX file '" + p.string() +
+                        "' declares 65536 x 65536 bytes of data, more than the limit of "
+                        "1073741824 (read_idx's max_data_bytes)"));
+  }
+  SECTION("1023 MiB declared, 10 bytes there: gzip'd and plain") {
+    const auto bytes = test::idx_bytes(0x08, {1023, 1024, 1024}, 10);
+    const fs::path gz = dir / "lying-idx3-ubyte.gz", plain = dir / "lying-idx3-ubyte";
+    test::write_gz(gz, bytes);
+    std::ofstream(plain, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    const AddressSpaceCap cap(256 * mib);
+    for (const fs::path& p : {gz, plain})
+      REQUIRE_THAT(data_error_of([&] { read_idx(p.string()); }),
+                   Equals("xpipe: IDX file '" + p.string() +
+                          "' is truncated: header declares 1072693248 bytes of data, found 10"));
+  }
+  SECTION("the bound is the caller's to set") {
+    const fs::path p = dir / "small-idx1-ubyte.gz";
+    test::write_gz(p, test::idx_bytes(0x08, {101}, 101));
+    REQUIRE_THAT(data_error_of([&] { read_idx(p.string(), 100); }),
+                 Contains("declares 101 bytes of data, more than the limit of 100"));
+    const IdxArray a = read_idx(p.string(), 101);
+    REQUIRE(a.dims == std::vector<std::uint32_t>{101});
+    REQUIRE(a.data.size() == 101);
+  }
+  SECTION("a file over several chunks reads back whole") {
+    const fs::path p = dir / "chunks-idx3-ubyte.gz";
+    test::write_gz(p, test::idx_bytes(0x08, {33, 1024, 1024}, 33 * mib));  // 16 + 16 + 1 MiB
+    const IdxArray a = read_idx(p.string());
+    REQUIRE(a.dims == std::vector<std::uint32_t>{33, 1024, 1024});
+    REQUIRE(a.data.size() == 33 * mib);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < a.data.size(); ++i) wrong += a.data[i] != i % 10;
+    REQUIRE(wrong == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("IDX reader and loader refuse a FIFO or directory named like a data file",
+          "[faults][data][idx]") {
+  const fs::path dir = test::scratch_dir("faults_fifo");
+  write_small_fashion_mnist(dir, {0, 1, 2, 3});
+  const fs::path fifo = dir / "train-images-idx3-ubyte.gz";
+  const fs::path folder = dir / "t10k-labels-idx1-ubyte.gz";
+  fs::remove(fifo);
+  fs::remove(folder);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  fs::create_directory(folder);
+  // Opening a FIFO for reading blocks until a writer comes: should the reader try, this thread
+  // comes as that writer after a few seconds and leaves at once, so the test fails on the
+  // message instead of hanging.
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int tick = 0; !done; ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (tick < 60) continue;
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // fails unless a reader waits
+      if (fd >= 0) ::close(fd);
+    }
+  });
+  const std::string fifo_msg = data_error_of([&] { read_idx(fifo.string()); });
+  const std::string load_msg = data_error_of([&] { load_fashion_mnist(dir.string()); });
+  const std::string folder_msg = data_error_of([&] { read_idx(folder.string()); });
+  done = true;
+  writer.join();
+  const std::string expect =
+      "xpipe: IDX file '" + fifo.string() + "' is a FIFO, not a regular file: refusing to read it";
+  REQUIRE_THAT(fifo_msg, Equals(expect));
+  REQUIRE_THAT(load_msg, Equals(expect));
+  REQUIRE_THAT(folder_msg, Equals("xpipe: IDX file '" + folder.string() +
+                                  "' is a directory, not a regular file: refusing to read it"));
+  fs::remove_all(dir);
 }
