@@ -29,11 +29,11 @@ inline index_t first_bad_label(const std::int32_t* labels, index_t rows, int cla
 
 //! Throws DataError "<where>: label L at row R is outside 0..classes-1" for the first bad label.
 //! A label indexes its row of logits, so one outside [0, classes) would read outside the row.
-//! Usage: `check_labels(y, rows, 10, "xpipe: my_trainer");`
-inline void check_labels(const std::int32_t* labels, index_t rows, int classes,
-                         const std::string& where) {
+//! Allocates nothing unless it throws (`where` is a C string for that). Usage:
+//! `check_labels(y, rows, 10, "xpipe: my_trainer");`
+inline void check_labels(const std::int32_t* labels, index_t rows, int classes, const char* where) {
   if (const index_t r = first_bad_label(labels, rows, classes); r >= 0)
-    throw DataError(where + ": label " + std::to_string(labels[r]) + " at row " +
+    throw DataError(std::string(where) + ": label " + std::to_string(labels[r]) + " at row " +
                     std::to_string(r) + " is outside 0.." + std::to_string(classes - 1));
 }
 
