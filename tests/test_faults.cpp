@@ -138,13 +138,13 @@ struct UniformPipeline<P, std::index_sequence<I...>> {
   using type = Pipeline<S<I>..., P, Adam>;
 };
 template <int K, class P>
-using Tiny_pipeline = typename UniformPipeline<P, std::make_index_sequence<K>>::type;
+using TinyPipeline = typename UniformPipeline<P, std::make_index_sequence<K>>::type;
 
 // Weights after one epoch of N mini-batches of M rows (one row per micro-batch) under `s`.
 template <int K, class P, class E = ReferenceExecutor>
 std::vector<float> tiny_run(const Schedule& s, const test::LabelledData& d) {
   const int M = s.micro_batches;
-  Tiny_pipeline<K, P> p(Adam{.lr = 1e-2f}, {.batch = M, .micro_batches = M, .seed = 7});
+  TinyPipeline<K, P> p(Adam{.lr = 1e-2f}, {.batch = M, .micro_batches = M, .seed = 7});
   const EpochData epoch{d.features().slice_rows(0, s.mini_batches * M), d.y.data()};
   E exec;
   p.train(s, epoch, exec);
@@ -202,7 +202,7 @@ TEST_CASE("Stash versions count the drain's steps - K = 4 - M = 1 - two mini-bat
   const Schedule s = async_1f1b(4, 1, 2);
   REQUIRE(analyze_staleness(s).stash_versions == std::vector<int>{2, 2, 2, 1});
   const auto d = test::random_classification(2, 4, 4, 17);
-  Tiny_pipeline<4, Stash> p(Adam{}, {.batch = 1, .micro_batches = 1});
+  TinyPipeline<4, Stash> p(Adam{}, {.batch = 1, .micro_batches = 1});
   ReferenceExecutor exec;
   p.train(s, d.epoch(), exec);
   for (int k = 0; k < 4; ++k) REQUIRE(p.weight_copies(k) == (k < 3 ? 2 : 1));
@@ -275,7 +275,7 @@ TEST_CASE("Pipeline::train refuses a label outside the classes before any action
     auto d = clean;
     d.y[13] = bad;
     for (bool threaded : {false, true}) {
-      Tiny_pipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
+      TinyPipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
       const auto before = p.weights();
       const int threads_before = thread_count();
       ThreadedExecutor thr;
@@ -297,7 +297,7 @@ TEST_CASE("Pipeline::train refuses a label outside the classes before any action
   d.y[40] = 99;
   d.y[0] = 0;
   d.y[1] = 3;
-  Tiny_pipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
+  TinyPipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
   ReferenceExecutor exec;
   REQUIRE(p.train(s, d.epoch(), exec).samples == 40);
 }

@@ -91,8 +91,8 @@ inline const char* irregular_kind(std::filesystem::file_type t) {
 //! `max_data_bytes` of data declared, truncated data, trailing bytes, or a corrupt gzip stream.
 //! The data are read in chunks of at most 16 MiB, so a header that declares more than the file
 //! holds fails when the data run out, having allocated at most about twice what was there plus
-//! one chunk, never the declared size. Usage: `IdxArray labels = read_idx(dir +
-//! "/t10k-labels-idx1-ubyte.gz");`
+//! one chunk, never the declared size.
+//! Usage: `IdxArray labels = read_idx(dir + "/t10k-labels-idx1-ubyte.gz");`
 inline IdxArray read_idx(const std::string& path, std::size_t max_data_bytes = idx_max_data_bytes) {
   std::error_code ec;  // a path status cannot see is left to gzopen's error below
   if (const char* kind = detail::irregular_kind(std::filesystem::status(path, ec).type()))

@@ -47,7 +47,8 @@ struct SoftmaxCrossEntropy {
   static void forward_backward(const Ctx& ctx, ConstMatrix logits, const std::int32_t* labels,
                                float scale, Matrix dlogits, float* row_loss) {
     if constexpr (detail::reads_host_memory<Ctx>)
-      check_labels(labels, logits.rows, logits.cols, "xpipe: SoftmaxCrossEntropy");
+      check_labels(labels, logits.rows, static_cast<int>(logits.cols),
+                   "xpipe: SoftmaxCrossEntropy");
     forward_backward_unchecked(ctx, logits, labels, scale, dlogits, row_loss);
   }
 
