@@ -1,6 +1,4 @@
 // IDX reader and Fashion-MNIST loader on the real files and on corrupted copies made here.
-#include <zlib.h>
-
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -22,22 +20,8 @@ fs::path scratch_dir() {
   return xpipe::test::scratch_dir("data");
 }
 
-void write_gz(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  REQUIRE(f != nullptr);
-  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) ==
-          static_cast<int>(bytes.size()));
-  gzclose(f);
-}
-
-std::vector<std::uint8_t> idx_bytes(std::uint8_t type, std::vector<std::uint32_t> dims,
-                                    std::size_t data_bytes) {
-  std::vector<std::uint8_t> b{0, 0, type, static_cast<std::uint8_t>(dims.size())};
-  for (std::uint32_t d : dims)
-    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<std::uint8_t>(d >> s));
-  for (std::size_t i = 0; i < data_bytes; ++i) b.push_back(static_cast<std::uint8_t>(i % 10));
-  return b;
-}
+using xpipe::test::idx_bytes;
+using xpipe::test::write_gz;
 
 }  // namespace
 

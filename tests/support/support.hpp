@@ -1,9 +1,11 @@
 // Helpers the test programs share: random inputs drawn in a fixed order from one seed, synthetic
-// labelled data for pipelines, and reading outputs back. Free of Catch, so the plain test
-// programs (test_alloc) use them too; failures throw, which Catch reports as the test failing.
+// labelled data for pipelines, gzip'd IDX files, and reading outputs back. Free of Catch, so the
+// plain test programs (test_alloc) use them too; failures throw, which Catch reports as the test
+// failing.
 #pragma once
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -74,6 +76,26 @@ inline std::filesystem::path scratch_dir(const std::string& tag) {
                  ("xpipe_test_" + tag + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(p);
   return p;
+}
+
+//! Writes `bytes` gzip-compressed to `path`; std::runtime_error naming it on failure.
+inline void write_gz(const std::filesystem::path& path, const std::vector<std::uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("test: cannot write " + path.string());
+  const bool ok = gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) ==
+                  static_cast<int>(bytes.size());
+  if (gzclose(f) != Z_OK || !ok) throw std::runtime_error("test: cannot write " + path.string());
+}
+
+//! An IDX file's bytes: magic 0x0000<type><dims>, the dimensions big-endian, then `data_bytes`
+//! bytes of data 0, 1, ..., 9, 0, 1, ... (a header may declare more or less than follows).
+inline std::vector<std::uint8_t> idx_bytes(std::uint8_t type, std::vector<std::uint32_t> dims,
+                                           std::size_t data_bytes) {
+  std::vector<std::uint8_t> b{0, 0, type, static_cast<std::uint8_t>(dims.size())};
+  for (std::uint32_t d : dims)
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<std::uint8_t>(d >> s));
+  for (std::size_t i = 0; i < data_bytes; ++i) b.push_back(static_cast<std::uint8_t>(i % 10));
+  return b;
 }
 
 }  // namespace xpipe::test

@@ -12,7 +12,8 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-//! A data file is missing, truncated or malformed; the message names the file.
+//! A data file is missing, truncated or malformed, or a label lies outside the classes; the
+//! message names the file, or the row of the batch or epoch.
 class DataError : public Error {
  public:
   using Error::Error;

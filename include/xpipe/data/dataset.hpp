@@ -74,10 +74,11 @@ inline Dataset images_and_labels(const std::string& images_path, const std::stri
     d.features[static_cast<index_t>(i)] = static_cast<float>(images.data[i]) * (1.f / 255.f);
   d.labels.resize(labels.data.size());
   for (std::size_t i = 0; i < labels.data.size(); ++i) {
-    if (labels.data[i] > 9)
-      throw DataError("xpipe: IDX file '" + labels_path + "' has label " +
+    // Unsigned bytes: only the upper bound can fail.
+    if (labels.data[i] >= d.classes)
+      throw DataError("xpipe: labels file '" + labels_path + "': label " +
                       std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
-                      " (Fashion-MNIST labels are 0..9)");
+                      " is outside 0.." + std::to_string(d.classes - 1));
     d.labels[i] = labels.data[i];
   }
   return d;

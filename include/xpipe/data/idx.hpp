@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "xpipe/core/error.hpp"
@@ -55,10 +57,47 @@ inline std::size_t gz_read(gzFile f, void* out, std::size_t n, const std::string
 }
 }  // namespace detail
 
+//! The most data bytes read_idx accepts by default: 1 GiB. The largest IDX sets in use (EMNIST
+//! ByClass, 698k 28x28 images: 547 MB) fit with room to spare, and the loader turns each byte
+//! into a 4-byte float, so more would ask for over 4 GiB of features. A header declaring more
+//! is refused before anything is allocated; pass read_idx a larger bound for bigger files.
+inline constexpr std::size_t idx_max_data_bytes = std::size_t{1} << 30;
+
+namespace detail {
+// "a FIFO", "a directory", ...: what a path is when it exists and is no regular file (which
+// read_idx refuses); nullptr for a regular file and for one status cannot see (gzopen reports).
+inline const char* irregular_kind(std::filesystem::file_type t) {
+  using std::filesystem::file_type;
+  switch (t) {
+    case file_type::directory:
+      return "a directory";
+    case file_type::fifo:
+      return "a FIFO";
+    case file_type::socket:
+      return "a socket";
+    case file_type::block:
+      return "a block device";
+    case file_type::character:
+      return "a character device";
+    default:
+      return nullptr;
+  }
+}
+}  // namespace detail
+
 //! Reads an unsigned-byte IDX file (magic 0x000008NN, NN = number of dimensions), gzip'd or not.
-//! Throws DataError naming the file and the fault: missing, unreadable, bad magic, a zero or
-//! absurd dimension, truncated data, trailing bytes, or a corrupt gzip stream.
-inline IdxArray read_idx(const std::string& path) {
+//! Throws DataError naming the file and the fault: missing, unreadable, not a regular file (a
+//! FIFO would block the reader forever), bad magic, a zero dimension, more than
+//! `max_data_bytes` of data declared, truncated data, trailing bytes, or a corrupt gzip stream.
+//! The data are read in chunks of at most 16 MiB, so a header that declares more than the file
+//! holds fails when the data run out, having allocated at most about twice what was there plus
+//! one chunk, never the declared size.
+//! Usage: `IdxArray labels = read_idx(dir + "/t10k-labels-idx1-ubyte.gz");`
+inline IdxArray read_idx(const std::string& path, std::size_t max_data_bytes = idx_max_data_bytes) {
+  std::error_code ec;  // a path status cannot see is left to gzopen's error below
+  if (const char* kind = detail::irregular_kind(std::filesystem::status(path, ec).type()))
+    throw DataError("xpipe: IDX file '" + path + "' is " + kind +
+                    ", not a regular file: refusing to read it");
   std::unique_ptr<gzFile_s, detail::GzCloser> file(gzopen(path.c_str(), "rb"));
   if (!file) {
     std::FILE* probe = std::fopen(path.c_str(), "rb");
@@ -80,6 +119,8 @@ inline IdxArray read_idx(const std::string& path) {
                     " (expected 0x00000801..0x00000804: unsigned bytes, 1 to 4 dimensions)");
   }
   IdxArray out;
+  std::string shape;
+  bool too_big = false;
   std::size_t total = 1;
   for (unsigned d = 0; d < ndims; ++d) {
     unsigned char b[4];
@@ -89,13 +130,28 @@ inline IdxArray read_idx(const std::string& path) {
                               (std::uint32_t{b[2]} << 8) | b[3];
     if (dim == 0)
       throw DataError("xpipe: IDX file '" + path + "' has dimension " + std::to_string(d) + " = 0");
-    total *= dim;
-    if (total > (std::size_t{1} << 32))
-      throw DataError("xpipe: IDX file '" + path + "' declares more than 4 GiB of data");
+    // Once past the bound the product stops (no overflow); the message lists every dimension.
+    too_big = too_big || dim > max_data_bytes / total;
+    if (!too_big) total *= dim;
+    shape += (d > 0 ? " x " : "") + std::to_string(dim);
     out.dims.push_back(dim);
   }
-  out.data.resize(total);
-  const std::size_t got = detail::gz_read(f, out.data.data(), total, path);
+  if (too_big)
+    throw DataError("xpipe: IDX file '" + path + "' declares " + shape +
+                    " bytes of data, more than the limit of " + std::to_string(max_data_bytes) +
+                    " (read_idx's max_data_bytes)");
+  // Grow the buffer with what actually arrives, never to the declared size up front.
+  constexpr std::size_t chunk = std::size_t{16} << 20;
+  std::size_t got = 0;
+  while (got < total) {
+    const std::size_t want = std::min(chunk, total - got);
+    if (out.data.capacity() < got + want)
+      out.data.reserve(std::min(total, std::max(2 * out.data.capacity(), got + want)));
+    out.data.resize(got + want);
+    const std::size_t n = detail::gz_read(f, out.data.data() + got, want, path);
+    got += n;
+    if (n < want) break;
+  }
   if (got != total)
     throw DataError("xpipe: IDX file '" + path + "' is truncated: header declares " +
                     std::to_string(total) + " bytes of data, found " + std::to_string(got));

@@ -13,7 +13,8 @@
 namespace xpipe {
 
 //! Runs every action on the calling thread: repeatedly, the next action of the lowest-numbered
-//! stage that is ready. Usage: `ReferenceExecutor{}.run(program)`.
+//! stage that is ready. Whatever an action throws reaches the caller as a StageError naming the
+//! stage and action. Usage: `ReferenceExecutor{}.run(program)`.
 class ReferenceExecutor {
  public:
   static constexpr const char* name = "reference";
@@ -38,6 +39,8 @@ class ReferenceExecutor {
             throw;
           } catch (const std::exception& e) {
             throw StageError(k, to_string(a), e.what());
+          } catch (...) {
+            throw StageError(k, to_string(a), "non-standard exception");
           }
           trace_.stages[k][next[k]] = {a, start, detail::seconds_since(t0)};
           ++next[k];

@@ -22,7 +22,8 @@ namespace xpipe {
 
 //! One thread per stage, each running its own list; waits spin briefly, then yield, and give up
 //! when another stage failed or after `wait_timeout`. An exception in any stage stops all of
-//! them and is rethrown to the caller as a StageError naming the stage and action.
+//! them and is rethrown to the caller as a StageError naming the stage and action (a thrown
+//! object that is not a std::exception becomes one saying "non-standard exception").
 class ThreadedExecutor {
  public:
   static constexpr const char* name = "threaded";
@@ -64,6 +65,10 @@ class ThreadedExecutor {
       fail(std::current_exception());
     } catch (const std::exception& e) {
       fail(std::make_exception_ptr(StageError(k, to_string(list[i]), e.what())));
+    } catch (...) {
+      // Anything else thrown (an int, a user type) must not escape the thread: that would
+      // call std::terminate and take the whole process down.
+      fail(std::make_exception_ptr(StageError(k, to_string(list[i]), "non-standard exception")));
     }
   }
 

@@ -4,6 +4,7 @@
 // owns), stage_program.hpp (what each action does).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "xpipe/data/dataset.hpp"
 #include "xpipe/exec/executor.hpp"
+#include "xpipe/layers/loss.hpp"
 #include "xpipe/pipeline/arguments.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 #include "xpipe/pipeline/stage_program.hpp"
@@ -80,6 +82,8 @@ class Pipeline {
   //! Trains over `data` following `schedule` (stages = K, micro_batches = options().micro_batches,
   //! mini_batches = mini_batches_for(data rows)), run by `executor`. Validates the schedule and
   //! derives every action's staleness first; allocation happens here, never inside the run.
+  //! Throws DataError naming the row and mini-batch, before any action, if a label it would
+  //! read lies outside [0, out_width) (on host backends, where `data` is host memory).
   template <Executor E>
   EpochResult train(const Schedule& schedule, EpochData data, E& executor) {
     prepare(schedule, data);
@@ -202,6 +206,16 @@ class Pipeline {
                         std::to_string(schedule.mini_batches) + " mini-batches; the data holds " +
                         std::to_string(split.mini_batches()) + " of batch " +
                         std::to_string(options_.batch));
+    // Every label the run reads, once, before any action: a bad one fails here, weights
+    // untouched, instead of reading outside its logits row in the last stage.
+    if constexpr (detail::reads_host_memory<typename backend::Context>) {
+      const index_t used = std::min(data.inputs.rows, split.mini_batches() * options_.batch);
+      if (const index_t r = first_bad_label(data.labels, used, out_width); r >= 0)
+        throw DataError("xpipe: Pipeline::train: label " + std::to_string(data.labels[r]) +
+                        " at row " + std::to_string(r) + " (mini-batch " +
+                        std::to_string(r / options_.batch) + ") is outside 0.." +
+                        std::to_string(out_width - 1));
+    }
     analysis_ = analyze_staleness(schedule);  // validates
     schedule_ = &schedule;
     const index_t rows = split.max_micro_rows();

@@ -47,18 +47,22 @@ class SequentialTrainer {
   //! accumulate in chunk order (split_rows: the rule a Pipeline splits micro-batches by), the
   //! summation order of GPipe and 1F1B-flush with M
   //! micro-batches, so those schedules can be compared bit for bit.
-  //! Throws NumericError if the loss is NaN or infinite (weights are then not updated).
+  //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), and
+  //! DataError naming the row, before any math, if a label lies outside [0, Model::out_width)
+  //! (labels are checked on host backends, where they are host memory).
   double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels, int chunks = 1) {
     const index_t rows = x.rows;
     if (chunks < 1 || chunks > rows)
       throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
+    if constexpr (detail::reads_host_memory<Ctx>)
+      check_labels(labels, rows, Model::out_width, "xpipe: SequentialTrainer::train_step");
     double loss = 0;
     for (int c = 0; c < chunks; ++c) {
       const auto [first, n] = split_rows(rows, chunks, c);
       const ConstMatrix logits =
           Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_);
       const Matrix dlogits{dlogits_.data(), n, Model::out_width};
-      SoftmaxCrossEntropy::forward_backward(
+      SoftmaxCrossEntropy::forward_backward_unchecked(
           ctx, logits, labels + first, 1.f / static_cast<float>(rows), dlogits, row_loss_.data());
       loss += sum_row_losses(row_loss_.data(), n);
       Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},

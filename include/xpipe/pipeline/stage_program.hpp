@@ -105,9 +105,10 @@ struct StageProgram {
       out_q.push();
     } else {
       const Matrix dl{rt.dlogits.data() + slot * capacity * S::out_width, rows, S::out_width};
-      SoftmaxCrossEntropy::forward_backward(rt.ctx(), y, run.data.labels + first_row,
-                                            1.f / static_cast<float>(run.split.mini_batch_rows(g)),
-                                            dl, rt.row_loss.data());
+      // Labels: checked by Pipeline::train before the run.
+      SoftmaxCrossEntropy::forward_backward_unchecked(
+          rt.ctx(), y, run.data.labels + first_row,
+          1.f / static_cast<float>(run.split.mini_batch_rows(g)), dl, rt.row_loss.data());
       run.micro_loss[g] = sum_row_losses(rt.row_loss.data(), rows);
       run.progress->add(rows, run.micro_loss[g]);
     }

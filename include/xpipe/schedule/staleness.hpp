@@ -37,7 +37,7 @@ struct StalenessAnalysis {
   int stages = 0, micro_batches = 0;
   std::vector<std::vector<ActionVersion>> forward_of, backward_of;  // [stage][micro-batch g]
   std::vector<int> max_in_flight;           // micro-batches forwarded, not yet backwarded
-  std::vector<int> stash_versions;          // distinct versions alive (in-flight + latest)
+  std::vector<int> stash_versions;          // most versions alive at once: live + in-flight's
   std::vector<int> mini_batches_in_flight;  // mini-batches begun, not yet fully backwarded
 
   const ActionVersion& forward(int k, int g) const { return forward_of[k][g]; }
@@ -77,14 +77,22 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
       }
     int version = 0;
     std::vector<int> fwd_version(total, -1);
-    std::vector<char> in_flight(total, 0);
     std::vector<int> first_forward_seen(s.mini_batches, 0), backwards_done(s.mini_batches, 0);
     int live = 0, live_mini = 0;
-    std::vector<int> seen(static_cast<std::size_t>(s.mini_batches) + 1, -1);
+    // Versions alive: the live weights plus every older version a micro-batch in flight was
+    // forwarded on (its backward must read it: what weight stashing holds). users[v] counts the
+    // micro-batches in flight on version v; `old` the versions older than the live one that
+    // still have users. Only a Step can raise the count (the version it replaces turns old
+    // while its micro-batches are in flight), so it is taken at every Step; counting at
+    // forwards instead misses the steps of a short epoch's drain, which no forward follows.
+    std::vector<int> users(static_cast<std::size_t>(s.mini_batches) + 1, 0);
+    int old = 0;
     for (std::size_t p = 0; p < list.size(); ++p) {
       const Action& a = list[p];
       if (a.kind == ActionKind::Step) {
+        if (users[version] > 0) ++old;
         ++version;
+        r.stash_versions[k] = std::max(r.stash_versions[k], old + 1);
         continue;
       }
       const int g = a.index, t = s.mini_batch_of(g);
@@ -100,12 +108,12 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
       if (a.kind == ActionKind::Forward) {
         r.forward_of[k][g] = v;
         fwd_version[g] = version;
-        in_flight[g] = 1;
+        ++users[version];
         ++live;
         if (first_forward_seen[t]++ == 0) ++live_mini;
       } else {
         r.backward_of[k][g] = v;
-        in_flight[g] = 0;
+        if (--users[fwd_version[g]] == 0 && fwd_version[g] < version) --old;
         --live;
         if (++backwards_done[t] == M) --live_mini;
       }
@@ -113,18 +121,6 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
       r.mini_batches_in_flight[k] =
           std::max(r.mini_batches_in_flight[k],
                    live_mini + (a.kind == ActionKind::Backward && backwards_done[t] == M));
-      if (a.kind == ActionKind::Forward) {
-        // Distinct versions among the micro-batches in flight, the live one included.
-        const int mark = static_cast<int>(p);
-        int distinct = 0;
-        auto see = [&](int v) {
-          if (seen[v] != mark) seen[v] = mark, ++distinct;
-        };
-        see(version);
-        for (int h = 0; h < total; ++h)
-          if (in_flight[h]) see(fwd_version[h]);
-        r.stash_versions[k] = std::max(r.stash_versions[k], distinct);
-      }
     }
   }
   return r;

@@ -1,0 +1,453 @@
+// Every input checked (issue 13): bad labels, lying or odd data files, short epochs under
+// weight stashing, and layers that throw what is not a std::exception.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/support.hpp"
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using Catch::Contains;
+using Catch::Equals;
+namespace fs = std::filesystem;
+
+namespace {
+
+int thread_count() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n;
+}
+
+// A width-preserving layer that throws an int (not a std::exception) on its n-th forward call.
+inline std::atomic<int> int_forward_calls{0};
+inline int int_throw_at = -1;
+struct ThrowsInt {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
+    if (int_forward_calls.fetch_add(1) == int_throw_at) throw 42;
+    Activation<math::Identity>::forward(ctx, p, x, y);
+  }
+  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
+    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("A layer throwing a non-std::exception becomes a StageError - no thread left",
+          "[faults][executor]") {
+  using A = Stage<Linear<8, 8>, ReLU>;
+  using B = Stage<Linear<8, 8>, ThrowsInt>;
+  using C = Stage<Linear<8, 4>>;
+  const auto d = test::random_classification(8 * 40, 8, 4, 5);
+  Pipeline<A, B, C, Latest> p(Adam{}, {.batch = 8, .micro_batches = 2});
+  const Schedule s = async_1f1b(3, 2, 40);
+  auto expect_stage_error = [&](auto& exec) {
+    int_forward_calls = 0;
+    int_throw_at = 17;  // stage 1's 18th forward: F17, mid-run
+    try {
+      p.train(s, d.epoch(), exec);
+      FAIL("no exception");
+    } catch (const StageError& e) {
+      REQUIRE(e.stage() == 1);
+      REQUIRE_THAT(e.what(), Contains("stage 1, action F17") && Contains("non-standard exception"));
+    }
+    int_throw_at = -1;
+  };
+  SECTION("threaded") {
+    const int threads_before = thread_count();
+    ThreadedExecutor exec;
+    exec.wait_timeout = std::chrono::hours(1);  // the others must stop because of the failure
+    expect_stage_error(exec);
+    REQUIRE(thread_count() == threads_before);  // every stage thread joined
+    // The pipeline is still usable: the next run trains to the end.
+    REQUIRE_NOTHROW(p.train(s, d.epoch(), exec));
+  }
+  SECTION("reference") {
+    ReferenceExecutor exec;
+    expect_stage_error(exec);
+    REQUIRE_NOTHROW(p.train(s, d.epoch(), exec));
+  }
+}
+
+namespace {
+
+// The oracle of weight stashing: a predictor that keeps every version ever stepped past (and
+// allocates as it goes), so Backward(g) reads exactly the weights Forward(g) read, by
+// construction. Stash, and DoubleBuffered where it applies, must compute the same bits.
+struct AllVersions {
+  static constexpr const char* name = "all-versions";
+  template <class O, class B>
+  class State {
+   public:
+    explicit State(const PredictorSetup& s)
+        : fwd_version_(static_cast<std::size_t>(s.schedule->total_micro_batches()), -1) {}
+    template <class Ctx>
+    const float* forward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
+      fwd_version_[g] = static_cast<int>(opt.steps_taken());
+      return opt.weights();
+    }
+    template <class Ctx>
+    const float* backward_weights(const Ctx&, OptimizerState<O, B>& opt, int g) {
+      const int v = fwd_version_[g];
+      return v == opt.steps_taken() ? opt.weights() : history_[v].data();
+    }
+    void backward_done(int) {}
+    template <class Ctx>
+    void before_step(const Ctx&, OptimizerState<O, B>& opt) {
+      history_.emplace_back(opt.weights(), opt.weights() + opt.size());  // version v at [v]
+    }
+    int weight_copies() const { return 1 + static_cast<int>(history_.size()); }
+
+   private:
+    std::vector<int> fwd_version_;
+    std::vector<std::vector<float>> history_;
+  };
+};
+static_assert(Predictor<AllVersions>);
+
+// K stages of 4 -> 4 (4 classes): tiny, so a sweep over K, M and N runs in moments.
+using Tiny = Stage<Linear<4, 4>>;
+template <class P, class Seq>
+struct UniformPipeline;
+template <class P, std::size_t... I>
+struct UniformPipeline<P, std::index_sequence<I...>> {
+  template <std::size_t>
+  using S = Tiny;
+  using type = Pipeline<S<I>..., P, Adam>;
+};
+template <int K, class P>
+using TinyPipeline = typename UniformPipeline<P, std::make_index_sequence<K>>::type;
+
+// Weights after one epoch of N mini-batches of M rows (one row per micro-batch) under `s`.
+template <int K, class P, class E = ReferenceExecutor>
+std::vector<float> tiny_run(const Schedule& s, const test::LabelledData& d) {
+  const int M = s.micro_batches;
+  TinyPipeline<K, P> p(Adam{.lr = 1e-2f}, {.batch = M, .micro_batches = M, .seed = 7});
+  const EpochData epoch{d.features().slice_rows(0, s.mini_batches * M), d.y.data()};
+  E exec;
+  p.train(s, epoch, exec);
+  return p.weights();
+}
+
+}  // namespace
+
+TEST_CASE("Stash and 2BW train every short epoch of async 1F1B - K and M up to 8",
+          "[faults][stash]") {
+  // Every mini-batch count 1 .. 3K: the schedule's start and end (fill and drain) overlap
+  // when N is small, which is where a slot count read off the forwards alone fell short.
+  [&]<int... Ks>(std::integer_sequence<int, Ks...>) {
+    (
+        [&] {
+          constexpr int K = Ks + 1;
+          for (int M = 1; M <= 8; ++M) {
+            const auto d = test::random_classification(3 * K * M, 4, 4, 11);
+            for (int N = 1; N <= 3 * K; ++N) {
+              INFO("K=" << K << " M=" << M << " N=" << N);
+              const Schedule s = async_1f1b(K, M, N);
+              const auto oracle = tiny_run<K, AllVersions>(s, d);
+              REQUIRE(tiny_run<K, Stash>(s, d) == oracle);
+              if (M >= K) REQUIRE(tiny_run<K, DoubleBuffered>(pipedream_2bw(K, M, N), d) == oracle);
+            }
+          }
+        }(),
+        ...);
+  }
+  (std::make_integer_sequence<int, 8>{});
+}
+
+TEST_CASE("Short epochs under Stash and 2BW: threaded = reference bitwise - the oracle bites",
+          "[faults][stash]") {
+  const auto d = test::random_classification(4 * 4 * 3, 4, 4, 13);
+  for (int N = 1; N <= 6; ++N) {
+    INFO("N=" << N);
+    const Schedule s1 = async_1f1b(4, 1, N);
+    REQUIRE(tiny_run<4, Stash, ThreadedExecutor>(s1, d) == tiny_run<4, Stash>(s1, d));
+    const Schedule s4 = pipedream_2bw(4, 4, N);
+    REQUIRE(tiny_run<4, DoubleBuffered, ThreadedExecutor>(s4, d) ==
+            tiny_run<4, DoubleBuffered>(s4, d));
+  }
+  // The sweep's oracle is not vacuous: with stale micro-batches in flight, backwards on the
+  // stashed version compute other bits than backwards on the live weights.
+  const Schedule s = async_1f1b(4, 1, 6);
+  REQUIRE(tiny_run<4, AllVersions>(s, d) != tiny_run<4, Latest>(s, d));
+}
+
+TEST_CASE("Stash versions count the drain's steps - K = 4 - M = 1 - two mini-batches",
+          "[faults][stash][staleness]") {
+  // Stages 0-2 run F0 F1 B0 S0 B1 S1: at S0 micro-batch 1 is still in flight on version 0,
+  // which S0 replaces, so two versions are alive, and no forward follows S0 to see them.
+  // Stage 3 runs F0 B0 S0 F1 B1 S1: one version at a time.
+  const Schedule s = async_1f1b(4, 1, 2);
+  REQUIRE(analyze_staleness(s).stash_versions == std::vector<int>{2, 2, 2, 1});
+  const auto d = test::random_classification(2, 4, 4, 17);
+  TinyPipeline<4, Stash> p(Adam{}, {.batch = 1, .micro_batches = 1});
+  ReferenceExecutor exec;
+  p.train(s, d.epoch(), exec);
+  for (int k = 0; k < 4; ++k) REQUIRE(p.weight_copies(k) == (k < 3 ? 2 : 1));
+}
+
+namespace {
+
+// The four Fashion-MNIST files in `dir`, n = train_labels.size() images each of 28 x 28 bytes
+// 0..9 repeating; the test labels are 0, 1, ..., 9, 0, ... (valid).
+void write_small_fashion_mnist(const fs::path& dir, const std::vector<std::uint8_t>& train_labels) {
+  const auto n = static_cast<std::uint32_t>(train_labels.size());
+  auto labels_file = [&](const std::vector<std::uint8_t>& labels) {
+    auto b = test::idx_bytes(0x08, {n}, 0);
+    b.insert(b.end(), labels.begin(), labels.end());
+    return b;
+  };
+  std::vector<std::uint8_t> test_labels(n);
+  for (std::uint32_t i = 0; i < n; ++i) test_labels[i] = static_cast<std::uint8_t>(i % 10);
+  for (const char* set : {"train", "t10k"}) {
+    test::write_gz(dir / (std::string(set) + "-images-idx3-ubyte.gz"),
+                   test::idx_bytes(0x08, {n, 28, 28}, std::size_t{n} * 28 * 28));
+    test::write_gz(dir / (std::string(set) + "-labels-idx1-ubyte.gz"),
+                   labels_file(set == std::string("train") ? train_labels : test_labels));
+  }
+}
+
+// A DataError's message; "" when `f` throws nothing, "not a DataError" for anything else.
+template <class F>
+std::string data_error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  } catch (...) {
+    return "not a DataError";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Fashion-MNIST loader refuses labels outside 0..9 - naming file and index",
+          "[faults][labels][data]") {
+  const fs::path dir = test::scratch_dir("faults_labels");
+  const std::string train_labels = (dir / "train-labels-idx1-ubyte.gz").string();
+  write_small_fashion_mnist(dir, {0, 9, 3, 10});
+  REQUIRE_THAT(
+      data_error_of([&] { load_fashion_mnist(dir.string()); }),
+      Equals("xpipe: labels file '" + train_labels + "': label 10 at index 3 is outside 0..9"));
+  write_small_fashion_mnist(dir, {255, 1, 2, 3});
+  REQUIRE_THAT(
+      data_error_of([&] { load_fashion_mnist(dir.string()); }),
+      Equals("xpipe: labels file '" + train_labels + "': label 255 at index 0 is outside 0..9"));
+  // The bounds themselves are labels.
+  write_small_fashion_mnist(dir, {0, 9, 9, 0});
+  const DatasetPair d = load_fashion_mnist(dir.string());
+  REQUIRE(d.train.labels == std::vector<std::int32_t>{0, 9, 9, 0});
+  REQUIRE(d.test.labels == std::vector<std::int32_t>{0, 1, 2, 3});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Pipeline::train refuses a label outside the classes before any action",
+          "[faults][labels][pipeline]") {
+  // 4 classes; batch 4 in M = 2 micro-batches; 41 rows = 10 mini-batches and a 1-row tail,
+  // which is dropped (fewer rows than M) and so never read.
+  const auto clean = test::random_classification(41, 4, 4, 19);
+  const Schedule s = async_1f1b(2, 2, 10);
+  for (std::int32_t bad : {4, -1, 1 << 28, -(1 << 28)}) {
+    INFO("label " << bad);
+    auto d = clean;
+    d.y[13] = bad;
+    for (bool threaded : {false, true}) {
+      TinyPipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
+      const auto before = p.weights();
+      const int threads_before = thread_count();
+      ThreadedExecutor thr;
+      ReferenceExecutor ref;
+      const std::string msg = data_error_of([&] {
+        if (threaded)
+          p.train(s, d.epoch(), thr);
+        else
+          p.train(s, d.epoch(), ref);
+      });
+      REQUIRE_THAT(msg, Equals("xpipe: Pipeline::train: label " + std::to_string(bad) +
+                               " at row 13 (mini-batch 3) is outside 0..3"));
+      REQUIRE(p.weights() == before);  // nothing ran
+      REQUIRE(thread_count() == threads_before);
+    }
+  }
+  // A bad label in the dropped tail is not read, so not refused; the edge classes train.
+  auto d = clean;
+  d.y[40] = 99;
+  d.y[0] = 0;
+  d.y[1] = 3;
+  TinyPipeline<2, Latest> p(Adam{}, {.batch = 4, .micro_batches = 2});
+  ReferenceExecutor exec;
+  REQUIRE(p.train(s, d.epoch(), exec).samples == 40);
+}
+
+TEST_CASE("SequentialTrainer::train_step and the loss refuse labels outside the classes",
+          "[faults][labels]") {
+  const auto clean = test::random_classification(8, 4, 4, 23);
+  for (std::int32_t bad : {4, -1, 1 << 28}) {
+    INFO("label " << bad);
+    auto d = clean;
+    d.y[5] = bad;
+    SequentialTrainer<Tiny, Adam> t(Adam{}, 8, 1);
+    const std::vector<float> before(t.state().weights(), t.state().weights() + t.state().size());
+    for (int chunks : {1, 2}) {
+      REQUIRE_THAT(
+          data_error_of([&] { t.train_step(HostContext{}, d.features(), d.y.data(), chunks); }),
+          Equals("xpipe: SequentialTrainer::train_step: label " + std::to_string(bad) +
+                 " at row 5 is outside 0..3"));
+      // Refused before any math: no step taken, weights as they were.
+      REQUIRE(t.state().steps_taken() == 0);
+      REQUIRE(std::vector<float>(t.state().weights(), t.state().weights() + t.state().size()) ==
+              before);
+    }
+    // The loss called directly checks its own rows.
+    std::vector<float> logits(8 * 4, 0.5f), grad(8 * 4), row_loss(8);
+    REQUIRE_THAT(data_error_of([&] {
+                   SoftmaxCrossEntropy::forward_backward(HostContext{}, {logits.data(), 8, 4},
+                                                         d.y.data(), 1.f / 8, {grad.data(), 8, 4},
+                                                         row_loss.data());
+                 }),
+                 Equals("xpipe: SoftmaxCrossEntropy: label " + std::to_string(bad) +
+                        " at row 5 is outside 0..3"));
+  }
+  SequentialTrainer<Tiny, Adam> t(Adam{}, 8, 1);
+  REQUIRE_NOTHROW(t.train_step(HostContext{}, clean.features(), clean.y.data(), 2));
+  REQUIRE(t.state().steps_taken() == 1);
+}
+
+namespace {
+
+// Caps this process's address space at its present size plus `headroom` while it lives: an
+// allocation of more than that fails (std::bad_alloc) instead of succeeding, so a test sees
+// whether code under it tried to allocate a declared size rather than what it read.
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(std::size_t headroom) {
+    REQUIRE(getrlimit(RLIMIT_AS, &old_) == 0);
+    std::size_t vm_kib = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string key; status >> key;)
+      if (key == "VmSize:") {
+        status >> vm_kib;
+        break;
+      }
+    REQUIRE(vm_kib > 0);
+    const rlimit capped{vm_kib * 1024 + headroom, old_.rlim_max};
+    REQUIRE(setrlimit(RLIMIT_AS, &capped) == 0);
+  }
+  ~AddressSpaceCap() { setrlimit(RLIMIT_AS, &old_); }
+  AddressSpaceCap(const AddressSpaceCap&) = delete;
+  AddressSpaceCap& operator=(const AddressSpaceCap&) = delete;
+
+ private:
+  rlimit old_{};
+};
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+}  // namespace
+
+TEST_CASE("IDX reader bounds a lying header before allocating what it declares",
+          "[faults][data][idx]") {
+  const fs::path dir = test::scratch_dir("faults_idx");
+  // Each file here is a few dozen bytes; reading one may take a 16 MiB chunk, never 1 GiB.
+  SECTION("4 GiB declared: over the 1 GiB bound, refused from the header alone") {
+    const fs::path p = dir / "huge-idx2-ubyte.gz";
+    test::write_gz(p, test::idx_bytes(0x08, {65536, 65536}, 0));
+    REQUIRE(fs::file_size(p) < 64);
+    const AddressSpaceCap cap(256 * mib);
+    REQUIRE_THAT(data_error_of([&] { read_idx(p.string()); }),
+                 Equals("xpipe: IDX file '" + p.string() +
+                        "' declares 65536 x 65536 bytes of data, more than the limit of "
+                        "1073741824 (read_idx's max_data_bytes)"));
+  }
+  SECTION("1023 MiB declared, 10 bytes there: gzip'd and plain") {
+    const auto bytes = test::idx_bytes(0x08, {1023, 1024, 1024}, 10);
+    const fs::path gz = dir / "lying-idx3-ubyte.gz", plain = dir / "lying-idx3-ubyte";
+    test::write_gz(gz, bytes);
+    std::ofstream(plain, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    const AddressSpaceCap cap(256 * mib);
+    for (const fs::path& p : {gz, plain})
+      REQUIRE_THAT(data_error_of([&] { read_idx(p.string()); }),
+                   Equals("xpipe: IDX file '" + p.string() +
+                          "' is truncated: header declares 1072693248 bytes of data, found 10"));
+  }
+  SECTION("the bound is the caller's to set") {
+    const fs::path p = dir / "small-idx1-ubyte.gz";
+    test::write_gz(p, test::idx_bytes(0x08, {101}, 101));
+    REQUIRE_THAT(data_error_of([&] { read_idx(p.string(), 100); }),
+                 Contains("declares 101 bytes of data, more than the limit of 100"));
+    const IdxArray a = read_idx(p.string(), 101);
+    REQUIRE(a.dims == std::vector<std::uint32_t>{101});
+    REQUIRE(a.data.size() == 101);
+  }
+  SECTION("a file over several chunks reads back whole") {
+    const fs::path p = dir / "chunks-idx3-ubyte.gz";
+    test::write_gz(p, test::idx_bytes(0x08, {33, 1024, 1024}, 33 * mib));  // 16 + 16 + 1 MiB
+    const IdxArray a = read_idx(p.string());
+    REQUIRE(a.dims == std::vector<std::uint32_t>{33, 1024, 1024});
+    REQUIRE(a.data.size() == 33 * mib);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < a.data.size(); ++i) wrong += a.data[i] != i % 10;
+    REQUIRE(wrong == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("IDX reader and loader refuse a FIFO or directory named like a data file",
+          "[faults][data][idx]") {
+  const fs::path dir = test::scratch_dir("faults_fifo");
+  write_small_fashion_mnist(dir, {0, 1, 2, 3});
+  const fs::path fifo = dir / "train-images-idx3-ubyte.gz";
+  const fs::path folder = dir / "t10k-labels-idx1-ubyte.gz";
+  fs::remove(fifo);
+  fs::remove(folder);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  fs::create_directory(folder);
+  // Opening a FIFO for reading blocks until a writer comes: should the reader try, this thread
+  // comes as that writer after a few seconds and leaves at once, so the test fails on the
+  // message instead of hanging.
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int tick = 0; !done; ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (tick < 60) continue;
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // fails unless a reader waits
+      if (fd >= 0) ::close(fd);
+    }
+  });
+  const std::string fifo_msg = data_error_of([&] { read_idx(fifo.string()); });
+  const std::string load_msg = data_error_of([&] { load_fashion_mnist(dir.string()); });
+  const std::string folder_msg = data_error_of([&] { read_idx(folder.string()); });
+  done = true;
+  writer.join();
+  const std::string expect =
+      "xpipe: IDX file '" + fifo.string() + "' is a FIFO, not a regular file: refusing to read it";
+  REQUIRE_THAT(fifo_msg, Equals(expect));
+  REQUIRE_THAT(load_msg, Equals(expect));
+  REQUIRE_THAT(folder_msg, Equals("xpipe: IDX file '" + folder.string() +
+                                  "' is a directory, not a regular file: refusing to read it"));
+  fs::remove_all(dir);
+}
