@@ -312,7 +312,8 @@ struct CheckpointChoice {
 
 //! The newest checkpoint under `root` whose MANIFEST verifies: folders named <prefix><number>,
 //! highest number first (`latest` is only a hint for people; a crash may leave it one behind).
-//! std::nullopt when there is none; `skipped` says why each newer folder was refused.
+//! std::nullopt when there is none (uncommitted folders do not count); CheckpointError when
+//! every committed one fails to verify; `skipped` says why each newer folder was passed over.
 inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesystem::path& root,
                                                               const std::string& prefix = "ckpt-") {
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> found;
@@ -330,18 +331,25 @@ inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesys
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   CheckpointChoice choice;
+  int refused = 0;  // folders with a MANIFEST that does not verify
   for (const auto& [number, folder] : found) {
+    // A folder without a MANIFEST is a write that never committed (killed part-way): passed
+    // over, and no reason to refuse to start afresh when it is all there is.
+    if (!std::filesystem::exists(folder / "MANIFEST", ec)) {
+      choice.skipped.push_back(folder.string() + ": uncommitted (no MANIFEST; a write cut short)");
+      continue;
+    }
     try {
       choice.contents = read_checkpoint(folder);
       return choice;
     } catch (const CheckpointError& e) {
       choice.skipped.push_back(folder.string() + ": " + e.what());
+      ++refused;
     }
   }
-  if (choice.skipped.empty()) return std::nullopt;
+  if (refused == 0) return std::nullopt;
   throw CheckpointError("xpipe: checkpoint: no checkpoint under " + root.string() + " verifies; " +
-                        std::to_string(choice.skipped.size()) + " refused, the newest because " +
-                        choice.skipped.front());
+                        std::to_string(refused) + " refused: " + join_names(choice.skipped));
 }
 
 }  // namespace xpipe
