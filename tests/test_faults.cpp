@@ -6,12 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <span>
 #include <string>
 #include <thread>
@@ -450,4 +453,78 @@ TEST_CASE("IDX reader and loader refuse a FIFO or directory named like a data fi
   REQUIRE_THAT(folder_msg, Equals("xpipe: IDX file '" + folder.string() +
                                   "' is a directory, not a regular file: refusing to read it"));
   fs::remove_all(dir);
+}
+
+// ---- Non-finite losses and inputs: named NaN or infinite, by the caller's row, and blamed on
+// the data only when the data holds a NaN or an infinity.
+
+namespace {
+
+using NumA = Stage<Linear<8, 16>, ReLU>;
+using NumB = Stage<Linear<16, 16>, ReLU>;
+using NumC = Stage<Linear<16, 4>>;
+
+// What `train` throws, as a NumericError (wrapped in a StageError by a pipeline); "" if nothing.
+template <class F>
+std::string numeric_error_of(F&& train) {
+  try {
+    train();
+  } catch (const StageError& e) {
+    return e.what();
+  } catch (const NumericError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("A NaN input is reported by its data-set row as bad data - both executors",
+          "[faults][numeric][pipeline]") {
+  // Batch 16 in M = 4 micro-batches of 4 rows; row 89 = mini-batch 5, row 9 of it, so
+  // micro-batch 5 * 4 + 2 = 22, its row 1. The message names row 89, not row 1.
+  auto d = test::random_classification(160, 8, 4, 3);
+  const Schedule s = async_1f1b(3, 4, 10);
+  const std::string expected_start =
+      "xpipe: stage 2, action F22: xpipe: loss is NaN at row 89 "
+      "(mini-batch 5): input row 89 holds NaN (column 3): bad data, "
+      "not divergence";
+  d.x[89 * 8 + 3] = std::nanf("");
+  auto run = [&](auto& exec) {
+    Pipeline<NumA, NumB, NumC, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+    return numeric_error_of([&] { p.train(s, d.epoch(), exec); });
+  };
+  ReferenceExecutor ref;
+  REQUIRE_THAT(run(ref), Equals(expected_start));
+  ThreadedExecutor threaded;
+  REQUIRE_THAT(run(threaded), Equals(expected_start));
+  // An infinity is bad data too, named by its sign.
+  d.x[89 * 8 + 3] = -std::numeric_limits<float>::infinity();
+  const std::string inf = run(ref);
+  REQUIRE_THAT(inf, Contains("at row 89 (mini-batch 5)") && Contains("holds -inf (column 3)") &&
+                        Contains("bad data, not divergence"));
+
+  // SequentialTrainer names the row of the batch it was given (chunk 2 of 2: rows 8..15).
+  using Model = Stage<Linear<8, 4>>;
+  SequentialTrainer<Model, SGD> t(SGD{.lr = 0.1f}, 16, 1);
+  d.x[89 * 8 + 3] = 0.f;
+  d.x[12 * 8 + 5] = std::nanf("");
+  REQUIRE_THAT(
+      numeric_error_of([&] { t.train_step({}, d.features().slice_rows(0, 16), d.y.data(), 2); }),
+      Equals("xpipe: loss is NaN at row 12: input row 12 holds NaN (column 5): bad data, "
+             "not divergence"));
+}
+
+TEST_CASE("A diverging run (huge learning rate) is named divergence, not bad data",
+          "[faults][numeric][pipeline]") {
+  const auto d = test::random_classification(160, 8, 4, 3);
+  Pipeline<NumA, NumB, NumC, Latest, SGD> p(SGD{.lr = 1e12f}, {.batch = 16, .micro_batches = 4});
+  const Schedule s = async_1f1b(3, 4, 10);
+  ReferenceExecutor exec;
+  std::string what;
+  for (int epoch = 0; epoch < 20 && what.empty(); ++epoch)
+    what = numeric_error_of([&] { p.train(s, d.epoch(), exec); });
+  REQUIRE_THAT(what, Contains("loss is") && Contains("the inputs are finite, so training diverged "
+                                                     "(lower the learning rate?)"));
+  REQUIRE_THAT(what, !Contains("bad data"));
 }
