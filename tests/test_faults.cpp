@@ -528,3 +528,39 @@ TEST_CASE("A diverging run (huge learning rate) is named divergence, not bad dat
                                                      "(lower the learning rate?)"));
   REQUIRE_THAT(what, !Contains("bad data"));
 }
+
+TEST_CASE("A +inf logit makes the loss infinite, not NaN, and it is named infinite",
+          "[faults][numeric]") {
+  // Kernel: the label's probability under a +inf logit elsewhere is 0, so its loss is +inf;
+  // inf - inf once made it NaN. A NaN logit still gives NaN.
+  const HostContext ctx{};
+  std::vector<float> logits{std::numeric_limits<float>::infinity(), 0.f, 1.f}, grad(3);
+  const std::int32_t label = 1;
+  float loss = 0;
+  SoftmaxCrossEntropy::forward_backward(ctx, {logits.data(), 1, 3}, &label, 1.f,
+                                        {grad.data(), 1, 3}, &loss);
+  REQUIRE(std::isinf(loss));
+  REQUIRE(loss > 0);
+  REQUIRE_THROWS_WITH(sum_row_losses(&loss, 1), Contains("loss is infinite at row 0"));
+  logits[2] = std::nanf("");
+  SoftmaxCrossEntropy::forward_backward(ctx, {logits.data(), 1, 3}, &label, 1.f,
+                                        {grad.data(), 1, 3}, &loss);
+  REQUIRE(std::isnan(loss));
+
+  // Training: finite inputs whose logit overflows float (1e10 * 1e30): infinite, and the
+  // inputs are finite, so it is divergence.
+  using Model = Stage<Linear<2, 2>>;
+  SequentialTrainer<Model, SGD> t(SGD{.lr = 0.1f}, 2, 1);
+  std::fill_n(t.state().weights(), Model::param_count, 0.f);
+  t.state().weights()[0] = 1e30f;  // input 0 -> class 0
+  std::vector<float> x{0.f, 1.f, 1e10f, 0.f};
+  std::vector<std::int32_t> y{0, 1};
+  try {
+    t.train_step(ctx, {x.data(), 2, 2}, y.data());
+    FAIL("no exception");
+  } catch (const NumericError& e) {
+    REQUIRE_THAT(e.what(), Contains("loss is infinite at row 1") && Contains("inputs are finite") &&
+                               Contains("diverged"));
+  }
+  REQUIRE(t.state().steps_taken() == 0);
+}
