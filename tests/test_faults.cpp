@@ -564,3 +564,34 @@ TEST_CASE("A +inf logit makes the loss infinite, not NaN, and it is named infini
   }
   REQUIRE(t.state().steps_taken() == 0);
 }
+
+TEST_CASE("Constant images are valid data: loaded finite and trained without a NaN",
+          "[faults][numeric][data]") {
+  // Every pixel of every image 77: the variance is 0, and 1 / sqrt(0) made every pixel NaN.
+  const fs::path dir = test::scratch_dir("faults_constant");
+  const std::uint32_t n = 64;
+  for (const char* set : {"train", "t10k"}) {
+    auto images = test::idx_bytes(0x08, {n, 28, 28}, 0);
+    images.insert(images.end(), std::size_t{n} * 28 * 28, 77);
+    test::write_gz(dir / (std::string(set) + "-images-idx3-ubyte.gz"), images);
+    test::write_gz(dir / (std::string(set) + "-labels-idx1-ubyte.gz"),
+                   test::idx_bytes(0x08, {n}, n));
+  }
+  const DatasetPair data = load_fashion_mnist(dir.string());
+  fs::remove_all(dir);
+  REQUIRE(std::all_of(data.train.features.begin(), data.train.features.end(),
+                      [](float v) { return v == 0.f; }));
+  using Model = Stage<Linear<784, 10>>;
+  const HostContext ctx{};
+  SequentialTrainer<Model, Adam> t(Adam{}, 16, 1);
+  Batcher b(data.train, 16, 1);
+  REQUIRE(std::isfinite(t.train_epoch(ctx, b, 0)));
+  REQUIRE(t.evaluate(ctx, data.test) >= 0);
+
+  // Constant rows handed to a pipeline directly train to a finite loss too.
+  auto d = test::random_classification(160, 8, 4, 3);
+  std::fill(d.x.begin(), d.x.end(), 0.5f);
+  Pipeline<NumA, NumB, NumC, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  ThreadedExecutor exec;
+  REQUIRE(std::isfinite(p.train(async_1f1b(3, 4, 10), d.epoch(), exec).loss));
+}
