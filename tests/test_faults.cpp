@@ -595,3 +595,26 @@ TEST_CASE("Constant images are valid data: loaded finite and trained without a N
   ThreadedExecutor exec;
   REQUIRE(std::isfinite(p.train(async_1f1b(3, 4, 10), d.epoch(), exec).loss));
 }
+
+TEST_CASE("evaluate refuses a NaN or infinite input, naming its row",
+          "[faults][numeric][pipeline]") {
+  Dataset data;
+  data.count = 40;
+  data.width = 8;
+  data.classes = 4;
+  data.features = HostBuffer<float>(40 * 8);
+  std::fill(data.features.begin(), data.features.end(), 0.25f);
+  data.labels.assign(40, 1);
+  Pipeline<NumA, NumB, NumC, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  REQUIRE(p.evaluate(data) >= 0);
+  data.features[33 * 8 + 2] = std::nanf("");
+  data.features[35 * 8] = std::numeric_limits<float>::infinity();
+  REQUIRE_THAT(data_error_of([&] { p.evaluate(data); }),
+               Equals("xpipe: Pipeline::evaluate: input row 33 holds NaN (column 2): bad data"));
+  using Model = Stage<Linear<8, 4>>;
+  SequentialTrainer<Model, SGD> t(SGD{}, 16, 1);
+  data.features[33 * 8 + 2] = 0.f;
+  REQUIRE_THAT(
+      data_error_of([&] { t.evaluate({}, data); }),
+      Equals("xpipe: SequentialTrainer::evaluate: input row 35 holds +inf (column 0): bad data"));
+}

@@ -116,6 +116,15 @@ inline std::string bad_input(ConstMatrix x, index_t r, index_t c) {
 
 }  // namespace detail
 
+//! Throws DataError "<where>: input row R holds NaN (column C): bad data" for the first row of
+//! x (host memory) holding NaN or an infinity: one pass, for evaluation, where a NaN would
+//! otherwise pass for a prediction. Usage: `check_finite_inputs(d.matrix(), "xpipe: evaluate");`
+inline void check_finite_inputs(ConstMatrix x, const char* where) {
+  for (index_t r = 0; r < x.rows; ++r)
+    if (const index_t c = detail::first_non_finite_column(x, r); c >= 0)
+      throw DataError(std::string(where) + ": " + detail::bad_input(x, r, c) + ": bad data");
+}
+
 //! Sum of host row losses in row order (a fixed order: same bits on every executor); throws
 //! NumericError when a loss is NaN or infinite ("loss is NaN" / "loss is infinite"), so a bad
 //! run stops with a message instead of silently producing garbage. The message names the row

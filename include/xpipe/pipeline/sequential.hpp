@@ -92,8 +92,10 @@ class SequentialTrainer {
     return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;
   }
 
-  //! Fraction of `data` classified correctly, in batches of max_batch().
+  //! Fraction of `data` classified correctly, in batches of max_batch(). Throws DataError naming
+  //! the first row of `data` holding NaN or an infinity.
   double evaluate(const Ctx& ctx, const Dataset& data) {
+    check_finite_inputs(data.matrix(), "xpipe: SequentialTrainer::evaluate");
     index_t correct = 0;
     for (index_t first = 0; first < data.count; first += max_batch()) {
       const index_t rows = std::min(max_batch(), data.count - first);
