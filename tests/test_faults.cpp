@@ -6,12 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <span>
 #include <string>
 #include <thread>
@@ -450,4 +453,168 @@ TEST_CASE("IDX reader and loader refuse a FIFO or directory named like a data fi
   REQUIRE_THAT(folder_msg, Equals("xpipe: IDX file '" + folder.string() +
                                   "' is a directory, not a regular file: refusing to read it"));
   fs::remove_all(dir);
+}
+
+// ---- Non-finite losses and inputs: named NaN or infinite, by the caller's row, and blamed on
+// the data only when the data holds a NaN or an infinity.
+
+namespace {
+
+using NumA = Stage<Linear<8, 16>, ReLU>;
+using NumB = Stage<Linear<16, 16>, ReLU>;
+using NumC = Stage<Linear<16, 4>>;
+
+// What `train` throws, as a NumericError (wrapped in a StageError by a pipeline); "" if nothing.
+template <class F>
+std::string numeric_error_of(F&& train) {
+  try {
+    train();
+  } catch (const StageError& e) {
+    return e.what();
+  } catch (const NumericError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("A NaN input is reported by its data-set row as bad data - both executors",
+          "[faults][numeric][pipeline]") {
+  // Batch 16 in M = 4 micro-batches of 4 rows; row 89 = mini-batch 5, row 9 of it, so
+  // micro-batch 5 * 4 + 2 = 22, its row 1. The message names row 89, not row 1.
+  auto d = test::random_classification(160, 8, 4, 3);
+  const Schedule s = async_1f1b(3, 4, 10);
+  const std::string expected_start =
+      "xpipe: stage 2, action F22: xpipe: loss is NaN at row 89 "
+      "(mini-batch 5): input row 89 holds NaN (column 3): bad data, "
+      "not divergence";
+  d.x[89 * 8 + 3] = std::nanf("");
+  auto run = [&](auto& exec) {
+    Pipeline<NumA, NumB, NumC, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+    return numeric_error_of([&] { p.train(s, d.epoch(), exec); });
+  };
+  ReferenceExecutor ref;
+  REQUIRE_THAT(run(ref), Equals(expected_start));
+  ThreadedExecutor threaded;
+  REQUIRE_THAT(run(threaded), Equals(expected_start));
+  // An infinity is bad data too, named by its sign.
+  d.x[89 * 8 + 3] = -std::numeric_limits<float>::infinity();
+  const std::string inf = run(ref);
+  REQUIRE_THAT(inf, Contains("at row 89 (mini-batch 5)") && Contains("holds -inf (column 3)") &&
+                        Contains("bad data, not divergence"));
+
+  // SequentialTrainer names the row of the batch it was given (chunk 2 of 2: rows 8..15).
+  using Model = Stage<Linear<8, 4>>;
+  SequentialTrainer<Model, SGD> t(SGD{.lr = 0.1f}, 16, 1);
+  d.x[89 * 8 + 3] = 0.f;
+  d.x[12 * 8 + 5] = std::nanf("");
+  REQUIRE_THAT(
+      numeric_error_of([&] { t.train_step({}, d.features().slice_rows(0, 16), d.y.data(), 2); }),
+      Equals("xpipe: loss is NaN at row 12: input row 12 holds NaN (column 5): bad data, "
+             "not divergence"));
+}
+
+TEST_CASE("A diverging run (huge learning rate) is named divergence, not bad data",
+          "[faults][numeric][pipeline]") {
+  const auto d = test::random_classification(160, 8, 4, 3);
+  Pipeline<NumA, NumB, NumC, Latest, SGD> p(SGD{.lr = 1e12f}, {.batch = 16, .micro_batches = 4});
+  const Schedule s = async_1f1b(3, 4, 10);
+  ReferenceExecutor exec;
+  std::string what;
+  for (int epoch = 0; epoch < 20 && what.empty(); ++epoch)
+    what = numeric_error_of([&] { p.train(s, d.epoch(), exec); });
+  REQUIRE_THAT(what, Contains("loss is") && Contains("the inputs are finite, so training diverged "
+                                                     "(lower the learning rate?)"));
+  REQUIRE_THAT(what, !Contains("bad data"));
+}
+
+TEST_CASE("A +inf logit makes the loss infinite, not NaN, and it is named infinite",
+          "[faults][numeric]") {
+  // Kernel: the label's probability under a +inf logit elsewhere is 0, so its loss is +inf;
+  // inf - inf once made it NaN. A NaN logit still gives NaN.
+  const HostContext ctx{};
+  std::vector<float> logits{std::numeric_limits<float>::infinity(), 0.f, 1.f}, grad(3);
+  const std::int32_t label = 1;
+  float loss = 0;
+  SoftmaxCrossEntropy::forward_backward(ctx, {logits.data(), 1, 3}, &label, 1.f,
+                                        {grad.data(), 1, 3}, &loss);
+  REQUIRE(std::isinf(loss));
+  REQUIRE(loss > 0);
+  REQUIRE_THROWS_WITH(sum_row_losses(&loss, 1), Contains("loss is infinite at row 0"));
+  logits[2] = std::nanf("");
+  SoftmaxCrossEntropy::forward_backward(ctx, {logits.data(), 1, 3}, &label, 1.f,
+                                        {grad.data(), 1, 3}, &loss);
+  REQUIRE(std::isnan(loss));
+
+  // Training: finite inputs whose logit overflows float (1e10 * 1e30): infinite, and the
+  // inputs are finite, so it is divergence.
+  using Model = Stage<Linear<2, 2>>;
+  SequentialTrainer<Model, SGD> t(SGD{.lr = 0.1f}, 2, 1);
+  std::fill_n(t.state().weights(), Model::param_count, 0.f);
+  t.state().weights()[0] = 1e30f;  // input 0 -> class 0
+  std::vector<float> x{0.f, 1.f, 1e10f, 0.f};
+  std::vector<std::int32_t> y{0, 1};
+  try {
+    t.train_step(ctx, {x.data(), 2, 2}, y.data());
+    FAIL("no exception");
+  } catch (const NumericError& e) {
+    REQUIRE_THAT(e.what(), Contains("loss is infinite at row 1") && Contains("inputs are finite") &&
+                               Contains("diverged"));
+  }
+  REQUIRE(t.state().steps_taken() == 0);
+}
+
+TEST_CASE("Constant images are valid data: loaded finite and trained without a NaN",
+          "[faults][numeric][data]") {
+  // Every pixel of every image 77: the variance is 0, and 1 / sqrt(0) made every pixel NaN.
+  const fs::path dir = test::scratch_dir("faults_constant");
+  const std::uint32_t n = 64;
+  for (const char* set : {"train", "t10k"}) {
+    auto images = test::idx_bytes(0x08, {n, 28, 28}, 0);
+    images.insert(images.end(), std::size_t{n} * 28 * 28, 77);
+    test::write_gz(dir / (std::string(set) + "-images-idx3-ubyte.gz"), images);
+    test::write_gz(dir / (std::string(set) + "-labels-idx1-ubyte.gz"),
+                   test::idx_bytes(0x08, {n}, n));
+  }
+  const DatasetPair data = load_fashion_mnist(dir.string());
+  fs::remove_all(dir);
+  REQUIRE(std::all_of(data.train.features.begin(), data.train.features.end(),
+                      [](float v) { return v == 0.f; }));
+  using Model = Stage<Linear<784, 10>>;
+  const HostContext ctx{};
+  SequentialTrainer<Model, Adam> t(Adam{}, 16, 1);
+  Batcher b(data.train, 16, 1);
+  REQUIRE(std::isfinite(t.train_epoch(ctx, b, 0)));
+  REQUIRE(t.evaluate(ctx, data.test) >= 0);
+
+  // Constant rows handed to a pipeline directly train to a finite loss too.
+  auto d = test::random_classification(160, 8, 4, 3);
+  std::fill(d.x.begin(), d.x.end(), 0.5f);
+  Pipeline<NumA, NumB, NumC, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  ThreadedExecutor exec;
+  REQUIRE(std::isfinite(p.train(async_1f1b(3, 4, 10), d.epoch(), exec).loss));
+}
+
+TEST_CASE("evaluate refuses a NaN or infinite input, naming its row",
+          "[faults][numeric][pipeline]") {
+  Dataset data;
+  data.count = 40;
+  data.width = 8;
+  data.classes = 4;
+  data.features = HostBuffer<float>(40 * 8);
+  std::fill(data.features.begin(), data.features.end(), 0.25f);
+  data.labels.assign(40, 1);
+  Pipeline<NumA, NumB, NumC, Latest> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  REQUIRE(p.evaluate(data) >= 0);
+  data.features[33 * 8 + 2] = std::nanf("");
+  data.features[35 * 8] = std::numeric_limits<float>::infinity();
+  REQUIRE_THAT(data_error_of([&] { p.evaluate(data); }),
+               Equals("xpipe: Pipeline::evaluate: input row 33 holds NaN (column 2): bad data"));
+  using Model = Stage<Linear<8, 4>>;
+  SequentialTrainer<Model, SGD> t(SGD{}, 16, 1);
+  data.features[33 * 8 + 2] = 0.f;
+  REQUIRE_THAT(
+      data_error_of([&] { t.evaluate({}, data); }),
+      Equals("xpipe: SequentialTrainer::evaluate: input row 35 holds +inf (column 0): bad data"));
 }

@@ -263,10 +263,12 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       try {
         std::rethrow_exception(failure);
       } catch (const Error& err) {
-        // The library throws on a NaN or infinite loss; any other error is a failure.
+        // The library throws on a NaN or infinite loss; any other error is a failure, and so
+        // is a non-finite loss it blames on the data ("bad data"), not on divergence.
         const std::string what = err.what();
-        const bool numeric = what.find("loss is NaN") != std::string::npos ||
-                             what.find("loss is infinite") != std::string::npos;
+        const bool numeric = (what.find("loss is NaN") != std::string::npos ||
+                              what.find("loss is infinite") != std::string::npos) &&
+                             what.find("bad data") == std::string::npos;
         rec.status = numeric ? RunStatus::diverged : RunStatus::failed;
         rec.why = "epoch " + std::to_string(e) + ": " + what;
         return rec;

@@ -86,7 +86,8 @@ inline Dataset images_and_labels(const std::string& images_path, const std::stri
 }  // namespace detail
 
 //! Loads Fashion-MNIST from `dir` (the four standard .gz IDX files) and standardises pixels with
-//! the training set's mean and standard deviation (applied to both halves).
+//! the training set's mean and standard deviation (applied to both halves; a training set of
+//! one pixel value is only centred).
 //! Throws DataError naming the file when one is missing, truncated or malformed.
 inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_mnist_dir()) {
   DatasetPair p;
@@ -100,8 +101,17 @@ inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_m
     sq += static_cast<double>(v) * v;
   }
   const double n = static_cast<double>(p.train.features.size());
-  const double mean = sum / n;
-  const float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - mean * mean));
+  double mean = sum / n;
+  float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - mean * mean));
+  // Images of one pixel value are valid data, but their variance is 0 (or, as E[x^2] - mean^2,
+  // a rounding error of either sign): 1 / sqrt of it made every pixel 0 * inf or NaN, and
+  // training failed with "loss is NaN". They are centred to 0 and left unscaled.
+  const float first = p.train.features.size() > 0 ? p.train.features[0] : 0.f;
+  if (std::all_of(p.train.features.begin(), p.train.features.end(),
+                  [&](float v) { return v == first; })) {
+    mean = first;
+    inv_std = 1.f;
+  }
   for (Dataset* d : {&p.train, &p.test})
     for (float& v : d->features) v = (v - static_cast<float>(mean)) * inv_std;
   return p;

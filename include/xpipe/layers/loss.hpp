@@ -8,6 +8,7 @@
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/error.hpp"
+#include "xpipe/core/tensor.hpp"
 #include "xpipe/kernels/ops.hpp"
 
 namespace xpipe {
@@ -62,16 +63,77 @@ struct SoftmaxCrossEntropy {
   }
 };
 
+//! Where a batch's row losses came from, for the message when one is not finite: the inputs as
+//! the caller passed them (the data set, or the batch), in host memory, or empty where they are
+//! not (device memory: not read); which of their rows loss row 0 is; and the rows of the
+//! mini-batch (mini_batch >= 0: its index, named in the message).
+struct LossSource {
+  ConstMatrix inputs{};
+  index_t first = 0;
+  index_t batch_first = 0, batch_rows = 0;
+  index_t mini_batch = -1;
+};
+
+namespace detail {
+
+// The first column of row r of x holding NaN or an infinity, or -1.
+inline index_t first_non_finite_column(ConstMatrix x, index_t r) {
+  for (index_t c = 0; c < x.cols; ++c)
+    if (!std::isfinite(x(r, c))) return c;
+  return -1;
+}
+
+// "NaN", "+inf" or "-inf".
+inline std::string non_finite_name(float v) {
+  return std::isnan(v) ? "NaN" : (v > 0 ? "+inf" : "-inf");
+}
+
+// "input row R holds NaN (column C)".
+inline std::string bad_input(ConstMatrix x, index_t r, index_t c) {
+  return "input row " + std::to_string(r) + " holds " + non_finite_name(x(r, c)) + " (column " +
+         std::to_string(c) + ")";
+}
+
+// Off the hot path: runs once, when a loss is found not finite. Blames the input when the row,
+// or else another row of its mini-batch, holds NaN or an infinity; divergence otherwise.
+[[noreturn]] inline void throw_non_finite_loss(float loss, index_t r, const LossSource& src) {
+  const index_t row = src.first + r;
+  std::string what = "xpipe: loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
+                     " at row " + std::to_string(row);
+  if (src.mini_batch >= 0) what += " (mini-batch " + std::to_string(src.mini_batch) + ")";
+  if (src.inputs.empty())
+    throw NumericError(what + ": diverged, or bad input (inputs in device memory are not " +
+                       "checked): lower the learning rate?");
+  if (const index_t c = first_non_finite_column(src.inputs, row); c >= 0)
+    throw NumericError(what + ": " + bad_input(src.inputs, row, c) + ": bad data, not divergence");
+  for (index_t b = src.batch_first; b < src.batch_first + src.batch_rows; ++b)
+    if (const index_t c = first_non_finite_column(src.inputs, b); c >= 0)
+      throw NumericError(what + ": " + bad_input(src.inputs, b, c) +
+                         " in the same mini-batch: bad data, not divergence");
+  throw NumericError(what + ": the inputs are finite, so training diverged (lower the " +
+                     "learning rate?)");
+}
+
+}  // namespace detail
+
+//! Throws DataError "<where>: input row R holds NaN (column C): bad data" for the first row of
+//! x (host memory) holding NaN or an infinity: one pass, for evaluation, where a NaN would
+//! otherwise pass for a prediction. Usage: `check_finite_inputs(d.matrix(), "xpipe: evaluate");`
+inline void check_finite_inputs(ConstMatrix x, const char* where) {
+  for (index_t r = 0; r < x.rows; ++r)
+    if (const index_t c = detail::first_non_finite_column(x, r); c >= 0)
+      throw DataError(std::string(where) + ": " + detail::bad_input(x, r, c) + ": bad data");
+}
+
 //! Sum of host row losses in row order (a fixed order: same bits on every executor); throws
-//! NumericError naming the row when a loss is NaN or infinite, so divergence stops training
-//! with a message instead of silently producing garbage.
-inline double sum_row_losses(const float* row_loss, index_t rows) {
+//! NumericError when a loss is NaN or infinite ("loss is NaN" / "loss is infinite"), so a bad
+//! run stops with a message instead of silently producing garbage. The message names the row
+//! of `src.inputs` and, only then reading the inputs, says whether they hold a NaN or an
+//! infinity (bad data) or are finite (divergence). Usage: `sum_row_losses(loss, n, {x, 0, 0, n})`
+inline double sum_row_losses(const float* row_loss, index_t rows, const LossSource& src = {}) {
   double total = 0.0;
   for (index_t r = 0; r < rows; ++r) {
-    if (!std::isfinite(row_loss[r]))
-      throw NumericError("xpipe: loss is " +
-                         std::string(std::isnan(row_loss[r]) ? "NaN" : "infinite") + " at row " +
-                         std::to_string(r) + " of the batch (diverged: lower the learning rate?)");
+    if (!std::isfinite(row_loss[r])) detail::throw_non_finite_loss(row_loss[r], r, src);
     total += row_loss[r];
   }
   return total;

@@ -100,8 +100,10 @@ class Pipeline {
   }
 
   //! Fraction of `data` the live weights classify correctly (stages run one after another;
-  //! predictions are read in host memory).
+  //! predictions are read in host memory). Throws DataError naming the first row of `data`
+  //! holding NaN or an infinity (one pass over it first), which would pass for a prediction.
   double evaluate(const Dataset& data) {
+    check_finite_inputs(data.matrix(), "xpipe: Pipeline::evaluate");
     index_t correct = 0;
     const index_t chunk = options_.batch;
     eval_predicted_.resize(static_cast<std::size_t>(chunk));

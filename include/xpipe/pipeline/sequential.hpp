@@ -47,7 +47,9 @@ class SequentialTrainer {
   //! accumulate in chunk order (split_rows: the rule a Pipeline splits micro-batches by), the
   //! summation order of GPipe and 1F1B-flush with M
   //! micro-batches, so those schedules can be compared bit for bit.
-  //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), and
+  //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), naming
+  //! the row of x and whether that row (or another of x) holds NaN/inf (bad data) or not
+  //! (divergence); and
   //! DataError naming the row, before any math, if a label lies outside [0, Model::out_width)
   //! (labels are checked on host backends, where they are host memory).
   double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels, int chunks = 1) {
@@ -64,7 +66,10 @@ class SequentialTrainer {
       const Matrix dlogits{dlogits_.data(), n, Model::out_width};
       SoftmaxCrossEntropy::forward_backward_unchecked(
           ctx, logits, labels + first, 1.f / static_cast<float>(rows), dlogits, row_loss_.data());
-      loss += sum_row_losses(row_loss_.data(), n);
+      // Rows named as rows of x; x is read (host backends only) once a loss is not finite.
+      LossSource src{{}, first, 0, rows};
+      if constexpr (detail::reads_host_memory<Ctx>) src.inputs = x;
+      loss += sum_row_losses(row_loss_.data(), n, src);
       Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
                       scratch_);
     }
@@ -87,8 +92,10 @@ class SequentialTrainer {
     return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;
   }
 
-  //! Fraction of `data` classified correctly, in batches of max_batch().
+  //! Fraction of `data` classified correctly, in batches of max_batch(). Throws DataError naming
+  //! the first row of `data` holding NaN or an infinity.
   double evaluate(const Ctx& ctx, const Dataset& data) {
+    check_finite_inputs(data.matrix(), "xpipe: SequentialTrainer::evaluate");
     index_t correct = 0;
     for (index_t first = 0; first < data.count; first += max_batch()) {
       const index_t rows = std::min(max_batch(), data.count - first);

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "xpipe/comm/links.hpp"
@@ -109,7 +110,16 @@ struct StageProgram {
       SoftmaxCrossEntropy::forward_backward_unchecked(
           rt.ctx(), y, run.data.labels + first_row,
           1.f / static_cast<float>(run.split.mini_batch_rows(g)), dl, rt.row_loss.data());
-      run.micro_loss[g] = sum_row_losses(rt.row_loss.data(), rows);
+      // A non-finite loss is reported by its row of the data the caller passed, and blamed on
+      // that data only if it is readable here (host memory) and holds a NaN or an infinity.
+      LossSource src{{},
+                     first_row,
+                     g / run.split.micro_batches * run.split.batch,
+                     run.split.mini_batch_rows(g),
+                     g / run.split.micro_batches};
+      if constexpr (detail::reads_host_memory<std::decay_t<decltype(rt.ctx())>>)
+        src.inputs = run.data.inputs;
+      run.micro_loss[g] = sum_row_losses(rt.row_loss.data(), rows, src);
       run.progress->add(rows, run.micro_loss[g]);
     }
   }
