@@ -2,8 +2,10 @@
 // weight stashing, and layers that throw what is not a std::exception.
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -617,4 +619,189 @@ TEST_CASE("evaluate refuses a NaN or infinite input, naming its row",
   REQUIRE_THAT(
       data_error_of([&] { t.evaluate({}, data); }),
       Equals("xpipe: SequentialTrainer::evaluate: input row 35 holds +inf (column 0): bad data"));
+}
+
+namespace {
+
+// The layer of every stage of the wait tests; only stage `slow_stage` is slow: each of its
+// forwards sleeps `slow_each`; its forward number `stuck_at` sleeps 2 s (far past the tests'
+// 0.3 s timeout, bounded so the run ends); its forward number `jump_at` moves `test_clock` on
+// by ten minutes halfway through a 0.1 s sleep, as a process stopped that long would see it.
+inline int slow_stage = 2;
+inline std::atomic<int> slow_calls{0};
+inline std::chrono::duration<double> slow_each{0}, busy_each{0};
+inline int stuck_at = -1, jump_at = -1;
+inline std::atomic<std::int64_t> clock_offset_ns{0};
+inline std::atomic<long> clock_reads{0};
+
+// Keeps this thread busy for `d` of its own CPU time: unlike a sleep, it is not over when a
+// stopped process resumes.
+void burn_cpu(std::chrono::duration<double> d) {
+  const auto cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  for (const double end = cpu() + d.count(); cpu() < end;) {
+  }
+}
+
+std::chrono::steady_clock::time_point test_clock() {
+  clock_reads.fetch_add(1, std::memory_order_relaxed);
+  return std::chrono::steady_clock::now() + std::chrono::nanoseconds(clock_offset_ns.load());
+}
+
+template <int K>
+struct SlowAt {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
+    if (K == slow_stage) {
+      const int n = slow_calls.fetch_add(1);
+      std::this_thread::sleep_for(slow_each);
+      burn_cpu(busy_each);
+      if (n == stuck_at) std::this_thread::sleep_for(std::chrono::seconds(2));
+      if (n == jump_at) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        clock_offset_ns += std::chrono::nanoseconds(std::chrono::minutes(10)).count();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    Activation<math::Identity>::forward(ctx, p, x, y);
+  }
+  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
+    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+  }
+};
+
+using WaitPipeline =
+    Pipeline<Stage<Linear<8, 8>, SlowAt<0>>, Stage<Linear<8, 8>, SlowAt<1>>,
+             Stage<Linear<8, 8>, SlowAt<2>>, Stage<Linear<8, 4>, SlowAt<3>>, Latest>;
+
+void reset_slow() {
+  slow_stage = 2;
+  slow_calls = 0;
+  slow_each = busy_each = std::chrono::duration<double>(0);
+  stuck_at = jump_at = -1;
+}
+
+}  // namespace
+
+TEST_CASE("consumer_stage mirrors producer_stage: F downstream, B upstream, ends have none",
+          "[faults][executor]") {
+  STATIC_REQUIRE(consumer_stage(4, 1, Action{ActionKind::Forward, 0}) == 2);
+  STATIC_REQUIRE(consumer_stage(4, 1, Action{ActionKind::Backward, 0}) == 0);
+  STATIC_REQUIRE(consumer_stage(4, 3, Action{ActionKind::Forward, 0}) == -1);
+  STATIC_REQUIRE(consumer_stage(4, 0, Action{ActionKind::Backward, 0}) == -1);
+  STATIC_REQUIRE(producer_stage(4, 2, Action{ActionKind::Forward, 0}) == 1);
+  STATIC_REQUIRE(producer_stage(4, 2, Action{ActionKind::Backward, 0}) == 3);
+}
+
+TEST_CASE("A stuck stage's neighbours time out naming the stuck stage, not themselves",
+          "[faults][executor]") {
+  const auto d = test::random_classification(8 * 40, 8, 4, 5);
+  WaitPipeline p(Adam{}, {.batch = 8, .micro_batches = 2});
+  const int threads_before = thread_count();
+  ThreadedExecutor exec;
+  exec.wait_timeout = std::chrono::milliseconds(300);
+  // Each stage stuck in its F10, mid-run: its neighbours wait on it directly, the stages past
+  // them through the neighbours; whichever gives up first must name the stuck stage.
+  for (int k = 0; k < 4; ++k) {
+    INFO("stage " << k << " stuck");
+    reset_slow();
+    slow_stage = k;
+    stuck_at = 10;
+    try {
+      p.train(async_1f1b(4, 2, 40), d.epoch(), exec);
+      FAIL("no exception");
+    } catch (const StageError& e) {
+      INFO(e.what());
+      const std::string stage = "stage " + std::to_string(k);
+      REQUIRE(e.stage() == k);
+      REQUIRE_THAT(e.what(),
+                   Contains("xpipe: " + stage + ", action F10: " + stage + " is late: stage ") &&
+                       Contains("waited 0.3 s for ") &&
+                       Contains(stage + " is running F10, action "));
+    }
+    REQUIRE(thread_count() == threads_before);
+  }
+  reset_slow();
+  REQUIRE_NOTHROW(p.train(async_1f1b(4, 2, 40), d.epoch(), exec));  // still usable
+}
+
+TEST_CASE("A slow stage that keeps making progress never times out its neighbours",
+          "[faults][executor]") {
+  const auto d = test::random_classification(8 * 30, 8, 4, 5);
+  WaitPipeline p(Adam{}, {.batch = 8, .micro_batches = 2});
+  reset_slow();
+  slow_each = std::chrono::milliseconds(50);  // 60 forwards: 3 s, ten times the timeout
+  ThreadedExecutor exec;
+  exec.wait_timeout = std::chrono::milliseconds(300);
+  REQUIRE_NOTHROW(p.train(async_1f1b(4, 2, 30), d.epoch(), exec));
+  REQUIRE(slow_calls == 60);
+  reset_slow();
+}
+
+TEST_CASE("A clock jump of minutes (a stopped process) counts as at most max_clock_step",
+          "[faults][executor]") {
+  const auto d = test::random_classification(8 * 20, 8, 4, 5);
+  WaitPipeline p(Adam{}, {.batch = 8, .micro_batches = 2});
+  reset_slow();
+  jump_at = 7;  // mid-run, while the other stages wait on stage 2
+  clock_offset_ns = 0;
+  clock_reads = 0;
+  ThreadedExecutor exec;
+  exec.wait_timeout = std::chrono::milliseconds(300);
+  exec.clock = &test_clock;
+  REQUIRE_NOTHROW(p.train(async_1f1b(4, 2, 20), d.epoch(), exec));
+  REQUIRE(clock_offset_ns > 0);  // the jump happened ...
+  REQUIRE(clock_reads > 0);      // ... and the waits read the clock that jumped
+  // The control: counting wall time (a clock step of an hour), the same jump fails the run.
+  reset_slow();
+  jump_at = 7;
+  exec.max_clock_step = std::chrono::hours(1);
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 2, 20), d.epoch(), exec), Contains("is late"));
+  reset_slow();
+}
+
+TEST_CASE("A process stopped by SIGSTOP for longer than the timeout goes on after SIGCONT",
+          "[faults][executor]") {
+  const auto d = test::random_classification(8 * 12, 8, 4, 5);
+  WaitPipeline p(Adam{}, {.batch = 8, .micro_batches = 2});
+  reset_slow();
+  // 24 forwards of 50 ms CPU time each: over a second, the others waiting on stage 2.
+  busy_each = std::chrono::milliseconds(50);
+  ThreadedExecutor exec;
+  exec.wait_timeout = std::chrono::milliseconds(500);
+  // A child that only sleeps and signals (async-signal-safe after fork): 0.5 s into the run it
+  // stops this process for 1.5 s, three times the timeout.
+  const auto stopped_run = [&] {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      const timespec before{0, 500'000'000}, stopped{1, 500'000'000};
+      nanosleep(&before, nullptr);
+      kill(getppid(), SIGSTOP);
+      nanosleep(&stopped, nullptr);
+      kill(getppid(), SIGCONT);
+      _exit(0);
+    }
+    std::string error;
+    try {
+      p.train(async_1f1b(4, 2, 12), d.epoch(), exec);
+    } catch (const StageError& e) {
+      error = e.what();
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    return error;
+  };
+  REQUIRE(stopped_run() == "");
+  // The control: counting wall time (a clock step of an hour), the same stop fails the run.
+  exec.max_clock_step = std::chrono::hours(1);
+  REQUIRE_THAT(stopped_run(), Contains("is late"));
+  reset_slow();
 }

@@ -35,6 +35,10 @@ class Links {
   bool ready(int stages, int k, const Action& a) const {
     return channels_ready(*this, stages, k, a);
   }
+  //! Input arrived (room for the output aside): whom a wait for `a` waits on.
+  bool input_arrived(int stages, int k, const Action& a) const {
+    return xpipe::input_arrived(*this, stages, k, a);
+  }
 
  private:
   template <class Self>

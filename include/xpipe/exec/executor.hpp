@@ -14,7 +14,9 @@ namespace xpipe {
 
 //! Program: what an executor drives. `ready(k, a)` says whether stage k can run action a now
 //! without waiting (inputs arrived, room for its outputs); `execute(k, a)` runs it. Both are
-//! called only from the thread that runs stage k, one action at a time per stage.
+//! called only from the thread that runs stage k, one action at a time per stage. Optional:
+//! `input_ready(k, a)`, whether a's input has arrived (room for its output aside), so that an
+//! executor giving up on a wait can blame the producer or the consumer rightly.
 template <class P>
 concept Program = requires(P& p, int k, const Action& a) {
   { p.schedule() } -> std::convertible_to<const Schedule&>;

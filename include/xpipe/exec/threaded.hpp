@@ -2,10 +2,14 @@
 // by spinning briefly and then yielding. The same bits as the reference executor.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,17 +21,39 @@
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/exec/executor.hpp"
+#include "xpipe/schedule/dependencies.hpp"
 
 namespace xpipe {
 
 //! One thread per stage, each running its own list; waits spin briefly, then yield, and give up
-//! when another stage failed or after `wait_timeout`. An exception in any stage stops all of
-//! them and is rethrown to the caller as a StageError naming the stage and action (a thrown
-//! object that is not a std::exception becomes one saying "non-standard exception").
+//! when another stage failed or after `wait_timeout` without progress. An exception in any
+//! stage stops all of them and is rethrown to the caller as a StageError naming the stage and
+//! action (a thrown object that is not a std::exception becomes one saying "non-standard
+//! exception").
+//!
+//! A wait that gives up blames the stage it waits on: the producer of the action's input (for
+//! F at stage k, stage k-1; for B, stage k+1), or, when the input is there but not the room for
+//! the output, the consumer (the Program's optional `input_ready` tells them apart; without it
+//! an action with an input blames its producer). If that stage is itself waiting, the blame
+//! follows its wait on to the first stage that is not waiting. The StageError names that late
+//! stage and the action it is at: "stage 2, action B12: stage 2 is late: stage 1 waited 60 s
+//! for the input of its F17 (stage 2 is running B12, action 40 of 96)".
+//!
+//! The timeout counts progress, not wall time: every stage publishes its position (a relaxed
+//! store as it starts and as it ends each action); a wait's clock restarts whenever any stage
+//! moves, and each reading of the clock (one per yield) adds at most `max_clock_step` to
+//! it, so a process stopped for minutes (SIGSTOP, a debugger, a suspended laptop) is not
+//! failed on resume. Usage: `ThreadedExecutor e; e.wait_timeout = std::chrono::seconds(5);`
 class ThreadedExecutor {
  public:
+  using clock_type = std::chrono::steady_clock;
   static constexpr const char* name = "threaded";
+  //! How long a stage may wait on a neighbour that makes no progress before giving up.
   std::chrono::duration<double> wait_timeout = std::chrono::seconds(60);
+  //! The most one reading of the clock adds to a wait: a larger jump is the process stopped.
+  std::chrono::duration<double> max_clock_step = std::chrono::milliseconds(100);
+  //! The clock waits read; a hook for tests, which jump it as a stopped process would see.
+  clock_type::time_point (*clock)() = [] { return clock_type::now(); };
 
   template <Program P>
   void run(P& program) {
@@ -35,6 +61,7 @@ class ThreadedExecutor {
     trace_ = ExecutionTrace::sized_for(s);
     stop_.store(false);
     error_ = nullptr;
+    positions_ = std::make_unique<Position[]>(static_cast<std::size_t>(s.stages));
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(s.stages));
@@ -48,18 +75,28 @@ class ThreadedExecutor {
   const ExecutionTrace& trace() const { return trace_; }
 
  private:
+  // Where a stage is: 2i while waiting for (or before) its action i, 2i + 1 while running it (2n
+  // when its n actions are done). Its own cache line: stages store to theirs on every action.
+  struct alignas(64) Position {
+    std::atomic<std::uint64_t> at{0};
+    std::atomic<int> waits_on{-1};  // the stage its current wait waits on, once it yields
+  };
+
   template <class P>
   void stage_loop(P& program, const Schedule& s, int k, std::chrono::steady_clock::time_point t0) {
     ScopedFlushDenormals ftz;
     const auto& list = s.actions[k];
+    std::atomic<std::uint64_t>& at = positions_[static_cast<std::size_t>(k)].at;
     std::size_t i = 0;
     try {
       for (; i < list.size(); ++i) {
         const Action& a = list[i];
-        if (!wait_ready(program, k, a)) return;  // another stage failed
+        if (!wait_ready(program, s, k, a)) return;  // another stage failed
+        at.store(2 * i + 1, std::memory_order_relaxed);
         const double start = detail::seconds_since(t0);
         program.execute(k, a);
         trace_.stages[k][i] = {a, start, detail::seconds_since(t0)};
+        at.store(2 * i + 2, std::memory_order_relaxed);
       }
     } catch (const StageError&) {
       fail(std::current_exception());
@@ -73,10 +110,17 @@ class ThreadedExecutor {
   }
 
   template <class P>
-  bool wait_ready(P& program, int k, const Action& a) {
+  bool wait_ready(P& program, const Schedule& s, int k, const Action& a) {
+    std::atomic<int>& waits_on = positions_[static_cast<std::size_t>(k)].waits_on;
+    clock_type::duration waited{};
+    clock_type::time_point last{};
+    std::uint64_t progress = 0;
     for (unsigned spins = 0;; ++spins) {
-      if (stop_.load(std::memory_order_relaxed)) return false;
-      if (program.ready(k, a)) return true;
+      const bool stop = stop_.load(std::memory_order_relaxed);
+      if (stop || program.ready(k, a)) {
+        if (spins > 32) waits_on.store(-1, std::memory_order_relaxed);
+        return !stop;
+      }
       // A short spin (PAUSE is ~60 cycles on recent cores): long spins starve the producer
       // when stage threads outnumber cores.
       if (spins < 32) {
@@ -85,17 +129,81 @@ class ThreadedExecutor {
 #endif
         continue;
       }
-      // Past the spin budget: give the core away (stages may outnumber cores) and check time.
+      // Past the spin budget: give the core away (stages may outnumber cores) and check time
+      // on every yield (a clock read is far cheaper than a yield, which can take milliseconds
+      // when the core is shared: 1024 of them took 2 s beside a busy thread).
       std::this_thread::yield();
-      if ((spins & 1023u) == 0) {
-        const auto now = std::chrono::steady_clock::now();
-        if (spins == 1024) wait_start_ = now;
-        if (now - wait_start_ > wait_timeout)
-          throw StageError(k, to_string(a),
-                           "waited more than " + std::to_string(wait_timeout.count()) +
-                               " s for its input or for room to send its output");
+      const auto now = clock();
+      waits_on.store(late_stage(program, s.stages, k, a), std::memory_order_relaxed);
+      const std::uint64_t p = total_progress(s.stages);
+      if (spins == 32 || p != progress) {
+        waited = {};  // the first reading, or some stage moved
+        progress = p;
+      } else {
+        const auto step = std::chrono::duration_cast<clock_type::duration>(max_clock_step);
+        waited += std::clamp(now - last, clock_type::duration::zero(), step);
       }
+      last = now;
+      if (waited > wait_timeout) throw late_error(s, k, a);
     }
+  }
+
+  // The stage `a` (at stage k) waits on: its producer while its input is missing, else its
+  // consumer; -1 when it waits on neither.
+  template <class P>
+  static int late_stage(P& program, int stages, int k, const Action& a) {
+    const int producer = producer_stage(stages, k, a);
+    bool input_missing = producer >= 0;
+    if constexpr (requires { program.input_ready(k, a); })
+      input_missing = input_missing && !program.input_ready(k, a);
+    return input_missing ? producer : consumer_stage(stages, k, a);
+  }
+
+  // Every stage's position summed: it grows whenever any stage starts or ends an action.
+  std::uint64_t total_progress(int stages) const {
+    std::uint64_t sum = 0;
+    for (int j = 0; j < stages; ++j)
+      sum += positions_[static_cast<std::size_t>(j)].at.load(std::memory_order_relaxed);
+    return sum;
+  }
+
+  // The error of stage k giving up on `a`: follows the stages waiting on each other from the
+  // one k waits on to the first that is not waiting (running, or done) and names that one.
+  StageError late_error(const Schedule& s, int k, const Action& a) const {
+    std::ostringstream secs;
+    secs << wait_timeout.count() << " s";
+    const int awaited = positions_[static_cast<std::size_t>(k)].waits_on.load();
+    if (awaited < 0)
+      return StageError(k, to_string(a), "waited " + secs.str() + " for the action to be ready");
+    const std::string what = awaited == producer_stage(s.stages, k, a)
+                                 ? "the input of its "
+                                 : "room to send the output of its ";
+    int late = awaited;
+    std::string chain;  // "stage 2 waits on stage 1, stage 1 on stage 0; "
+    for (int hops = 0;; ++hops) {
+      const Position& pos = positions_[static_cast<std::size_t>(late)];
+      const std::uint64_t at = pos.at.load(std::memory_order_relaxed);
+      const int next = pos.waits_on.load(std::memory_order_relaxed);
+      const bool waiting = at % 2 == 0 && at / 2 < s.actions[static_cast<std::size_t>(late)].size();
+      // Stop at a stage that is not waiting, or has not said on whom yet, or at a cycle.
+      if (!waiting || next < 0 || next == k || hops == s.stages) break;
+      chain += (chain.empty() ? "stage " : ", stage ") + std::to_string(late) +
+               (chain.empty() ? " waits on stage " : " on stage ") + std::to_string(next);
+      late = next;
+    }
+    const auto& list = s.actions[static_cast<std::size_t>(late)];
+    const std::uint64_t at = positions_[static_cast<std::size_t>(late)].at.load();
+    const std::size_t i = static_cast<std::size_t>(at / 2);
+    const std::string stage = "stage " + std::to_string(late);
+    const std::string where =
+        i < list.size()
+            ? stage + (at % 2 ? " is running " : " is waiting to run ") + to_string(list[i]) +
+                  ", action " + std::to_string(i + 1) + " of " + std::to_string(list.size())
+            : stage + " has run all its " + std::to_string(list.size()) + " actions";
+    return StageError(late, i < list.size() ? to_string(list[i]) : "none",
+                      stage + " is late: stage " + std::to_string(k) + " waited " + secs.str() +
+                          " for " + what + to_string(a) + " (" +
+                          (chain.empty() ? "" : chain + "; ") + where + ")");
   }
 
   void fail(std::exception_ptr e) {
@@ -105,10 +213,10 @@ class ThreadedExecutor {
   }
 
   ExecutionTrace trace_;
+  std::unique_ptr<Position[]> positions_;
   std::atomic<bool> stop_{false};
   std::mutex mutex_;  // taken only when a stage fails
   std::exception_ptr error_;
-  static thread_local inline std::chrono::steady_clock::time_point wait_start_{};
 };
 
 static_assert(Executor<ThreadedExecutor>);

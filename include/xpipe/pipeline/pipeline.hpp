@@ -268,6 +268,9 @@ class Pipeline {
     Pipeline* p;
     const Schedule& schedule() const { return *p->schedule_; }
     bool ready(int k, const Action& a) const { return p->run_.links.ready(stage_count, k, a); }
+    bool input_ready(int k, const Action& a) const {
+      return p->run_.links.input_arrived(stage_count, k, a);
+    }
     void execute(int k, const Action& a) {
       detail::visit_stage(p->runtimes_, k, [&](auto& rt, auto I) {
         StageProgram<I, stage_count>::execute(rt, p->run_, a);

@@ -52,14 +52,29 @@ constexpr int producer_stage(int stages, int k, const Action& a) {
   return in.flow == Flow::Activations ? in.boundary : in.boundary + 1;
 }
 
+//! The stage whose action pops what `a` (at stage k) pushes: the neighbouring stage on the far
+//! side of its output channel, or -1 if it pushes nothing.
+constexpr int consumer_stage(int stages, int k, const Action& a) {
+  const Channel out = channels_of(stages, k, a).out;
+  if (!out.exists()) return -1;
+  return out.flow == Flow::Activations ? out.boundary + 1 : out.boundary;
+}
+
+//! Whether the input `a` (at stage k) pops has arrived, room for its output aside: what tells
+//! a wait for the producer from one for the consumer.
+template <class Links>
+bool input_arrived(const Links& links, int stages, int k, const Action& a) {
+  const Channel in = channels_of(stages, k, a).in;
+  return !in.exists() || links.at(in).can_pop();
+}
+
 //! Whether stage k can run `a` now without waiting, given its links: `links.at(channel)` must
 //! return a queue with `can_pop()` and `can_push()` (see comm/queue.hpp). Input arrived, room
 //! for the output.
 template <class Links>
 bool channels_ready(const Links& links, int stages, int k, const Action& a) {
-  const ActionChannels c = channels_of(stages, k, a);
-  return (!c.in.exists() || links.at(c.in).can_pop()) &&
-         (!c.out.exists() || links.at(c.out).can_push());
+  const Channel out = channels_of(stages, k, a).out;
+  return input_arrived(links, stages, k, a) && (!out.exists() || links.at(out).can_push());
 }
 
 }  // namespace xpipe
