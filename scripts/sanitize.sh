@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The sanitizer runs: AddressSanitizer + UBSan over every host test (slow, benchmark and
 # allocation-counting tests excepted: the last replaces operator new, which ASan also does), and
-# ThreadSanitizer over the executor and pipeline tests (the threaded code). Any report fails the
-# run. Not part of scripts/test.sh: the two builds take about 20 minutes on 2 cores.
+# ThreadSanitizer over the executor, pipeline, checkpoint and trace tests (the threaded code).
+# Any report fails the run. Not part of scripts/test.sh: the two builds take about 20 minutes
+# on 2 cores.
 # Usage: scripts/sanitize.sh [asan|tsan]   (both when no argument)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,7 +24,7 @@ for kind in "${kinds[@]}"; do
       cmake --build --preset tsan -j "$(nproc)" --target xpipe_tests
       # OpenMP's runtime is not instrumented: one thread per stage keeps it out of the picture.
       OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-        build-tsan/tests/xpipe_tests '[pipeline],[checkpoint],[trace]'
+        build-tsan/tests/xpipe_tests '[pipeline],[checkpoint],[trace],[executor]'
       ;;
     *)
       echo "scripts/sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2
