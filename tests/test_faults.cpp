@@ -1,6 +1,5 @@
 // Every input checked (issue 13): bad labels, lying or odd data files, short epochs under
 // weight stashing, and layers that throw what is not a std::exception.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -32,31 +31,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int thread_count() {
-  int n = 0;
-  if (DIR* dir = opendir("/proc/self/task")) {
-    while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
-    closedir(dir);
-  }
-  return n;
-}
+using test::thread_count;
 
 // A width-preserving layer that throws an int (not a std::exception) on its n-th forward call.
 inline std::atomic<int> int_forward_calls{0};
 inline int int_throw_at = -1;
-struct ThrowsInt {
-  static constexpr int in_width = any_width, out_width = any_width;
-  static constexpr index_t param_count = 0;
-  static void init(std::span<float>, std::uint64_t) {}
-  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
+struct ThrowIntHook {
+  static void on_forward() {
     if (int_forward_calls.fetch_add(1) == int_throw_at) throw 42;
-    Activation<math::Identity>::forward(ctx, p, x, y);
-  }
-  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
-                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
-    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
   }
 };
+using ThrowsInt = test::HookedIdentity<ThrowIntHook>;
 
 }  // namespace
 
@@ -652,29 +637,22 @@ std::chrono::steady_clock::time_point test_clock() {
 }
 
 template <int K>
-struct SlowAt {
-  static constexpr int in_width = any_width, out_width = any_width;
-  static constexpr index_t param_count = 0;
-  static void init(std::span<float>, std::uint64_t) {}
-  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
-    if (K == slow_stage) {
-      const int n = slow_calls.fetch_add(1);
-      std::this_thread::sleep_for(slow_each);
-      burn_cpu(busy_each);
-      if (n == stuck_at) std::this_thread::sleep_for(std::chrono::seconds(2));
-      if (n == jump_at) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        clock_offset_ns += std::chrono::nanoseconds(std::chrono::minutes(10)).count();
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
+struct SlowHook {
+  static void on_forward() {
+    if (K != slow_stage) return;
+    const int n = slow_calls.fetch_add(1);
+    std::this_thread::sleep_for(slow_each);
+    burn_cpu(busy_each);
+    if (n == stuck_at) std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (n == jump_at) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      clock_offset_ns += std::chrono::nanoseconds(std::chrono::minutes(10)).count();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    Activation<math::Identity>::forward(ctx, p, x, y);
-  }
-  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
-                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
-    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
   }
 };
+template <int K>
+using SlowAt = test::HookedIdentity<SlowHook<K>>;
 
 using WaitPipeline =
     Pipeline<Stage<Linear<8, 8>, SlowAt<0>>, Stage<Linear<8, 8>, SlowAt<1>>,

@@ -1,7 +1,6 @@
 // Pipeline oracles: 1 stage = sequential (bitwise); GPipe and 1F1B-flush = sequential with the
 // mini-batch (bitwise with equal summation order, within a tolerance without); threaded =
 // reference (bitwise) for every schedule x predictor; a failing stage stops the run promptly.
-#include <dirent.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -62,14 +61,7 @@ std::vector<float> four_stages(const Schedule& s, const Data& d, O opt, E&& exec
   return p.weights();
 }
 
-int thread_count() {
-  int n = 0;
-  if (DIR* dir = opendir("/proc/self/task")) {
-    while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
-    closedir(dir);
-  }
-  return n;
-}
+using test::thread_count;
 
 }  // namespace
 
@@ -206,19 +198,12 @@ namespace {
 // A width-preserving layer that throws on its n-th forward call (counted globally).
 inline std::atomic<int> forward_calls{0};
 inline int throw_at = -1;
-struct Fuse {
-  static constexpr int in_width = any_width, out_width = any_width;
-  static constexpr index_t param_count = 0;
-  static void init(std::span<float>, std::uint64_t) {}
-  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
+struct FuseHook {
+  static void on_forward() {
     if (forward_calls.fetch_add(1) == throw_at) throw std::runtime_error("fuse blown");
-    Activation<math::Identity>::forward(ctx, p, x, y);
-  }
-  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
-                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
-    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
   }
 };
+using Fuse = test::HookedIdentity<FuseHook>;
 }  // namespace
 
 TEST_CASE("A stage that throws stops every stage at once - naming the stage",

@@ -4,6 +4,7 @@
 // failing.
 #pragma once
 
+#include <dirent.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -20,6 +21,7 @@
 
 #include "xpipe/core/random.hpp"
 #include "xpipe/core/tensor.hpp"
+#include "xpipe/layers/activation.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 
 namespace xpipe::test {
@@ -97,5 +99,32 @@ inline std::vector<std::uint8_t> idx_bytes(std::uint8_t type, std::vector<std::u
   for (std::size_t i = 0; i < data_bytes; ++i) b.push_back(static_cast<std::uint8_t>(i % 10));
   return b;
 }
+
+//! Threads of this process now (Linux: /proc/self/task), to check that a run joined its own.
+inline int thread_count() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n;
+}
+
+//! A width-preserving, parameter-free identity layer that first runs `Hook::on_forward()`: where
+//! fault tests put what a stage does wrong (throw, stall, move a clock) inside a real pipeline.
+template <class Hook>
+struct HookedIdentity {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  static void forward(const HostContext& ctx, const float* p, ConstMatrix x, Matrix y) {
+    Hook::on_forward();
+    Activation<math::Identity>::forward(ctx, p, x, y);
+  }
+  static void backward(const HostContext& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
+    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+  }
+};
 
 }  // namespace xpipe::test

@@ -24,13 +24,9 @@ inline double unit_cost(int, const Action& a) {
   return a.kind == ActionKind::Step ? 0.0 : 1.0;
 }
 
-//! As-soon-as-possible dry run: each stage runs its list in order; an action waits for the same
-//! action of its producer stage (F(k, g) for F(k-1, g), B(k, g) for B(k+1, g)). Returns every
-//! action's start and end (the trace's `seconds` is the makespan). Throws ConfigError on
-//! deadlock, naming what each stuck stage waits for, and on a schedule that fails
-//! check_structure() (it checks first, so any Schedule value is safe to pass).
-inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
-  check_structure(s);
+namespace detail {
+// The dry run proper, on a schedule whose structure was checked (check_structure).
+inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost) {
   const int K = s.stages, total = s.total_micro_batches();
   ExecutionTrace tl = ExecutionTrace::sized_for(s);
   // end_of[kind][k][index]: when that action ended at stage k, -1 while it has not run.
@@ -78,6 +74,18 @@ inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_c
   }
   if (!stuck.empty()) throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
   return tl;
+}
+
+}  // namespace detail
+
+//! As-soon-as-possible dry run: each stage runs its list in order; an action waits for the same
+//! action of its producer stage (F(k, g) for F(k-1, g), B(k, g) for B(k+1, g)). Returns every
+//! action's start and end (the trace's `seconds` is the makespan). Throws ConfigError on
+//! deadlock, naming what each stuck stage waits for, and on a schedule that fails
+//! check_structure() (it checks first, so any Schedule value is safe to pass).
+inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
+  check_structure(s);
+  return detail::dry_run_checked(s, cost);
 }
 
 }  // namespace xpipe

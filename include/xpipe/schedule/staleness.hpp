@@ -46,8 +46,7 @@ struct StalenessAnalysis {
 
 //! Validates the schedule, then derives versions and s for every action (see StalenessTarget).
 inline StalenessAnalysis analyze_staleness(const Schedule& s) {
-  validate(s);
-  const ExecutionTrace tl = dry_run(s, unit_cost);
+  const ExecutionTrace tl = validate(s);  // the unit-cost dry run
   const int K = s.stages, M = s.micro_batches, total = s.total_micro_batches();
   StalenessAnalysis r;
   r.stages = K;

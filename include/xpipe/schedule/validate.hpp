@@ -19,8 +19,9 @@ namespace xpipe {
 //! backward of mini-batch t before step t-1, steps out of order or before a backward of their
 //! mini-batch), then the order between stages (a forward order differing from the previous
 //! stage's, or a backward order from the next stage's: activations and gradients travel through
-//! FIFO queues), and last deadlock (the dry run).
-inline void validate(const Schedule& s) {
+//! FIFO queues), and last deadlock (the dry run). Returns that unit-cost dry run's trace, so a
+//! caller that needs it (the staleness analysis) does not run it again.
+inline ExecutionTrace validate(const Schedule& s) {
   check_structure(s);
   const int K = s.stages, M = s.micro_batches, total = s.total_micro_batches();
   const std::string where = "xpipe: schedule '" + s.name + "': ";
@@ -74,7 +75,7 @@ inline void validate(const Schedule& s) {
                           " then (gradients travel in order)");
     }
   }
-  dry_run(s);  // throws on deadlock
+  return detail::dry_run_checked(s, unit_cost);  // throws on deadlock; structure checked above
 }
 
 }  // namespace xpipe
