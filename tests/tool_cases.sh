@@ -269,7 +269,7 @@ case $case in
       --sweep-optimizers adam --seeds 3 --train-samples 384 --test-samples 200 --epochs 2)
     run 0 "${sw[@]}" --out out
     says "^\\[12/12\\] K 2, M 1, seed 3: async-1f1b\\+xpipe\\(adam\\)"
-    says "wrote to out: sweep-runs.csv, sweep.csv, sweep.json, sweep-gap.csv, sweep-gap.gp, sweep-gap.svg, sweep-gap.png$"
+    says "wrote to out: sweep-runs.csv, sweep.csv, sweep.json, sweep.md, sweep-gap.csv, sweep-gap.gp, sweep-gap.svg, sweep-gap.png$"
     says "^ +2 +2bw\\+2bw\\(adam\\) +3 not run: .*micro_batches >= stages"
     says "^ +2 +gpipe\\+latest\\(adam\\) .*\\(baseline\\) .* 1/1$"
     [ "$(wc -l <out/sweep-runs.csv)" -eq 13 ] || fail "sweep-runs.csv: not a header and 12 runs"
@@ -287,6 +287,20 @@ case $case in
         out/sweep-runs.csv >bad/sweep-runs.csv
     [ -n "$(sweep_check bad 2)" ] || fail "sweep_check does not notice a changed accuracy"
     [ -s out/sweep-gap.svg ] && [ -s out/sweep-gap.png ] || fail "no gap plot"
+    [ "$(grep -c '^| 2 | 1 | adam | ' out/sweep.md)" -eq 4 ] || fail "sweep.md: not 4 rows"
+    grep -q '^| 2 | 1 | adam | 2bw + 2bw | not run (3 seeds) |' out/sweep.md ||
+      fail "sweep.md: 2BW not a not-run row"
+    ;;
+  sweep_deep_splits_agree)  # the deep model over 2, 4 and 8 stages is one network: GPipe, whose
+    # result does not depend on the split, gives the same loss and accuracies at every K
+    run 0 --sweep --sweep-micro-batches 2 --sweep-predictors latest --sweep-optimizers adam \
+      --seeds 1 --train-samples 256 --test-samples 200 --epochs 2 --out out
+    awk -F, 'FNR > 1 && $4 == "gpipe" { print $12 "," $15 "," $16 }' out/sweep-runs.csv >gpipe.txt
+    [ "$(wc -l <gpipe.txt)" -eq 3 ] || fail "not 3 GPipe runs: $(cat gpipe.txt)"
+    [ "$(sort -u gpipe.txt | wc -l)" -eq 1 ] || fail "GPipe differs across K: $(tr '\n' ' ' <gpipe.txt)"
+    # while the asynchronous runs do differ (deeper: staler), so the rows are not all alike
+    awk -F, 'FNR > 1 && $4 == "async-1f1b" { print $12 }' out/sweep-runs.csv >async.txt
+    [ "$(sort -u async.txt | wc -l)" -eq 3 ] || fail "async runs alike across K: $(tr '\n' ' ' <async.txt)"
     ;;
   sweep_bad_flags)  # exit 2 naming the flag and what it allows, before any data is read
     run 2 --sweep --sweep-stages 2,3

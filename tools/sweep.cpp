@@ -313,6 +313,31 @@ void SweepFiles::write_summaries() const {
   }
   write_file_atomically(dir_ / "sweep.csv", csv.str());
 
+  // sweep.md: the same summary as a Markdown table, for a README.
+  std::ostringstream md;
+  md << "| K | M | optimizer | remedy | test accuracy by epoch, mean ± sd (n) | gap to GPipe, "
+        "last epoch (points) | samples/s | weights per stage "
+        "|\n|--:|--:|---|---|---|---|--:|---|\n";
+  for (const SweepCell& c : cells) {
+    const SweepPoint& p = c.point;
+    md << "| " << p.stages << " | " << p.micro_batches << " | " << p.optimizer << " | "
+       << p.schedule << " + " << p.predictor << " | ";
+    if (c.ok == 0) {
+      md << (c.not_run == c.runs    ? "not run"
+             : c.diverged == c.runs ? "diverged"
+                                    : "no run finished")
+         << " (" << c.runs << " seeds) | | | |\n";
+      continue;
+    }
+    std::string acc;
+    for (const Stat& s : c.accuracy) acc += (acc.empty() ? "" : " / ") + mean_sd(s);
+    md << acc << " (" << c.accuracy.back().n << ")";
+    if (c.ok < c.runs) md << "; " << c.runs - c.ok << " of " << c.runs << " did not finish";
+    md << " | " << (c.gap.empty() ? "baseline" : mean_sd(c.gap.back(), "+")) << " | "
+       << num(std::round(c.samples_per_second.mean)) << " | " << slashed(c.weight_copies) << " |\n";
+  }
+  write_file_atomically(dir_ / "sweep.md", md.str());
+
   // sweep.json: the plan, then per configuration its summary and its runs.
   nlohmann::json j{{"plan",
                     {{"model", plan_.model},
@@ -414,7 +439,7 @@ void SweepFiles::write_summaries() const {
         // Spread the remedies a little along K so their error bars do not hide each other.
         const double shift = (static_cast<double>(i) - (plan_.predictors.size() - 1) / 2.0) * 0.025;
         panels << ", \\\n  'sweep-gap.csv' index " << block << " using ($1*2**(" << num(shift)
-               << ")):2:3 with yerrorlines lw 2 lc " << i + 1 << " title '"
+               << ")):2:3 with yerrorlines lw 2 lc " << i + 1 << " pt " << i + 1 << " title '"
                << sweep_schedule_for(plan_.predictors[i]) << "+" << plan_.predictors[i] << "'";
         ++block;
       }

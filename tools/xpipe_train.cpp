@@ -716,8 +716,8 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
   files.print_table();
   const bool plotted = files.plot();
   if (stop_signal != 0) stop("while plotting");
-  std::vector<std::string> names{"sweep-runs.csv", "sweep.csv", "sweep.json", "sweep-gap.csv",
-                                 "sweep-gap.gp"};
+  std::vector<std::string> names{"sweep-runs.csv", "sweep.csv",     "sweep.json",
+                                 "sweep.md",       "sweep-gap.csv", "sweep-gap.gp"};
   if (plotted) names.insert(names.end(), {"sweep-gap.svg", "sweep-gap.png"});
   std::string written;
   for (const std::string& name : names)
@@ -854,6 +854,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "xpipe-train: --sweep does not take %s (it uses %s)\n", flag, instead);
         return 2;
       }
+    if (c.executor != "threaded" && c.executor != "reference") {
+      std::fprintf(stderr, "xpipe-train: --sweep runs on the threaded or reference executor\n");
+      return 2;
+    }
     if (app.count("--model") == 0) c.model = plan.model;
     plan.model = c.model;
     // The sweep's sizes (SweepPlan's defaults) unless given.
