@@ -652,13 +652,16 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
   const auto stop = [&](const std::string& when) {
     const int sig = stop_signal;
     files.print_table();
+    std::size_t done = 0;  // the run a signal cut is recorded, but not done
+    for (const tools::SweepRun& r : files.runs())
+      done += r.status != tools::SweepStatus::interrupted;
     std::fprintf(stderr,
                  "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (sweep-runs.csv, "
                  "sweep.csv, sweep.json; 'gnuplot sweep-gap.gp' there draws the gap plot)\n",
                  sig == SIGINT    ? "SIGINT"
                  : sig == SIGTERM ? "SIGTERM"
                                   : "a signal",
-                 when.c_str(), files.runs().size(), files.dir().c_str());
+                 when.c_str(), done, files.dir().c_str());
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(128 + sig);
