@@ -795,7 +795,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0L, 60000L));
   app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
       ->check(CLI::Range(0L, 10000L));
-  app.add_option("--sgd-lr", sgd_lr_flag, "Learning rate of the SGD runs of --compare (SpecTrain)")
+  app.add_option(
+         "--sgd-lr", sgd_lr_flag,
+         "Learning rate of the SGD runs of --compare (SpecTrain) and of --sweep (there 0.01 "
+         "unless given)")
       ->check(learning_rate);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
@@ -815,7 +818,10 @@ int main(int argc, char** argv) {
   auto* sweep_flag = app.add_flag(
       "--sweep", sweep,
       "Run the staleness sweep: K x M x (GPipe and every predictor) x optimizer x seeds, on "
-      "the deep model unless --model says otherwise, with sizes of its own unless given");
+      "the deep model unless --model says otherwise; unless given, " +
+          std::to_string(plan.epochs) + " epochs of " + std::to_string(plan.train_samples) +
+          " samples, batch " + std::to_string(plan.batch) + ", tested on " +
+          std::to_string(plan.test_samples));
   sweep_flag->excludes("--compare");
   app.add_option("--sweep-stages", sweep_stages,
                  "Stage counts K of --sweep, a comma list (default: every split of the model "
