@@ -87,38 +87,52 @@ TEST_CASE("Nesterov forms: NAdam for Adam, Nesterov SGD at the same steady-state
                       Catch::Contains("momentum must lie in [0, 1)"));
 }
 
-TEST_CASE("Multi-step rollout: SGD by hand, Adam equal to s real steps", "[optim][remedies]") {
-  // SGD mu = 0.9, lr = 0.1, after one step (m = 0.5), g = 0.2 held for 2 steps:
-  // m1 = 0.45 + 0.2 = 0.65, w1 = 1 - 0.065; m2 = 0.585 + 0.2 = 0.785, w2 = w1 - 0.0785 = 0.8565.
-  auto sgd = state(SGD{.lr = 0.1f, .momentum = 0.9f}, {1.05f});
-  set_grads(sgd, {0.5f});
-  sgd.step(ctx);  // first step: m = g = 0.5, w = 1.05 - 0.05 = 1
-  const float g = 0.2f;
-  float out = 0;
-  sgd.optimizer().rollout(ctx, sgd.flat(), &g, 2, &out);
-  REQUIRE(out == Approx(0.8565f).epsilon(1e-6));
-  REQUIRE(sgd.weights()[0] == Approx(1.f));  // the state is not touched
+TEST_CASE("MultiStep: s more optimizer steps with the last gradient held, by hand and bitwise",
+          "[predict][remedies]") {
+  // K = 3, M = 1 async: stage 0's forwards from F2 on predict over s = 2.
+  Setup s(async_1f1b(3, 1, 6));
+  REQUIRE(s.analysis.forward(0, 2).apply_time == 2);
+  // SGD mu = 0.9, lr = 0.1; a first step with g = 0.5 gives m = 0.5, w = 1.05 - 0.05 = 1. With
+  // g = 0.2 saved as the last gradient and held for 2 steps: m1 = 0.45 + 0.2 = 0.65,
+  // w1 = 1 - 0.065; m2 = 0.585 + 0.2 = 0.785, w2 = w1 - 0.0785 = 0.8565.
+  MultiStep::State<SGD, Host> sgd(s.at(0, 1));
+  auto opt = state(SGD{.lr = 0.1f, .momentum = 0.9f}, {1.05f});
+  set_grads(opt, {0.5f});
+  sgd.before_step(ctx, opt);
+  opt.step(ctx);
+  set_grads(opt, {0.2f});
+  sgd.before_step(ctx, opt);  // saves 0.2 (the step it precedes is not taken here)
+  REQUIRE(*sgd.forward_weights(ctx, opt, 2) == Approx(0.8565f).epsilon(1e-6));
+  REQUIRE(opt.weights()[0] == Approx(1.f));  // the live state is not touched
+  REQUIRE(opt.moment(0)[0] == Approx(0.5f));
+  REQUIRE(sgd.weight_copies() == 4);
+  // The saved gradient is the last step's, whatever the buffer holds later: take the step with
+  // 0.2 (m = 0.65, w = 0.935), then put 5 in the buffer; the prediction still holds 0.2:
+  // m1 = 0.585 + 0.2 = 0.785, w1 = 0.935 - 0.0785 = 0.8565; m2 = 0.7065 + 0.2 = 0.9065,
+  // w2 = 0.8565 - 0.09065 = 0.76585.
+  opt.step(ctx);
+  set_grads(opt, {5.f});
+  REQUIRE(*sgd.forward_weights(ctx, opt, 2) == Approx(0.76585f).epsilon(1e-6));
 
-  // Adam: the rollout over 3 steps equals 3 real steps with the same gradient (bias corrections
-  // of steps 3, 4, 5), up to float rounding of the corrections.
-  const std::vector<float> w0{0.3f, -0.7f, 1.1f};
-  auto real = state(Adam{.lr = 0.01f}, w0);
-  for (float gi : {0.4f, -0.1f}) {
-    set_grads(real, {gi, gi * 2, -gi});
-    real.step(ctx);
-  }
-  const std::vector<float> held{0.25f, -0.5f, 0.05f};
-  std::vector<float> rolled(3);
-  real.optimizer().rollout(ctx, real.flat(), held.data(), 3, rolled.data());
-  for (int i = 0; i < 3; ++i) {
+  // Adam: the prediction over s is bitwise what s real steps with the held gradient give.
+  const std::vector<float> w0{0.3f, -0.7f, 1.1f}, held{0.25f, -0.5f, 0.05f};
+  Setup deep(async_1f1b(8, 1, 12));
+  for (int k : {0, 4}) {
+    const int steps = deep.analysis.forward(k, 9).apply_time;  // 7 and 3
+    INFO("s = " << steps);
+    MultiStep::State<Adam, Host> ms(deep.at(k, 3));
+    auto real = state(Adam{.lr = 0.01f}, w0);
+    for (float gi : {0.4f, -0.1f}) {
+      set_grads(real, {gi, gi * 2, -gi});
+      real.step(ctx);
+    }
     set_grads(real, held);
-    real.step(ctx);
+    ms.before_step(ctx, real);  // as if held were the last step's gradient
+    const float* p = ms.forward_weights(ctx, real, 9);
+    const std::vector<float> predicted(p, p + 3);
+    for (int i = 0; i < steps; ++i) real.step(ctx);  // grads stay `held`
+    REQUIRE(predicted == std::vector<float>(real.weights(), real.weights() + 3));
   }
-  for (int i = 0; i < 3; ++i) REQUIRE(rolled[i] == Approx(real.weights()[i]).epsilon(1e-6));
-  // AnyOptimizer dispatches; NAdam has no rollout and says so.
-  AnyOptimizer nadam{NAdam{}};
-  REQUIRE_THROWS_WITH(nadam.rollout(ctx, real.flat(), held.data(), 1, rolled.data()),
-                      Catch::Contains("nadam has no rollout"));
 }
 
 TEST_CASE("History fit: least-squares coefficients worked by hand", "[predict][remedies]") {

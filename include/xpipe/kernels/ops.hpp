@@ -180,32 +180,6 @@ struct NadamPredict {
   }
 };
 
-//! out[i] = weight i after `steps` SGD updates with gradient g[i] held fixed.
-struct SgdRollout {
-  const float* XPIPE_RESTRICT w;
-  const float* XPIPE_RESTRICT m;
-  const float* XPIPE_RESTRICT g;
-  float* XPIPE_RESTRICT out;
-  math::SgdScalars s;
-  int steps;
-  XPIPE_HOST_DEVICE void operator()(index_t i) const {
-    out[i] = math::sgd_rollout(w[i], m[i], g[i], s, steps);
-  }
-};
-
-//! out[i] = weight i after r.steps Adam updates with gradient g[i] held fixed.
-struct AdamRollout {
-  const float* XPIPE_RESTRICT w;
-  const float* XPIPE_RESTRICT m;
-  const float* XPIPE_RESTRICT v;
-  const float* XPIPE_RESTRICT g;
-  float* XPIPE_RESTRICT out;
-  math::AdamRollout r;
-  XPIPE_HOST_DEVICE void operator()(index_t i) const {
-    out[i] = math::adam_rollout(w[i], m[i], v[i], g[i], r);
-  }
-};
-
 //! out[i] = sum over j < terms of c[j] x[j][i] (up to 4 buffers; out may alias none of them).
 struct Combine {
   const float* x[4];
@@ -352,23 +326,6 @@ void nadam_predict(const Ctx& ctx, const float* XPIPE_RESTRICT w, const float* X
                    const float* XPIPE_RESTRICT v, float* XPIPE_RESTRICT out, index_t n, float s_lr,
                    const math::NadamScalars& s) {
   for_each_index(ctx, n, ops::NadamPredict{w, m, v, out, s_lr, s});
-}
-
-//! out = the weights after `steps` SGD updates with the gradient g held fixed (multi-step
-//! prediction), one pass.
-template <class Ctx>
-void sgd_rollout(const Ctx& ctx, const float* XPIPE_RESTRICT w, const float* XPIPE_RESTRICT m,
-                 const float* XPIPE_RESTRICT g, float* XPIPE_RESTRICT out, index_t n,
-                 const math::SgdScalars& s, int steps) {
-  for_each_index(ctx, n, ops::SgdRollout{w, m, g, out, s, steps});
-}
-
-//! out = the weights after r.steps Adam updates with the gradient g held fixed, one pass.
-template <class Ctx>
-void adam_rollout(const Ctx& ctx, const float* XPIPE_RESTRICT w, const float* XPIPE_RESTRICT m,
-                  const float* XPIPE_RESTRICT v, const float* XPIPE_RESTRICT g,
-                  float* XPIPE_RESTRICT out, index_t n, const math::AdamRollout& r) {
-  for_each_index(ctx, n, ops::AdamRollout{w, m, v, g, out, r});
 }
 
 //! out = sum of c[j] x[j] over `terms` (1..4) buffers of n floats, one pass.

@@ -149,41 +149,6 @@ XPIPE_HOST_DEVICE float nadam_direction(float m, float v, const NadamScalars& s)
   return s.c_m * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
 }
 
-//! Multi-step prediction under SGD: `steps` further SGD updates of one weight (sgd_update itself)
-//! on the assumption that gradient g persists; `first_step` as in SgdScalars for the first one.
-XPIPE_HOST_DEVICE float sgd_rollout(float w, float m, float g, SgdScalars s, int steps) {
-  for (int i = 0; i < steps; ++i) {
-    sgd_update(w, g, m, s);
-    s.first_step = false;
-  }
-  return w;
-}
-
-//! What adam_rollout needs besides the Adam hyper-parameters: beta1^t and beta2^t of the last
-//! step taken (1 before the first), from which each further step's bias corrections follow.
-struct AdamRollout {
-  AdamScalars s;  // lr, betas, eps, weight decay; step_size and inv_sqrt_bc2 are recomputed
-  float beta1_pow;
-  float beta2_pow;
-  int steps;
-};
-
-//! Multi-step prediction under Adam: `steps` further Adam updates of one weight (adam_update
-//! itself, with each step's own bias corrections) on the assumption that gradient g persists.
-XPIPE_HOST_DEVICE float adam_rollout(float w, float m, float v, float g, const AdamRollout& r) {
-  AdamScalars s = r.s;
-  float p1 = r.beta1_pow, p2 = r.beta2_pow;
-  for (int i = 0; i < r.steps; ++i) {
-    p1 *= s.beta1;
-    p2 *= s.beta2;
-    s.step_size = s.lr / (1.f - p1);
-    s.inv_bc1 = 1.f / (1.f - p1);
-    s.inv_sqrt_bc2 = 1.f / sqrtf(1.f - p2);
-    adam_update(w, g, m, v, s);
-  }
-  return w;
-}
-
 //! Error feedback after a delayed step (2BW + EF): d = before - w is the update just applied; the
 //! weight moves on by gamma (d - d_prev), the change of the update since the previous step, and
 //! d_prev keeps d.

@@ -1,8 +1,6 @@
 // Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay).
 #pragma once
 
-#include <cmath>
-
 #include "xpipe/core/error.hpp"
 #include "xpipe/kernels/ops.hpp"
 #include "xpipe/optim/optimizer.hpp"
@@ -51,17 +49,6 @@ struct BasicAdam {
   void predict(const Ctx& ctx, const FlatState& s, float steps, float* out) const {
     adam_predict(ctx, s.weights, s.moments[0], s.moments[1], out, s.size, steps * lr,
                  scalars(s.steps_taken > 0 ? s.steps_taken : 1));
-  }
-
-  //! out = the weights after `steps` more Adam steps if the gradient g persisted (multi-step
-  //! prediction: the moments roll forward with it, each step with its own bias corrections),
-  //! one pass; the state itself is not changed.
-  template <class Ctx>
-  void rollout(const Ctx& ctx, const FlatState& s, const float* g, int steps, float* out) const {
-    const double t = static_cast<double>(s.steps_taken);
-    adam_rollout(ctx, s.weights, s.moments[0], s.moments[1], g, out, s.size,
-                 {scalars(1), static_cast<float>(std::pow(static_cast<double>(beta1), t)),
-                  static_cast<float>(std::pow(static_cast<double>(beta2), t)), steps});
   }
 };
 

@@ -37,19 +37,6 @@ struct AnyOptimizer {
   void predict(const Ctx& ctx, const FlatState& s, float steps, float* out) const {
     std::visit([&](const auto& o) { o.predict(ctx, s, steps, out); }, impl);
   }
-  //! The chosen optimizer's multi-step rollout; ConfigError for one that has none.
-  template <class Ctx>
-  void rollout(const Ctx& ctx, const FlatState& s, const float* g, int steps, float* out) const {
-    std::visit(
-        [&](const auto& o) {
-          if constexpr (requires { o.rollout(ctx, s, g, steps, out); })
-            o.rollout(ctx, s, g, steps, out);
-          else
-            throw ConfigError(std::string("xpipe: multi-step prediction: optimizer ") + o.name +
-                              " has no rollout (use sgd, adam or adamw)");
-        },
-        impl);
-  }
 };
 static_assert(Optimizer<AnyOptimizer>);
 

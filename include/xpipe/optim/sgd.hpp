@@ -40,13 +40,6 @@ struct SGD {
   void predict(const Ctx& ctx, const FlatState& s, float steps, float* out) const {
     sgd_predict(ctx, s.weights, s.moments[0], out, s.size, steps * lr);
   }
-
-  //! out = the weights after `steps` more steps if the gradient g persisted (multi-step
-  //! prediction), one pass; the state itself is not changed.
-  template <class Ctx>
-  void rollout(const Ctx& ctx, const FlatState& s, const float* g, int steps, float* out) const {
-    sgd_rollout(ctx, s.weights, s.moments[0], g, out, s.size, scalars(s.steps_taken), steps);
-  }
 };
 static_assert(Optimizer<SGD>);
 
