@@ -752,14 +752,16 @@ TEST_CASE("A process stopped by SIGSTOP for longer than the timeout goes on afte
   // 24 forwards of 50 ms CPU time each: over a second, the others waiting on stage 2.
   busy_each = std::chrono::milliseconds(50);
   ThreadedExecutor exec;
-  exec.wait_timeout = std::chrono::milliseconds(500);
+  // 1 s: a stage starved of the CPU by a loaded machine (CI runs tests in parallel) must not
+  // pass for late; 0.5 s failed once under a load of 9 on 2 cores.
+  exec.wait_timeout = std::chrono::milliseconds(1000);
   // A child that only sleeps and signals (async-signal-safe after fork): 0.5 s into the run it
-  // stops this process for 1.5 s, three times the timeout.
+  // stops this process for 2.5 s, 2.5 times the timeout.
   const auto stopped_run = [&] {
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-      const timespec before{0, 500'000'000}, stopped{1, 500'000'000};
+      const timespec before{0, 500'000'000}, stopped{2, 500'000'000};
       nanosleep(&before, nullptr);
       kill(getppid(), SIGSTOP);
       nanosleep(&stopped, nullptr);

@@ -220,7 +220,8 @@ case $case in
     [ -s out/accuracy.png ] || fail "no accuracy.png"
     ;;
   resume_is_exact)  # 3 epochs straight = 2 epochs, then --resume to 3: the same numbers
-    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
+    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference
+      --measure-prediction)
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck-straight --out straight
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --out first
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
@@ -230,6 +231,11 @@ case $case in
     cut -d, -f9-11 resumed/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
     [ -d ck/async-1f1b_xpipe_adam/ckpt-000003 ] || fail "no checkpoint after epoch 3"
+    # and the prediction errors of every epoch, those of the restored epochs included
+    grep -o '"relative_error": [-0-9.e]*' straight/runs.json >want.txt
+    grep -o '"relative_error": [-0-9.e]*' resumed/runs.json >got.txt
+    [ "$(wc -l <want.txt)" -ge 3 ] || fail "runs.json has no prediction errors per epoch"
+    cmp -s want.txt got.txt || fail "resumed prediction errors differ: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out
@@ -301,6 +307,19 @@ case $case in
     # while the asynchronous runs do differ (deeper: staler), so the rows are not all alike
     awk -F, 'FNR > 1 && $4 == "async-1f1b" { print $12 }' out/sweep-runs.csv >async.txt
     [ "$(sort -u async.txt | wc -l)" -eq 3 ] || fail "async runs alike across K: $(tr '\n' ' ' <async.txt)"
+    ;;
+  sweep_prediction_error)  # --measure-prediction: per s, the error of XPipe's predictions
+    run 0 --sweep --sweep-stages 2,4 --sweep-micro-batches 1 --sweep-predictors latest,xpipe \
+      --sweep-optimizers adam --seeds 1 --train-samples 512 --test-samples 100 --epochs 1 \
+      --measure-prediction --out out
+    says "wrote to out: .*sweep-prediction.csv, sweep-prediction.gp, sweep-prediction.svg, sweep-prediction.png$"
+    # Async 1F1B with M = 1 over K stages: stage k's weights are K - 1 - k steps stale, so XPipe
+    # predicts over s = 1 .. 3 (K = 4; the last stage, s = 0, does not predict); Latest predicts
+    # nothing, so only XPipe has a block.
+    got=$(awk -F, '/^[0-9]/ { print $1 }' out/sweep-prediction.csv | sort -n | tr '\n' ' ')
+    [ "$got" = "1 2 3 " ] || fail "sweep-prediction.csv has s = '$got', expected 1 2 3"
+    [ "$(grep -c '^# index' out/sweep-prediction.csv)" -eq 1 ] || fail "not one block (xpipe)"
+    grep -q '"relative_error"' out/sweep.json || fail "sweep.json lacks prediction_error"
     ;;
   sweep_bad_flags)  # exit 2 naming the flag and what it allows, before any data is read
     run 2 --sweep --sweep-stages 2,3

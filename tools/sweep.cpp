@@ -3,6 +3,7 @@
 #include "sweep.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -249,6 +250,9 @@ SweepFiles::SweepFiles(SweepPlan plan, fs::path dir)
   std::error_code ignored;  // plots of an earlier sweep are redrawn or reported at the end
   fs::remove(dir_ / "sweep-gap.svg", ignored);
   fs::remove(dir_ / "sweep-gap.png", ignored);
+  for (const char* name : {"sweep-prediction.csv", "sweep-prediction.gp", "sweep-prediction.svg",
+                           "sweep-prediction.png"})
+    fs::remove(dir_ / name, ignored);
   write_summaries();
 }
 
@@ -404,8 +408,18 @@ void SweepFiles::write_summaries() const {
                           {"test_accuracy_pct", 100 * er.test_accuracy},
                           {"samples_per_second", er.samples_per_second},
                           {"seconds", er.seconds}};
-        // Per-epoch extra metrics (epoch_extra_metrics in sweep.hpp: the prediction error).
-        if (e < r.extra.size() && !r.extra[e].empty()) je["extra"] = r.extra[e];
+        // With --measure-prediction: per stage and s, the predictions' mean relative error and
+        // cosine (pipeline/prediction_probe.hpp), as in runs.json.
+        if (!er.prediction_error.empty()) {
+          nlohmann::json pe = nlohmann::json::array();
+          for (const PredictionError& q : er.prediction_error)
+            pe.push_back({{"stage", q.stage},
+                          {"s", q.s},
+                          {"count", q.count},
+                          {"relative_error", q.mean_relative_error},
+                          {"cosine", q.mean_cosine}});
+          je["prediction_error"] = pe;
+        }
         jr["epochs"].push_back(je);
       }
       jc["seed_runs"].push_back(jr);
@@ -474,6 +488,118 @@ void SweepFiles::write_summaries() const {
      << "\nset output 'sweep-gap.png'\n"
      << setup << panels.str() << "unset multiplot\n";
   write_file_atomically(dir_ / "sweep-gap.gp", gp.str());
+
+  // sweep-prediction.csv and .gp, when runs measured their predictions (--measure-prediction):
+  // per panel (M, optimizer) and remedy, the last epoch's prediction error versus s, pooled over
+  // K, stages and seeds (weighted by the number of predictions).
+  std::ostringstream pred, plots;
+  int pblock = 0;
+  for (int m : plan_.micro_batches)
+    for (const std::string& opt : plan_.optimizers) {
+      std::vector<std::pair<int, std::size_t>> blocks;  // (gnuplot index, predictor)
+      for (std::size_t i = 0; i < plan_.predictors.size(); ++i) {
+        std::map<int, std::array<double, 3>> by_s;  // s: predictions, sums of error and cosine
+        for (const SweepRun& r : runs_)
+          if (r.status == SweepStatus::ok && !r.point.baseline() && !r.epochs.empty() &&
+              r.point.micro_batches == m && r.point.optimizer == opt &&
+              r.point.predictor == plan_.predictors[i])
+            for (const PredictionError& q : r.epochs.back().prediction_error) {
+              auto& a = by_s[q.s];
+              a[0] += static_cast<double>(q.count);
+              a[1] += static_cast<double>(q.count) * q.mean_relative_error;
+              a[2] += static_cast<double>(q.count) * q.mean_cosine;
+            }
+        std::ostringstream pts;
+        for (const auto& [sv, a] : by_s)
+          if (a[0] > 0)
+            pts << sv << ',' << num(a[1] / a[0]) << ',' << num(a[2] / a[0]) << ',' << num(a[0])
+                << '\n';
+        if (pts.str().empty()) continue;
+        pred << (pblock ? "\n\n" : "") << "# index " << pblock << ": M = " << m << ", " << opt
+             << ", " << plan_.predictors[i]
+             << " (s, mean relative error, mean cosine, predictions)\n"
+             << pts.str();
+        blocks.emplace_back(pblock++, i);
+      }
+      for (int col = 2; col <= 3; ++col) {
+        if (blocks.empty()) {
+          plots << "set multiplot next\n";
+          continue;
+        }
+        plots << "set title 'M = " << m << ", " << opt << ": "
+              << (col == 2 ? "relative error |Ŵ − W| / |W − W_now|"
+                           : "cosine of predicted and actual change")
+              << "'\nset ylabel '" << (col == 2 ? "mean relative error" : "mean cosine")
+              << "'\nplot ";
+        for (std::size_t b = 0; b < blocks.size(); ++b) {
+          const std::size_t i = blocks[b].second;
+          plots << (b ? ", \\\n  " : "") << "'sweep-prediction.csv' index " << blocks[b].first
+                << " using 1:" << col << " with linespoints lw 2 lc " << i + 1 << " pt " << i + 1
+                << " title '" << sweep_schedule_for(plan_.predictors[i]) << "+"
+                << plan_.predictors[i] << "'";
+        }
+        plots << '\n';
+      }
+    }
+  if (pblock == 0) return;  // nothing measured
+  write_file_atomically(dir_ / "sweep-prediction.csv", pred.str());
+  const std::size_t panels_p = rows * cols;
+  std::ostringstream pg;
+  const std::string psetup = "set multiplot layout " + std::to_string(panels_p) +
+                             ",2 title 'Prediction error versus staleness s (last epoch, pooled "
+                             "over K, stages and seeds), model " +
+                             plan_.model + "'\n";
+  pg << "# The staleness sweep's prediction error versus s per remedy, from sweep-prediction.csv.\n"
+        "# Restyle freely; run from this directory with: gnuplot sweep-prediction.gp\n"
+        "set encoding utf8\nset datafile separator ','\nset termoption noenhanced\n"
+        "set key outside right top\nset xlabel 'staleness s (steps)'\nset grid\n"
+        "set offsets graph 0.05, graph 0.05, graph 0.05, graph 0.05\n"
+     << "set terminal svg size 1500," << 380 * panels_p + 60
+     << " dynamic background rgb 'white'\nset output 'sweep-prediction.svg'\n"
+     << psetup << plots.str() << "unset multiplot\n"
+     << "set terminal pngcairo size 1500," << 380 * panels_p + 60
+     << "\nset output 'sweep-prediction.png'\n"
+     << psetup << plots.str() << "unset multiplot\n";
+  write_file_atomically(dir_ / "sweep-prediction.gp", pg.str());
+}
+
+bool SweepFiles::draw(const std::string& script) const {
+  const std::string stem = script.substr(0, script.size() - 3);  // less ".gp"
+  const std::string gnuplot = find_program("gnuplot");
+  if (gnuplot.empty()) {
+    std::fprintf(stderr,
+                 "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot %s' in %s "
+                 "to draw the plots\n",
+                 script.c_str(), dir_.c_str());
+    return false;
+  }
+  if (const std::string why = run_program(gnuplot, {"gnuplot", script}, dir_); !why.empty()) {
+    std::fprintf(stderr, "xpipe-train: gnuplot %s; no plot drawn (%s is in %s)\n", why.c_str(),
+                 script.c_str(), dir_.c_str());
+    return false;
+  }
+  for (const std::string& name : {stem + ".svg", stem + ".png"})
+    if (!non_empty(name)) {
+      std::fprintf(stderr, "xpipe-train: gnuplot left %s empty or missing in %s\n", name.c_str(),
+                   dir_.c_str());
+      return false;
+    }
+  return true;
+}
+
+std::string SweepFiles::finish_files() const {
+  std::vector<std::string> names{"sweep-runs.csv", "sweep.csv",     "sweep.json",
+                                 "sweep.md",       "sweep-gap.csv", "sweep-gap.gp"};
+  if (plot()) names.insert(names.end(), {"sweep-gap.svg", "sweep-gap.png"});
+  if (non_empty("sweep-prediction.gp")) {
+    names.insert(names.end(), {"sweep-prediction.csv", "sweep-prediction.gp"});
+    if (draw("sweep-prediction.gp"))
+      names.insert(names.end(), {"sweep-prediction.svg", "sweep-prediction.png"});
+  }
+  std::string written;
+  for (const std::string& name : names)
+    if (non_empty(name)) written += (written.empty() ? "" : ", ") + name;
+  return written;
 }
 
 bool SweepFiles::plot() const {
@@ -486,27 +612,7 @@ bool SweepFiles::plot() const {
                  "there is no gap plot\n");
     return false;
   }
-  const std::string gnuplot = find_program("gnuplot");
-  if (gnuplot.empty()) {
-    std::fprintf(stderr,
-                 "xpipe-train: gnuplot not found (Debian: gnuplot-nox); run 'gnuplot "
-                 "sweep-gap.gp' in %s to draw the plots\n",
-                 dir_.c_str());
-    return false;
-  }
-  if (const std::string why = run_program(gnuplot, {"gnuplot", "sweep-gap.gp"}, dir_);
-      !why.empty()) {
-    std::fprintf(stderr, "xpipe-train: gnuplot %s; no plot drawn (sweep-gap.gp is in %s)\n",
-                 why.c_str(), dir_.c_str());
-    return false;
-  }
-  for (const char* name : {"sweep-gap.svg", "sweep-gap.png"})
-    if (!non_empty(name)) {
-      std::fprintf(stderr, "xpipe-train: gnuplot left %s empty or missing in %s\n", name,
-                   dir_.c_str());
-      return false;
-    }
-  return true;
+  return draw("sweep-gap.gp");
 }
 
 bool SweepFiles::non_empty(const std::string& name) const {

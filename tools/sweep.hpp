@@ -60,23 +60,10 @@ struct SweepRun {
   SweepPoint point;
   std::uint64_t seed = 0;
   SweepStatus status = SweepStatus::ok;
-  std::string why;                    // unless ok
-  std::vector<EpochRecord> epochs;    // those it finished
-  std::vector<int> weight_copies;     // per stage, when ok
-  std::vector<nlohmann::json> extra;  // per finished epoch: what epoch_extra_metrics returned
+  std::string why;                  // unless ok
+  std::vector<EpochRecord> epochs;  // those it finished
+  std::vector<int> weight_copies;   // per stage, when ok
 };
-
-//! PLUG-IN POINT for per-run metrics beyond accuracy and throughput. xpipe-train calls it after
-//! every epoch of every run with the trained Pipeline; the object it returns is stored as that
-//! epoch's "extra" in sweep.json (configurations[].runs[].epochs[].extra) and runs.json
-//! (runs[].epochs[].extra). Nothing is measured here yet: the per-stage prediction error
-//! (Pipeline::prediction_errors(): per stage and per staleness s, the relative error
-//! |W^ - W_actual| / |W_actual - W_now| and the cosine of predicted and actual change) goes
-//! here when the library has it, and the "prediction error versus s" figure reads it from there.
-template <class P>
-nlohmann::json epoch_extra_metrics(const P& /*pipe*/) {
-  return nlohmann::json::object();
-}
 
 //! Mean (NaN when n = 0) and sample standard deviation (n - 1 in the denominator; NaN when
 //! n < 2) of `v`.
@@ -114,7 +101,9 @@ std::string parse_name_list(const std::string& text, const std::vector<std::stri
 //! The sweep's output folder, current after every run: sweep-runs.csv (a row per run, appended
 //! and fsync'ed), sweep.csv and sweep.json (a summary per configuration; the JSON also holds
 //! every run with its epochs), sweep-gap.csv with sweep-gap.gp (gnuplot draws sweep-gap.svg and
-//! sweep-gap.png: gap to GPipe versus K per remedy, a panel per M and optimizer), replaced
+//! sweep-gap.png: gap to GPipe versus K per remedy, a panel per M and optimizer), sweep.md (the
+//! summary as a Markdown table) and, when runs measured their predictions, sweep-prediction.csv
+//! with sweep-prediction.gp (prediction error and cosine versus s per remedy), replaced
 //! atomically. Throws OutputError naming a file it cannot write.
 class SweepFiles {
  public:
@@ -130,6 +119,10 @@ class SweepFiles {
   //! Draws sweep-gap.svg and .png with gnuplot; true when both are there and not empty, else
   //! says why on stderr.
   bool plot() const;
+  //! At the end: draws the plots (the gap plot, and the prediction-error plot when runs measured
+  //! their predictions) and returns the names of the files written and not empty, for a
+  //! "wrote to" line.
+  std::string finish_files() const;
   //! Whether `name` in the folder exists and is not empty.
   bool non_empty(const std::string& name) const;
   const std::vector<SweepRun>& runs() const { return runs_; }
@@ -137,6 +130,7 @@ class SweepFiles {
 
  private:
   void write_summaries() const;
+  bool draw(const std::string& script) const;  // gnuplot `script`, checking its .svg and .png
   SweepPlan plan_;
   std::filesystem::path dir_;
   AppendFile csv_;

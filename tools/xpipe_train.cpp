@@ -51,6 +51,7 @@ struct RunConfig {
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 1;    // epochs
   bool resume = false;
+  bool measure_prediction = false;  // record each predictor's error (pipeline/prediction_probe.hpp)
   std::string label() const { return schedule + "+" + predictor + "(" + optimizer + ")"; }
 };
 
@@ -83,7 +84,6 @@ struct RunRecord {
   ExecutionTrace trace;                // of the last epoch
   Schedule schedule;                   // that the trace ran
   bool trace_files = false;            // its timeline and trace are written
-  std::vector<nlohmann::json> extra;   // per epoch: tools::epoch_extra_metrics (null: none)
   bool ok() const { return status == RunStatus::ok; }
 };
 
@@ -180,7 +180,10 @@ std::map<std::string, std::string> run_fields(const RunConfig& c, const DatasetP
 template <class P>
 RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   P pipe(make_optimizer(c.optimizer, c.lr),
-         PipelineOptions{.batch = c.batch, .micro_batches = c.micro_batches, .seed = c.seed});
+         PipelineOptions{.batch = c.batch,
+                         .micro_batches = c.micro_batches,
+                         .seed = c.seed,
+                         .measure_prediction = c.measure_prediction});
   Batcher batcher(data.train, c.batch, c.seed);
   HostBuffer<float> x(data.train.count * data.train.width);
   HostBuffer<std::int32_t> y(data.train.count);
@@ -208,7 +211,6 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       rec.epochs = tools::parse_records(std::string(bytes.begin(), bytes.end()),
                                         where + "/records.tsv", P::stage_count);
       first_epoch = static_cast<int>(rec.epochs.size()) + 1;
-      rec.extra.resize(rec.epochs.size());  // not in a checkpoint
       for (int k = 0; k < P::stage_count; ++k) {
         const std::string at = std::to_string(k);
         restored_copies.push_back(std::stoi(found->contents.field("result.weight_copies." + at)));
@@ -285,11 +287,11 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     er.samples_per_second = static_cast<double>(r.samples) / r.seconds;
     er.test_accuracy = pipe.evaluate(data.test);
     for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(tr.bubble_fraction(k));
+    er.prediction_error = pipe.prediction_errors();
     std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(), e,
                 er.loss, 100 * er.test_accuracy, er.samples_per_second);
     std::fflush(stdout);
     rec.epochs.push_back(er);
-    rec.extra.push_back(tools::epoch_extra_metrics(pipe));
     std::vector<double> losses;
     for (const EpochRecord& done : rec.epochs) losses.push_back(done.loss);
     if (std::string why = tools::divergence(losses); !why.empty()) {
@@ -354,6 +356,19 @@ std::string joined(const std::vector<double>& v, const char* fmt) {
     std::snprintf(buf, sizeof buf, fmt, x);
     out += (out.empty() ? "" : "/") + std::string(buf);
   }
+  return out;
+}
+
+// The prediction errors of one epoch for runs.json: per stage and s, the count, the mean
+// relative error and the mean cosine (empty unless --measure-prediction and a predicting remedy).
+nlohmann::json prediction_json(const std::vector<PredictionError>& errors) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PredictionError& p : errors)
+    out.push_back({{"stage", p.stage},
+                   {"s", p.s},
+                   {"count", p.count},
+                   {"relative_error", p.mean_relative_error},
+                   {"cosine", p.mean_cosine}});
   return out;
 }
 
@@ -510,17 +525,14 @@ class StudyFiles {
                         {"executor", c.executor},
                         {"epochs", nlohmann::json::array()}};
       if (!r.ok()) jr["failure"] = r.why;
-      for (std::size_t i = 0; i < r.epochs.size(); ++i) {
-        const EpochRecord& e = r.epochs[i];
-        nlohmann::json je{{"epoch", e.epoch},
-                          {"loss", e.loss},
-                          {"test_accuracy", e.test_accuracy},
-                          {"samples_per_second", e.samples_per_second},
-                          {"seconds", e.seconds},
-                          {"bubble_fraction", e.bubble}};
-        if (i < r.extra.size() && !r.extra[i].empty()) je["extra"] = r.extra[i];
-        jr["epochs"].push_back(je);
-      }
+      for (const EpochRecord& e : r.epochs)
+        jr["epochs"].push_back({{"epoch", e.epoch},
+                                {"loss", e.loss},
+                                {"test_accuracy", e.test_accuracy},
+                                {"samples_per_second", e.samples_per_second},
+                                {"seconds", e.seconds},
+                                {"bubble_fraction", e.bubble},
+                                {"prediction_error", prediction_json(e.prediction_error)}});
       if (r.ok()) {
         jr["weight_copies"] = r.weight_copies;
         jr["peak_activation_kib"] = r.activation_kib;
@@ -624,7 +636,6 @@ tools::SweepRun to_sweep_run(const RunRecord& r, const tools::SweepPoint& point,
   out.why = r.why;
   out.epochs = r.epochs;
   out.weight_copies = r.weight_copies;
-  out.extra = r.extra;
   return out;
 }
 
@@ -717,14 +728,8 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
   }
   if (stop_signal != 0) stop("after the last run");
   files.print_table();
-  const bool plotted = files.plot();
+  const std::string written = files.finish_files();
   if (stop_signal != 0) stop("while plotting");
-  std::vector<std::string> names{"sweep-runs.csv", "sweep.csv",     "sweep.json",
-                                 "sweep.md",       "sweep-gap.csv", "sweep-gap.gp"};
-  if (plotted) names.insert(names.end(), {"sweep-gap.svg", "sweep-gap.png"});
-  std::string written;
-  for (const std::string& name : names)
-    if (files.non_empty(name)) written += (written.empty() ? "" : ", ") + name;
   std::printf("\nwrote to %s: %s\n", out.c_str(), written.c_str());
   std::fflush(stdout);
   return 0;
@@ -806,6 +811,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", c.checkpoint_every,
                  "Epochs between checkpoints (the last epoch is always saved)")
       ->check(CLI::Range(1, 1000));
+  app.add_flag("--measure-prediction", c.measure_prediction,
+               "Measure each weight prediction against the weights it aimed at (relative error, "
+               "cosine; per stage and s, per epoch in runs.json)");
   app.add_flag("--resume", c.resume,
                "Continue each run from its newest checkpoint that verifies (needs "
                "--checkpoint-dir; a run with none starts afresh)");
