@@ -1,0 +1,194 @@
+// xpipe-plan's measurements on the host backend: each stage's forward, backward and step timed
+// by the reference executor (one action at a time, so nothing else shares its core), the
+// built-in MLP's layers fitted as fixed + rows x per-sample, and the validation of the simulator
+// against the threaded executor's measured run of the same Pipeline and schedule.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models.hpp"
+#include "xpipe/xpipe.hpp"
+
+namespace xpipe::tools {
+
+//! Random inputs in [-1, 1) and labels in [0, 10): timing does not depend on the values.
+struct SyntheticData {
+  index_t rows, width;
+  HostBuffer<float> x;
+  HostBuffer<std::int32_t> y;
+  SyntheticData(index_t r, index_t w) : rows(r), width(w), x(r * w), y(r) {
+    Rng rng{12345};
+    for (index_t i = 0; i < r * w; ++i) x[i] = rng.uniform(-1.f, 1.f);
+    for (index_t i = 0; i < r; ++i) y[i] = static_cast<std::int32_t>(rng.below(10));
+  }
+  EpochData epoch() const { return {ConstMatrix{x.data(), rows, width}, y.data()}; }
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+//! One cell of the validation: the cost model profiled for it, the measured and the simulated
+//! run, and their traces (to draw side by side).
+struct Cell {
+  std::string schedule, predictor;
+  int stages = 0, micro_batches = 0, mini_batches = 0;
+  sim::CostModel model;
+  double measured = 0, simulated = 0;  // seconds per mini-batch
+  Schedule plan;
+  ExecutionTrace measured_trace, simulated_trace;
+  double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
+};
+
+//! Per-stage medians of F, B and S from a reference-executor trace set.
+struct StageSamples {
+  std::vector<std::vector<double>> f, b, s;
+  explicit StageSamples(int K) : f(K), b(K), s(K) {}
+  void add(const ExecutionTrace& t) {
+    for (std::size_t k = 0; k < t.stages.size(); ++k)
+      for (const ActionTiming& a : t.stages[k]) {
+        auto& into = a.action.kind == ActionKind::Forward    ? f[k]
+                     : a.action.kind == ActionKind::Backward ? b[k]
+                                                             : s[k];
+        into.push_back(a.end - a.start);
+      }
+  }
+};
+
+//! Profiles and measures Pipeline type P on schedule `name` with M micro-batches of a `batch`
+//! row mini-batch over N mini-batches: `repeats` rounds of (reference run, threaded run), after
+//! one warm-up of each; the cost model takes the medians of every action's time per stage and
+//! kind, the measurement the median of the threaded runs' seconds per mini-batch.
+template <class P>
+Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
+              int repeats, int cores) {
+  constexpr int K = P::stage_count;
+  P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M});
+  const SyntheticData data(batch * N, P::in_width);
+  Cell c;
+  c.schedule = name, c.predictor = predictor;
+  c.stages = K, c.micro_batches = M, c.mini_batches = N;
+  c.plan = make_schedule(name, K, M, N);
+  ReferenceExecutor ref;
+  ThreadedExecutor thr;
+  pipe.train(c.plan, data.epoch(), ref);
+  pipe.train(c.plan, data.epoch(), thr);
+  StageSamples samples(K);
+  std::vector<double> measured;
+  std::vector<ExecutionTrace> traces;
+  for (int r = 0; r < repeats; ++r) {
+    pipe.train(c.plan, data.epoch(), ref);
+    samples.add(ref.trace());
+    pipe.train(c.plan, data.epoch(), thr);
+    measured.push_back(thr.trace().seconds / N);
+    traces.push_back(thr.trace());
+  }
+  c.measured = median(measured);
+  for (const ExecutionTrace& t : traces)
+    if (t.seconds / N == c.measured) c.measured_trace = t;
+  if (c.measured_trace.stages.empty()) c.measured_trace = traces.front();
+  const StalenessAnalysis a = analyze_staleness(c.plan);
+  std::array<index_t, K> params{}, in_w{}, out_w{};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((params[I] = P::template stage<I>::param_count, in_w[I] = P::template stage<I>::in_width,
+      out_w[I] = P::template stage<I>::out_width),
+     ...);
+  }
+  (std::make_index_sequence<K>{});
+  const double rows = static_cast<double>(batch) / M;
+  for (int k = 0; k < K; ++k) {
+    sim::StageCost s;
+    s.forward = median(samples.f[k]);
+    s.backward = median(samples.b[k]);
+    s.step = median(samples.s[k]);
+    s.out_bytes = 4 * rows * out_w[k];
+    s.in_bytes = 4 * rows * in_w[k];
+    s.weight_bytes = 4.0 * params[k];
+    s.state_bytes = 4.0 * sim::adam_state_floats_per_param * params[k];
+    s.activation_bytes = 4.0 * pipe.activation_floats(k) / std::max(1, a.max_in_flight[k]);
+    s.weight_copies = pipe.weight_copies(k);
+    c.model.stages.push_back(s);
+  }
+  c.model.cores = cores;
+  c.model.source = "reference-executor medians, host backend";
+  const sim::SimResult sr = sim::simulate(c.plan, c.model);
+  c.simulated = sr.per_mini_batch;
+  c.simulated_trace = sr.trace;
+  return c;
+}
+
+//! The predictor a validation cell runs each schedule with: 2BW needs its two weight versions;
+//! the others run with the live weights (no prediction pass to time).
+inline std::string validation_predictor(const std::string& schedule) {
+  return schedule == "2bw" ? "2bw" : "latest";
+}
+
+//! Runs one validation cell of the reference MLP at K = 2 or 4.
+inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                            int repeats, int cores) {
+  const std::string predictor = validation_predictor(schedule);
+  return with_predictor(predictor, [&]<class Pr>(std::type_identity<Pr>) {
+    if (K == 2)
+      return run_cell<Pipeline<mlp::K2a, mlp::K2b, Pr, AnyOptimizer>>(schedule, predictor, M, batch,
+                                                                      N, repeats, cores);
+    if (K == 4)
+      return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Pr, AnyOptimizer>>(
+          schedule, predictor, M, batch, N, repeats, cores);
+    throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
+  });
+}
+
+//! The reference MLP's four layers (each with its ReLU; the last with the loss), measured: the
+//! 4-stage split runs GPipe on the reference executor at micro-batches of `small` and `large`
+//! rows, and each stage's median forward and backward are fitted as fixed + rows x per-sample.
+inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
+                                                      int repeats) {
+  using P = Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Latest, AnyOptimizer>;
+  constexpr int K = P::stage_count;
+  std::array<StageSamples, 2> at{StageSamples(K), StageSamples(K)};
+  const std::array<index_t, 2> rows{small, large};
+  for (int i = 0; i < 2; ++i) {
+    P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = rows[i], .micro_batches = 1});
+    const SyntheticData data(rows[i] * N, P::in_width);
+    const Schedule s = gpipe(K, 1, N);
+    ReferenceExecutor ref;
+    pipe.train(s, data.epoch(), ref);
+    for (int r = 0; r < repeats; ++r) {
+      pipe.train(s, data.epoch(), ref);
+      at[i].add(ref.trace());
+    }
+  }
+  std::vector<sim::LayerSpec> layers;
+  auto add = [&]<class S>(std::type_identity<S>, int k, const char* name) {
+    sim::LayerSpec l;
+    l.name = name;
+    l.params = S::param_count;
+    l.in_width = S::in_width;
+    l.out_width = S::out_width;
+    l.activation_floats = static_cast<double>(S::activation_floats(large)) / large;
+    l.forward_flops = 2.0 * S::in_width * S::out_width;
+    l.backward_flops = 4.0 * S::in_width * S::out_width;
+    const double span = static_cast<double>(large - small);
+    const double f0 = median(at[0].f[k]), f1 = median(at[1].f[k]);
+    const double b0 = median(at[0].b[k]), b1 = median(at[1].b[k]);
+    l.forward_per_sample = std::max(0.0, (f1 - f0) / span);
+    l.forward_fixed = std::max(0.0, f0 - small * l.forward_per_sample);
+    l.backward_per_sample = std::max(0.0, (b1 - b0) / span);
+    l.backward_fixed = std::max(0.0, b0 - small * l.backward_per_sample);
+    l.step_seconds = 0.5 * (median(at[0].s[k]) + median(at[1].s[k]));
+    layers.push_back(l);
+  };
+  add(std::type_identity<mlp::A>{}, 0, "linear 784x1024 + relu");
+  add(std::type_identity<mlp::B>{}, 1, "linear 1024x1024 + relu");
+  add(std::type_identity<mlp::C>{}, 2, "linear 1024x1024 + relu");
+  add(std::type_identity<mlp::D>{}, 3, "linear 1024x10 + softmax xent");
+  return layers;
+}
+
+}  // namespace xpipe::tools
