@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -189,6 +190,30 @@ inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t lar
   add(std::type_identity<mlp::C>{}, 2, "linear 1024x1024 + relu");
   add(std::type_identity<mlp::D>{}, 3, "linear 1024x10 + softmax xent");
   return layers;
+}
+
+//! Seconds per training step of the reference MLP trained sequentially at batch b (one thread),
+//! with `replicas` such trainers running side by side on their own threads (what data
+//! parallelism's compute looks like on this machine; the gradient all-reduce is not run here).
+//! The median over replicas of each one's mean step time, after `warmup` steps.
+inline double measure_sequential_step(index_t b, int steps, int replicas, int warmup = 3) {
+  using Model = models::FashionMlp;
+  std::vector<double> per_step(static_cast<std::size_t>(replicas));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < replicas; ++r)
+    threads.emplace_back([&, r] {
+      ScopedFlushDenormals ftz;
+      SequentialTrainer<Model, Adam> t(Adam{.lr = 1e-4f}, b, 1 + r);
+      const SyntheticData data(b, Model::in_width);
+      const HostContext ctx{.threads = 1};
+      const ConstMatrix x{data.x.data(), b, Model::in_width};
+      for (int i = 0; i < warmup; ++i) t.train_step(ctx, x, data.y.data());
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) t.train_step(ctx, x, data.y.data());
+      per_step[static_cast<std::size_t>(r)] = xpipe::detail::seconds_since(t0) / steps;
+    });
+  for (auto& t : threads) t.join();
+  return median(per_step);
 }
 
 }  // namespace xpipe::tools

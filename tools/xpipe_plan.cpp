@@ -569,6 +569,44 @@ int cmd_simulate(const std::string& model_file, const std::string& schedule, int
   return 0;
 }
 
+// ---- check-plan: the planner's step times against runs this machine can make ----------------
+
+int cmd_check_plan(const std::string& model_file, int b, int N, int repeats) {
+  sim::PlanRequest req;
+  req.layers = model_from(read_json(model_file, "--model"), model_file);
+  req.cluster.devices = 2;
+  req.cluster.device = {.name = "one core", .memory_bytes = 1e12};
+  req.efficiency = {{{1, 1}, {1e9, 1}}, "flat (step times only)"};
+  req.dataset_samples = 1;
+  req.batch_per_replica = {b};
+  req.micro_batches = {1, 2, 4};
+  const sim::PlanResult r = sim::make_plans(req);
+  std::printf(
+      "planner step times (from %s, no links: in-process) against measured runs, batch %d "
+      "per replica (%s)\n\n| plan | planner ms | measured ms | error | measured how |\n"
+      "|---|--:|--:|--:|---|\n",
+      model_file.c_str(), b, machine_note().c_str());
+  for (const sim::Plan& p : r.plans) {
+    double measured = 0;
+    std::string how;
+    if (p.pp == 1) {
+      std::vector<double> m;
+      for (int i = 0; i < repeats; ++i) m.push_back(tools::measure_sequential_step(b, N, p.dp));
+      measured = tools::median(m);
+      how = p.dp == 1 ? "SequentialTrainer, 1 thread"
+                      : std::to_string(p.dp) + " SequentialTrainers side by side (no all-reduce)";
+    } else {
+      measured =
+          tools::validation_cell(p.pp, p.schedule, p.micro_batches, b, N, repeats, 2).measured;
+      how = "Pipeline, ThreadedExecutor";
+    }
+    std::printf("| %s | %.3f | %.3f | %+.1f%% | %s |\n", p.label().c_str(), p.step_seconds * 1e3,
+                measured * 1e3, 100 * (p.step_seconds / measured - 1), how.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 std::vector<int> parse_ints(const std::string& flag, const std::string& csv, int lo) {
   std::vector<int> v;
   std::stringstream ss(csv);
@@ -679,6 +717,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9));
   simc->add_option("--out", out, "folder for the trace and timeline");
 
+  auto* check = app.add_subcommand("check-plan", "planner step times vs runs on this machine");
+  std::string c_model;
+  int c_batch = 128, c_n = 24, c_repeats = 3;
+  check->add_option("--model", c_model, "model JSON of the reference MLP (xpipe-plan profile)")
+      ->required();
+  check->add_option("--batch", c_batch, "per-replica batch")->check(CLI::Range(4, 1 << 16));
+  check->add_option("--mini-batches", c_n, "steps per run")->check(CLI::Range(2, 100000));
+  check->add_option("--repeats", c_repeats, "runs (medians)")->check(CLI::Range(1, 100));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -690,6 +737,7 @@ int main(int argc, char** argv) {
       if (const std::string why = tools::prepare_output_dir(out); !why.empty())
         throw UsageError("--out '" + out + "': " + why);
     if (*profile) return cmd_profile(profile_out, repeats);
+    if (*check) return cmd_check_plan(c_model, c_batch, c_n, c_repeats);
     if (*validate)
       return cmd_validate(out, parse_ints("--stages", v_stages, 2),
                           parse_ints("--micro-batches", v_micro, 1), v_schedules, v_n, v_repeats,
