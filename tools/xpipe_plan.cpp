@@ -146,6 +146,7 @@ sim::ClusterSpec cluster_from(const json& j, const std::string& file) {
   c.checkpoint_fixed = number(j, where, "checkpoint_fixed", 0.0);
   c.checkpoint_bandwidth = number(j, where, "checkpoint_bandwidth", 0.0);
   c.restart_seconds = number(j, where, "restart_seconds", 0.0);
+  c.on_demand_price_per_hour = number(j, where, "on_demand_price_per_hour", 0.0);
   return c;
 }
 
@@ -340,8 +341,10 @@ int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
   std::printf(
       "dropped: %d over memory, %d global batches outside E(B)'s range, %d never finish\n\n",
       r.dropped_memory, r.dropped_no_efficiency, r.dropped_revocations);
-  std::printf("%-4s %-34s %7s %9s %7s %8s %10s %10s %9s %s\n", "rank", "plan (dp x pp)", "B",
+  std::printf("%-4s %-34s %7s %9s %7s %8s %10s %10s %9s %8s", "rank", "plan (dp x pp)", "B",
               "step ms", "bubble", "epochs", "time", "expected", "cost", "mem MiB");
+  if (c.transient) std::printf(" %10s %10s %7s", "ckpt cost", "ckpt every", "revoked");
+  std::printf("\n");
   std::string csv =
       "rank,devices,dp,pp,micro_batches,batch_per_replica,schedule,predictor,global_batch,"
       "step_seconds,bubble,allreduce_seconds,epochs,steps,time_to_accuracy,cost,peak_memory_bytes,"
@@ -351,10 +354,14 @@ int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const sim::Plan& p = r.plans[i];
     if (static_cast<int>(i) < top)
-      std::printf("%-4zu %-34s %7.0f %9.3f %6.1f%% %8.2f %10s %10s %9.4f %.1f\n", i + 1,
+      std::printf("%-4zu %-34s %7.0f %9.3f %6.1f%% %8.2f %10s %10s %9.4f %8.1f", i + 1,
                   p.label().c_str(), p.global_batch, p.step_seconds * 1e3, 100 * p.bubble, p.epochs,
                   fmt_time(p.time_to_accuracy).c_str(), fmt_time(p.expected_seconds).c_str(),
                   p.expected_cost, p.peak_memory_bytes / 1048576.0);
+    if (static_cast<int>(i) < top && c.transient)
+      std::printf(" %10s %10s %7.2f", fmt_time(p.checkpoint_seconds).c_str(),
+                  fmt_time(p.checkpoint_interval).c_str(), p.expected_revocations);
+    if (static_cast<int>(i) < top) std::printf("\n");
     char line[512];
     std::snprintf(
         line, sizeof line,
@@ -391,6 +398,19 @@ int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
                          {"mtbf_seconds", p.mtbf_seconds},
                          {"expected_revocations", p.expected_revocations}};
     plans.push_back(pj);
+  }
+  if (c.transient && !r.plans.empty()) {
+    const sim::Plan& p = r.plans.front();
+    std::printf("\ntop plan %s on %d devices: on demand %s", p.label().c_str(), p.devices,
+                fmt_time(p.time_to_accuracy).c_str());
+    if (c.on_demand_price_per_hour > 0)
+      std::printf(" for %.4f", p.devices * c.on_demand_price_per_hour * p.time_to_accuracy / 3600);
+    std::printf(
+        "; transient (%.2f revocations per device-hour, MTBF %s): checkpoint %s every %s "
+        "(Young/Daly), %.2f revocations expected, %s for %.4f\n",
+        c.revocations_per_hour, fmt_time(p.mtbf_seconds).c_str(),
+        fmt_time(p.checkpoint_seconds).c_str(), fmt_time(p.checkpoint_interval).c_str(),
+        p.expected_revocations, fmt_time(p.expected_seconds).c_str(), p.expected_cost);
   }
   // Best plan per device count, pure dp and best hybrid side by side: the hybrid argument.
   std::printf("\nbest per device count (expected time):\n%-8s %-34s %10s | %-34s %10s %s\n",

@@ -70,10 +70,11 @@ struct ClusterSpec {
   LinkCost allreduce_link;    // what each device's gradient ring runs over
   double price_per_hour = 0;  // per device
   bool transient = false;
-  double revocations_per_hour = 0;  // per device
-  double checkpoint_fixed = 0;      // seconds
-  double checkpoint_bandwidth = 0;  // bytes/s to the checkpoint store
-  double restart_seconds = 0;       // to replace a revoked device and reload
+  double revocations_per_hour = 0;      // per device
+  double checkpoint_fixed = 0;          // seconds
+  double checkpoint_bandwidth = 0;      // bytes/s to the checkpoint store
+  double restart_seconds = 0;           // to replace a revoked device and reload
+  double on_demand_price_per_hour = 0;  // transient only: the on-demand price, for comparison
 };
 
 //! A measured accuracy penalty of an asynchronous (schedule, predictor, K): its epochs to the
