@@ -185,6 +185,13 @@ TEST_CASE("Stage threads sharing cores slow down as counted by hand", "[sim]") {
   // Never idle with one core: the makespan is all the work, 2 stages x 2 actions x N M.
   const SimResult a = simulate(async_1f1b(2, 2, 4), m);
   REQUIRE(a.seconds == Approx(2 * 2 * 8));
+  // Half a core (a shared machine): one stage's F + B take 4 instead of 2; with 1.5 cores a
+  // lone action still runs at the speed of one core.
+  CostModel shared = uniform(1, 1, 1);
+  shared.cores = 0.5;
+  REQUIRE(simulate(gpipe(1, 1, 1), shared).seconds == Approx(4));
+  shared.cores = 1.5;
+  REQUIRE(simulate(gpipe(1, 1, 1), shared).seconds == Approx(2));
   // As many cores as stages: as if unshared.
   m.cores = 2;
   REQUIRE(simulate(async_1f1b(2, 2, 4), m).seconds ==

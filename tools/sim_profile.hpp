@@ -1,10 +1,14 @@
 // xpipe-plan's measurements on the host backend: each stage's forward, backward and step timed
-// by the reference executor (one action at a time, so nothing else shares its core), the
+// in the reference executor's order by the CPU time its thread spends (so what else the machine
+// runs does not inflate it), the cores the process gets measured, the
 // built-in MLP's layers fitted as fixed + rows x per-sample, and the validation of the simulator
 // against the threaded executor's measured run of the same Pipeline and schedule.
 #pragma once
 
+#include <time.h>
+
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -28,6 +32,73 @@ struct SyntheticData {
   EpochData epoch() const { return {ConstMatrix{x.data(), rows, width}, y.data()}; }
 };
 
+//! Seconds of CPU the calling thread has used.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+//! The reference executor's order (one action at a time, on the calling thread), timing each
+//! action by the CPU time the thread spent in it rather than wall time: what an action costs,
+//! whatever else the machine runs meanwhile. Trace times are cumulative CPU seconds.
+class CpuTimeExecutor {
+ public:
+  static constexpr const char* name = "cpu-time";
+  template <Program P>
+  void run(P& program) {
+    const Schedule& s = program.schedule();
+    ScopedFlushDenormals ftz;
+    trace_ = ExecutionTrace::sized_for(s);
+    std::vector<std::size_t> next(static_cast<std::size_t>(s.stages), 0);
+    const double t0 = thread_cpu_seconds();
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int k = 0; k < s.stages; ++k)
+        while (next[k] < s.actions[k].size() && program.ready(k, s.actions[k][next[k]])) {
+          const Action& a = s.actions[k][next[k]];
+          const double start = thread_cpu_seconds() - t0;
+          program.execute(k, a);
+          trace_.stages[k][next[k]] = {a, start, thread_cpu_seconds() - t0};
+          ++next[k];
+          progress = true;
+        }
+    }
+    trace_.seconds = thread_cpu_seconds() - t0;
+    for (int k = 0; k < s.stages; ++k)
+      if (next[k] < s.actions[k].size())
+        throw StageError(k, to_string(s.actions[k][next[k]]), "no stage can make progress");
+  }
+  const ExecutionTrace& trace() const { return trace_; }
+
+ private:
+  ExecutionTrace trace_;
+};
+static_assert(Executor<CpuTimeExecutor>);
+
+//! Cores this process's threads get now, measured: `cores` threads spin for `seconds` and the
+//! CPU time they got is summed over the wall time (on a quiet machine about `cores`; less while
+//! other processes compete, as the scheduler shares the machine between process groups).
+inline double measure_available_cores(int cores, double seconds = 0.1) {
+  std::vector<double> share(static_cast<std::size_t>(cores));
+  std::vector<std::thread> spin;
+  for (int i = 0; i < cores; ++i)
+    spin.emplace_back([&share, i, seconds] {
+      const auto w0 = std::chrono::steady_clock::now();
+      const double c0 = thread_cpu_seconds();
+      volatile double sink = 0;
+      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < seconds)
+        for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
+      share[static_cast<std::size_t>(i)] =
+          (thread_cpu_seconds() - c0) /
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    });
+  for (auto& t : spin) t.join();
+  double sum = 0;
+  for (double s : share) sum += std::min(1.0, s);
+  return std::max(sum, 1e-3);
+}
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -42,6 +113,8 @@ struct Cell {
   int stages = 0, micro_batches = 0, mini_batches = 0;
   sim::CostModel model;
   double measured = 0, simulated = 0;  // seconds per mini-batch
+  double simulated_quiet = 0;          // the same, given all `cores` (a quiet machine)
+  double available_cores = 0;          // measured before each threaded run (median)
   Schedule plan;
   ExecutionTrace measured_trace, simulated_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
@@ -76,16 +149,17 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   c.schedule = name, c.predictor = predictor;
   c.stages = K, c.micro_batches = M, c.mini_batches = N;
   c.plan = make_schedule(name, K, M, N);
-  ReferenceExecutor ref;
+  CpuTimeExecutor ref;
   ThreadedExecutor thr;
   pipe.train(c.plan, data.epoch(), ref);
   pipe.train(c.plan, data.epoch(), thr);
   StageSamples samples(K);
-  std::vector<double> measured;
+  std::vector<double> measured, available;
   std::vector<ExecutionTrace> traces;
   for (int r = 0; r < repeats; ++r) {
     pipe.train(c.plan, data.epoch(), ref);
     samples.add(ref.trace());
+    available.push_back(measure_available_cores(cores));
     pipe.train(c.plan, data.epoch(), thr);
     measured.push_back(thr.trace().seconds / N);
     traces.push_back(thr.trace());
@@ -117,7 +191,10 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
     c.model.stages.push_back(s);
   }
   c.model.cores = cores;
-  c.model.source = "reference-executor medians, host backend";
+  c.model.source = "per-action thread CPU time, medians, host backend";
+  c.simulated_quiet = sim::simulate(c.plan, c.model).per_mini_batch;
+  c.available_cores = median(available);
+  c.model.cores = c.available_cores;
   const sim::SimResult sr = sim::simulate(c.plan, c.model);
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;
@@ -146,7 +223,7 @@ inline Cell validation_cell(int K, const std::string& schedule, int M, index_t b
 }
 
 //! The reference MLP's four layers (each with its ReLU; the last with the loss), measured: the
-//! 4-stage split runs GPipe on the reference executor at micro-batches of `small` and `large`
+//! 4-stage split runs GPipe on the CPU-time executor at micro-batches of `small` and `large`
 //! rows, and each stage's median forward and backward are fitted as fixed + rows x per-sample.
 inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
                                                       int repeats) {
@@ -158,7 +235,7 @@ inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t lar
     P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = rows[i], .micro_batches = 1});
     const SyntheticData data(rows[i] * N, P::in_width);
     const Schedule s = gpipe(K, 1, N);
-    ReferenceExecutor ref;
+    CpuTimeExecutor ref;
     pipe.train(s, data.epoch(), ref);
     for (int r = 0; r < repeats; ++r) {
       pipe.train(s, data.epoch(), ref);

@@ -249,28 +249,35 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
                  int cores) {
   std::printf(
       "validation: simulated vs measured seconds per mini-batch, reference MLP, batch 128, "
-      "%d mini-batches, median of %d; simulator told %d cores (%s)\n\n",
+      "%d mini-batches, median of %d; simulator told the cores available, "
+      "measured before each run, of %d (%s)\n\n",
       N, repeats, cores, machine_note().c_str());
   std::printf(
-      "| K | schedule | M | measured ms | simulated ms | error |\n|--:|---|--:|--:|--:|--:|\n");
+      "| K | schedule | M | measured ms | simulated ms | error | cores available | "
+      "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
   json cells = json::array();
-  std::string csv = "stages,schedule,predictor,micro_batches,measured_ms,simulated_ms,error\n";
+  std::string csv =
+      "stages,schedule,predictor,micro_batches,measured_ms,simulated_ms,error,available_cores,"
+      "simulated_quiet_ms,error_quiet\n";
   double worst = 0;
   for (int K : Ks)
     for (const std::string& s : schedules)
       for (int M : Ms) {
         if (s == "2bw" && M < K) {
-          std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | |\n", K, s.c_str(), M);
+          std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | |\n", K, s.c_str(), M);
           continue;
         }
         const tools::Cell c = tools::validation_cell(K, s, M, 128, N, repeats, cores);
         worst = std::max(worst, std::abs(c.error()));
-        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% |\n", K, s.c_str(), M, c.measured * 1e3,
-                    c.simulated * 1e3, 100 * c.error());
+        const double quiet_error = c.simulated_quiet / c.measured - 1;
+        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %.2f | %.3f | %+.1f%% |\n", K,
+                    s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(),
+                    c.available_cores, c.simulated_quiet * 1e3, 100 * quiet_error);
         std::fflush(stdout);
-        char line[256];
-        std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f\n", K, s.c_str(),
-                      c.predictor.c_str(), M, c.measured * 1e3, c.simulated * 1e3, c.error());
+        char line[320];
+        std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.6f\n", K,
+                      s.c_str(), c.predictor.c_str(), M, c.measured * 1e3, c.simulated * 1e3,
+                      c.error(), c.available_cores, c.simulated_quiet * 1e3, quiet_error);
         csv += line;
         json cell{{"stages", K},
                   {"schedule", s},
@@ -278,7 +285,9 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
                   {"micro_batches", M},
                   {"measured_ms", c.measured * 1e3},
                   {"simulated_ms", c.simulated * 1e3},
-                  {"error", c.error()}};
+                  {"error", c.error()},
+                  {"available_cores", c.available_cores},
+                  {"simulated_quiet_ms", c.simulated_quiet * 1e3}};
         for (const auto& st : c.model.stages)
           cell["stage_costs_ms"].push_back({{"forward", st.forward * 1e3},
                                             {"backward", st.backward * 1e3},

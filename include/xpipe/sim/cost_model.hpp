@@ -34,15 +34,16 @@ struct LinkCost {
   double seconds(double bytes) const { return latency + (bandwidth > 0 ? bytes / bandwidth : 0.0); }
 };
 
-//! The whole pipeline's costs. `cores`: compute units the stage threads share (0: one each);
-//! when more actions run than there are cores, each runs at cores / running of its speed
-//! (processor sharing: what a fair OS scheduler gives busy threads). Usage:
+//! The whole pipeline's costs. `cores`: compute units the stage threads share (0: one each;
+//! fractional on a shared machine, where the stage threads get only part of it); when more
+//! actions run than there are cores, each runs at cores / running of its speed (processor
+//! sharing: what a fair OS scheduler gives busy threads). Usage:
 //! `CostModel m; m.stages = {{.forward = 1e-3, .backward = 2e-3}}; m.cores = 2;`
 struct CostModel {
   std::vector<StageCost> stages;
   std::vector<LinkCost> links;  // one per boundary b (stage b to b + 1); empty: `link` for all
   LinkCost link;
-  int cores = 0;
+  double cores = 0;
   std::string source = "unspecified";  // where the numbers come from, for reports
 
   int stage_count() const { return static_cast<int>(stages.size()); }
@@ -103,7 +104,7 @@ struct CostModel {
       throw ConfigError("xpipe: cost model: links must have one entry per stage boundary (" +
                         std::to_string(stages.size() - 1) + "), got " +
                         std::to_string(links.size()));
-    if (cores < 0) throw ConfigError("xpipe: cost model: cores must be >= 0");
+    if (bad(cores)) throw ConfigError("xpipe: cost model: cores must be a finite number >= 0");
   }
 };
 
