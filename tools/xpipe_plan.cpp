@@ -132,7 +132,7 @@ sim::ClusterSpec cluster_from(const json& j, const std::string& file) {
   c.device.memory_bandwidth = number(d, dw, "memory_bandwidth", 0.0);
   c.device.memory_bytes = number(d, dw, "memory_bytes", std::nullopt, 1);
   c.device.efficiency = number(d, dw, "efficiency", 1.0);
-  c.cores_per_device = static_cast<int>(number(j, where, "cores_per_device", 0.0));
+  c.cores_per_replica = number(j, where, "cores_per_replica", 0.0);
   if (j.contains("pipeline_link"))
     c.pipeline_link = link_from(j["pipeline_link"], where + ".pipeline_link");
   if (j.contains("allreduce_link"))
@@ -223,12 +223,15 @@ std::string machine_note() {
 // ---- profile ------------------------------------------------------------------------------------
 
 int cmd_profile(const fs::path& out, int repeats) {
-  std::printf("profiling the reference MLP's layers (reference executor, host backend; %s)\n",
-              machine_note().c_str());
+  std::printf(
+      "profiling the reference MLP's layers (thread CPU time per action, reference order, host "
+      "backend; %s)\n",
+      machine_note().c_str());
   const auto layers = tools::profile_mlp_layers(16, 128, 8, repeats);
   json j;
   j["name"] = "mlp 784-1024-1024-1024-10";
-  j["measured_on"] = "host backend, one thread per stage; " + machine_note();
+  j["measured_on"] =
+      "host backend, one thread per stage, thread CPU time per action; " + machine_note();
   for (const auto& l : layers) {
     j["layers"].push_back(to_json(l));
     std::printf("  %-30s F %.1f + %.3f/sample us   B %.1f + %.3f/sample us   S %.1f us\n",
@@ -609,29 +612,46 @@ int cmd_check_plan(const std::string& model_file, int b, int N, int repeats) {
   req.dataset_samples = 1;
   req.batch_per_replica = {b};
   req.micro_batches = {1, 2, 4};
-  const sim::PlanResult r = sim::make_plans(req);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
   std::printf(
-      "planner step times (from %s, no links: in-process) against measured runs, batch %d "
-      "per replica (%s)\n\n| plan | planner ms | measured ms | error | measured how |\n"
-      "|---|--:|--:|--:|---|\n",
+      "planner step times (from %s; in-process, no all-reduce) against runs on this machine, "
+      "batch %d per replica (%s). 'planner' is given the cores measured free before the run, "
+      "'quiet' a core per device.\n\n| plan | planner ms | measured ms | error | cores free | "
+      "quiet ms | measured how |\n|---|--:|--:|--:|--:|--:|---|\n",
       model_file.c_str(), b, machine_note().c_str());
-  for (const sim::Plan& p : r.plans) {
-    double measured = 0;
-    std::string how;
-    if (p.pp == 1) {
-      std::vector<double> m;
-      for (int i = 0; i < repeats; ++i) m.push_back(tools::measure_sequential_step(b, N, p.dp));
+  for (const auto& [dp, pp] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}}) {
+    req.device_counts = {dp * pp};
+    req.cluster.cores_per_replica = 0;
+    const sim::PlanResult quiet = sim::make_plans(req);
+    for (const sim::Plan& q : quiet.plans) {
+      if (q.dp != dp || q.pp != pp) continue;
+      double measured = 0;
+      std::string how;
+      std::vector<double> m, free;
+      for (int i = 0; i < repeats; ++i) {
+        free.push_back(tools::measure_available_cores(cores));
+        if (pp == 1) {
+          m.push_back(tools::measure_sequential_step(b, N, dp));
+        } else {
+          m.push_back(
+              tools::validation_cell(pp, q.schedule, q.micro_batches, b, N, 1, cores).measured);
+        }
+      }
       measured = tools::median(m);
-      how = p.dp == 1 ? "SequentialTrainer, 1 thread"
-                      : std::to_string(p.dp) + " SequentialTrainers side by side (no all-reduce)";
-    } else {
-      measured =
-          tools::validation_cell(p.pp, p.schedule, p.micro_batches, b, N, repeats, 2).measured;
-      how = "Pipeline, ThreadedExecutor";
+      how = pp > 1    ? "Pipeline, ThreadedExecutor"
+            : dp == 1 ? "SequentialTrainer, 1 thread"
+                      : std::to_string(dp) + " SequentialTrainers side by side";
+      // The same plan, its replicas sharing the cores this process was measured to get.
+      const double avail = tools::median(free);
+      req.cluster.cores_per_replica = avail / dp;
+      double predicted = 0;
+      for (const sim::Plan& p : sim::make_plans(req).plans)
+        if (p.label() == q.label()) predicted = p.step_seconds;
+      std::printf("| %s | %.3f | %.3f | %+.1f%% | %.2f | %.3f | %s |\n", q.label().c_str(),
+                  predicted * 1e3, measured * 1e3, 100 * (predicted / measured - 1), avail,
+                  q.step_seconds * 1e3, how.c_str());
+      std::fflush(stdout);
     }
-    std::printf("| %s | %.3f | %.3f | %+.1f%% | %s |\n", p.label().c_str(), p.step_seconds * 1e3,
-                measured * 1e3, 100 * (p.step_seconds / measured - 1), how.c_str());
-    std::fflush(stdout);
   }
   return 0;
 }

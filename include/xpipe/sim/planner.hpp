@@ -65,10 +65,10 @@ struct ClusterSpec {
   std::string name = "cluster";
   int devices = 1;
   DeviceSpec device;
-  int cores_per_device = 0;   // 0: one stage per device has it to itself
-  LinkCost pipeline_link;     // between the devices of neighbouring stages
-  LinkCost allreduce_link;    // what each device's gradient ring runs over
-  double price_per_hour = 0;  // per device
+  double cores_per_replica = 0;  // cores one replica's stages share; 0: a device each
+  LinkCost pipeline_link;        // between the devices of neighbouring stages
+  LinkCost allreduce_link;       // what each device's gradient ring runs over
+  double price_per_hour = 0;     // per device
   bool transient = false;
   double revocations_per_hour = 0;      // per device
   double checkpoint_fixed = 0;          // seconds
@@ -299,7 +299,7 @@ inline PlanResult make_plans(PlanRequest r) {
             }
             const StalenessAnalysis a = analyze_staleness(s2);
             CostModel m;
-            m.cores = c.cores_per_device;
+            m.cores = c.cores_per_replica;
             m.link = c.pipeline_link;
             m.source = "plan";
             for (int k = 0; k < pp; ++k) {
@@ -317,9 +317,12 @@ inline PlanResult make_plans(PlanRequest r) {
             p.step_seconds = (r2.seconds - r1.seconds) / (r.simulated_mini_batches - 2);
             p.peak_memory_bytes =
                 *std::max_element(r2.peak_memory_bytes.begin(), r2.peak_memory_bytes.end());
+            // Idle share of a steady-state step: the busy time the extra mini-batches added.
             double idle = 0;
-            for (int k = 0; k < pp; ++k) idle += r2.bubble_fraction(k);
-            p.bubble = idle / pp;
+            for (int k = 0; k < pp; ++k)
+              idle += 1 - (r2.busy[k] - r1.busy[k]) / (r.simulated_mini_batches - 2) /
+                              std::max(p.step_seconds, 1e-300);
+            p.bubble = std::max(0.0, idle / pp);
             out.smallest_memory_needed = std::min(out.smallest_memory_needed, p.peak_memory_bytes);
             if (p.peak_memory_bytes > c.device.memory_bytes) {
               ++out.dropped_memory;
