@@ -114,7 +114,7 @@ struct Cell {
   sim::CostModel model;
   double measured = 0, simulated = 0;  // seconds per mini-batch
   double simulated_quiet = 0;          // the same, given all `cores` (a quiet machine)
-  double available_cores = 0;          // measured before each threaded run (median)
+  double available_cores = 0;          // measured around each threaded run (median)
   Schedule plan;
   ExecutionTrace measured_trace, simulated_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
@@ -159,8 +159,9 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   for (int r = 0; r < repeats; ++r) {
     pipe.train(c.plan, data.epoch(), ref);
     samples.add(ref.trace());
-    available.push_back(measure_available_cores(cores));
+    const double before = measure_available_cores(cores);
     pipe.train(c.plan, data.epoch(), thr);
+    available.push_back(0.5 * (before + measure_available_cores(cores)));
     measured.push_back(thr.trace().seconds / N);
     traces.push_back(thr.trace());
   }

@@ -253,7 +253,7 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
   std::printf(
       "validation: simulated vs measured seconds per mini-batch, reference MLP, batch 128, "
       "%d mini-batches, median of %d; simulator told the cores available, "
-      "measured before each run, of %d (%s)\n\n",
+      "measured before and after each run, of %d (%s)\n\n",
       N, repeats, cores, machine_note().c_str());
   std::printf(
       "| K | schedule | M | measured ms | simulated ms | error | cores available | "
@@ -615,7 +615,8 @@ int cmd_check_plan(const std::string& model_file, int b, int N, int repeats) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   std::printf(
       "planner step times (from %s; in-process, no all-reduce) against runs on this machine, "
-      "batch %d per replica (%s). 'planner' is given the cores measured free before the run, "
+      "batch %d per replica (%s). 'planner' is given the cores measured free before and after the "
+      "run, "
       "'quiet' a core per device.\n\n| plan | planner ms | measured ms | error | cores free | "
       "quiet ms | measured how |\n|---|--:|--:|--:|--:|--:|---|\n",
       model_file.c_str(), b, machine_note().c_str());
@@ -629,13 +630,14 @@ int cmd_check_plan(const std::string& model_file, int b, int N, int repeats) {
       std::string how;
       std::vector<double> m, free;
       for (int i = 0; i < repeats; ++i) {
-        free.push_back(tools::measure_available_cores(cores));
+        const double before = tools::measure_available_cores(cores);
         if (pp == 1) {
           m.push_back(tools::measure_sequential_step(b, N, dp));
         } else {
           m.push_back(
               tools::validation_cell(pp, q.schedule, q.micro_batches, b, N, 1, cores).measured);
         }
+        free.push_back(0.5 * (before + tools::measure_available_cores(cores)));
       }
       measured = tools::median(m);
       how = pp > 1    ? "Pipeline, ThreadedExecutor"
