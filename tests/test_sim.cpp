@@ -309,3 +309,45 @@ TEST_CASE("Planner on an analytic one-layer model, checked by hand", "[sim][plan
   r.efficiency.points.clear();
   REQUIRE_THROWS_WITH(make_plans(r), Contains("efficiency curve: points is empty"));
 }
+
+TEST_CASE("Planner ranks by time, keeps only fitting plans, and its Pareto front is undominated",
+          "[sim][plan]") {
+  PlanRequest r;
+  // Three analytic layers; a device that holds two of them with Adam state (16 bytes
+  // a parameter, plus activations), so pp = 1 cannot fit and is dropped.
+  for (int i = 0; i < 3; ++i)
+    r.layers.push_back(LayerSpec{.name = "l",
+                                 .params = 1e6,
+                                 .in_width = 100,
+                                 .out_width = 100,
+                                 .activation_floats = 100,
+                                 .forward_flops = 2e8,
+                                 .backward_flops = 4e8});
+  r.cluster.devices = 8;
+  r.cluster.device = {
+      .name = "d", .peak_flops = 1e12, .memory_bandwidth = 1e11, .memory_bytes = 4e7};
+  r.cluster.allreduce_link = {.latency = 1e-5, .bandwidth = 1e9};
+  r.cluster.price_per_hour = 1;
+  r.efficiency = {{{32, 1}, {4096, 8}}, "t"};
+  r.dataset_samples = 1e5;
+  r.batch_per_replica = {32, 128};
+  const PlanResult out = make_plans(r);
+  REQUIRE(out.dropped_memory > 0);
+  for (std::size_t i = 0; i < out.plans.size(); ++i) {
+    const Plan& p = out.plans[i];
+    REQUIRE(p.pp >= 2);  // one stage of three layers needs 3 x 16 MB > 40 MB
+    REQUIRE(p.peak_memory_bytes <= r.cluster.device.memory_bytes);
+    REQUIRE(p.dp * p.pp == p.devices);
+    REQUIRE(p.global_batch == p.dp * p.batch_per_replica);
+    if (i > 0) REQUIRE(out.plans[i - 1].expected_seconds <= p.expected_seconds);
+  }
+  const auto front = pareto_front(out.plans);
+  REQUIRE(!front.empty());
+  for (const Plan& f : front)
+    for (const Plan& p : out.plans) {
+      const bool dominates =
+          (p.expected_seconds < f.expected_seconds && p.expected_cost <= f.expected_cost) ||
+          (p.expected_seconds <= f.expected_seconds && p.expected_cost < f.expected_cost);
+      REQUIRE_FALSE(dominates);
+    }
+}
