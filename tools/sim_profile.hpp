@@ -141,7 +141,7 @@ struct StageSamples {
 //! kind, the measurement the median of the threaded runs' seconds per mini-batch.
 template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
-              int repeats, int cores) {
+              int repeats, int cores, double hop = 0) {
   constexpr int K = P::stage_count;
   P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M});
   const SyntheticData data(batch * N, P::in_width);
@@ -192,6 +192,7 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
     c.model.stages.push_back(s);
   }
   c.model.cores = cores;
+  c.model.link.latency = hop;  // the copies into and out of the ring are inside F and B
   c.model.source = "per-action thread CPU time, medians, host backend";
   c.simulated_quiet = sim::simulate(c.plan, c.model).per_mini_batch;
   c.available_cores = median(available);
@@ -210,15 +211,15 @@ inline std::string validation_predictor(const std::string& schedule) {
 
 //! Runs one validation cell of the reference MLP at K = 2 or 4.
 inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
-                            int repeats, int cores) {
+                            int repeats, int cores, double hop = 0) {
   const std::string predictor = validation_predictor(schedule);
   return with_predictor(predictor, [&]<class Pr>(std::type_identity<Pr>) {
     if (K == 2)
       return run_cell<Pipeline<mlp::K2a, mlp::K2b, Pr, AnyOptimizer>>(schedule, predictor, M, batch,
-                                                                      N, repeats, cores);
+                                                                      N, repeats, cores, hop);
     if (K == 4)
       return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Pr, AnyOptimizer>>(
-          schedule, predictor, M, batch, N, repeats, cores);
+          schedule, predictor, M, batch, N, repeats, cores, hop);
     throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
   });
 }
@@ -292,6 +293,58 @@ inline double measure_sequential_step(index_t b, int steps, int replicas, int wa
     });
   for (auto& t : threads) t.join();
   return median(per_step);
+}
+
+//! The in-process ring (SpscRing, the default link) per message: `latency` is half the round
+//! trip of a one-float message between two threads (the waits yield, as the executor's do, so
+//! on a shared core this is a reschedule); `bandwidth` is what a message of `floats` floats
+//! costs to copy into a slot and out of it again (as the stage programs do). Medians of
+//! `repeats` rounds.
+inline sim::LinkCost measure_ring(int repeats, index_t floats = 1 << 16, int messages = 200) {
+  auto wait = [](auto ready) {
+    for (int spins = 0; !ready(); ++spins)
+      if (spins > 64) std::this_thread::yield();
+  };
+  std::vector<double> hop, per_message;
+  for (int r = 0; r < repeats; ++r) {
+    {  // ping-pong of one float
+      SpscRing<> there(1, 1, 1), back(1, 1, 1);
+      std::thread echo([&] {
+        for (int i = 0; i < messages; ++i) {
+          wait([&] { return there.can_pop(); });
+          there.pop();
+          wait([&] { return back.can_push(); });
+          back.push();
+        }
+      });
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < messages; ++i) {
+        wait([&] { return there.can_push(); });
+        there.push();
+        wait([&] { return back.can_pop(); });
+        back.pop();
+      }
+      hop.push_back(xpipe::detail::seconds_since(t0) / (2.0 * messages));
+      echo.join();
+    }
+    {  // a large message copied into a slot and out of it again (one thread: no waiting)
+      SpscRing<> ring(1, 1, floats);
+      std::vector<float> src(static_cast<std::size_t>(floats), 1.f),
+          dst(static_cast<std::size_t>(floats));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < messages; ++i) {
+        std::copy_n(src.data(), floats, ring.back().data.data);
+        ring.push();
+        std::copy_n(ring.front().data.data, floats, dst.data());
+        ring.pop();
+      }
+      per_message.push_back(xpipe::detail::seconds_since(t0) / messages);
+    }
+  }
+  sim::LinkCost l;
+  l.latency = median(hop);
+  l.bandwidth = 4.0 * floats / std::max(median(per_message), 1e-12);
+  return l;
 }
 
 }  // namespace xpipe::tools

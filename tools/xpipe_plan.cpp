@@ -238,6 +238,15 @@ int cmd_profile(const fs::path& out, int repeats) {
                 l.name.c_str(), l.forward_fixed * 1e6, l.forward_per_sample * 1e6,
                 l.backward_fixed * 1e6, l.backward_per_sample * 1e6, l.step_seconds * 1e6);
   }
+  const sim::LinkCost ring = tools::measure_ring(repeats);
+  j["in_process_link"] = {{"latency", ring.latency},
+                          {"bandwidth", ring.bandwidth},
+                          {"note",
+                           "SpscRing between two threads: latency half a one-float round "
+                           "trip, bandwidth of a 256 KiB message copied in and out; "
+                           "inside a Pipeline the copies are part of F and B"}};
+  std::printf("  in-process ring: %.2f us + bytes / %.2f GB/s\n", ring.latency * 1e6,
+              ring.bandwidth / 1e9);
   if (out.has_parent_path() && !out.parent_path().empty())
     fs::create_directories(out.parent_path());
   tools::write_file_atomically(out, j.dump(2) + "\n");
@@ -258,6 +267,9 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
   std::printf(
       "| K | schedule | M | measured ms | simulated ms | error | cores available | "
       "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
+  const sim::LinkCost ring = tools::measure_ring(3);
+  std::printf("in-process ring hop (the simulator's link latency): %.2f us\n\n",
+              ring.latency * 1e6);
   json cells = json::array();
   std::string csv =
       "stages,schedule,predictor,micro_batches,measured_ms,simulated_ms,error,available_cores,"
@@ -270,7 +282,7 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
           std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | |\n", K, s.c_str(), M);
           continue;
         }
-        const tools::Cell c = tools::validation_cell(K, s, M, 128, N, repeats, cores);
+        const tools::Cell c = tools::validation_cell(K, s, M, 128, N, repeats, cores, ring.latency);
         worst = std::max(worst, std::abs(c.error()));
         const double quiet_error = c.simulated_quiet / c.measured - 1;
         std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %.2f | %.3f | %+.1f%% |\n", K,
