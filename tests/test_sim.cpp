@@ -192,6 +192,13 @@ TEST_CASE("Stage threads sharing cores slow down as counted by hand", "[sim]") {
   REQUIRE(simulate(gpipe(1, 1, 1), shared).seconds == Approx(4));
   shared.cores = 1.5;
   REQUIRE(simulate(gpipe(1, 1, 1), shared).seconds == Approx(2));
+  // Measured sharing: one action alone gets 0.5 of a core, two together 0.6 (0.3 each).
+  // GPipe K = 2, M = 2, F = B = 1: F0@0 alone at 0.5 [0,2]; F1@0 and F0@1 at 0.3 [2,5.33];
+  // F1@1 alone [5.33,7.33]; B0@1 [7.33,9.33]; B1@1 and B0@0 together [9.33,12.67]; B1@0 alone
+  // [12.67,14.67].
+  CostModel measured = uniform(2, 1, 1);
+  measured.cores_with = {0.5, 0.6};
+  REQUIRE(simulate(gpipe(2, 2, 1), measured).seconds == Approx(2 + 1 / 0.3 + 2 + 2 + 1 / 0.3 + 2));
   // As many cores as stages: as if unshared.
   m.cores = 2;
   REQUIRE(simulate(async_1f1b(2, 2, 4), m).seconds ==

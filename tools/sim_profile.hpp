@@ -114,7 +114,7 @@ struct Cell {
   sim::CostModel model;
   double measured = 0, simulated = 0;  // seconds per mini-batch
   double simulated_quiet = 0;          // the same, given all `cores` (a quiet machine)
-  double available_cores = 0;          // measured around each threaded run (median)
+  double available_cores = 0;          // what `cores` busy threads got around each run (median)
   Schedule plan;
   ExecutionTrace measured_trace, simulated_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
@@ -154,14 +154,22 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   pipe.train(c.plan, data.epoch(), ref);
   pipe.train(c.plan, data.epoch(), thr);
   StageSamples samples(K);
-  std::vector<double> measured, available;
+  std::vector<double> measured;
+  std::vector<std::vector<double>> with(static_cast<std::size_t>(K));  // [n - 1]: samples
   std::vector<ExecutionTrace> traces;
+  auto sample_cores = [&] {
+    std::vector<double> v;
+    for (int n = 1; n <= K; ++n) v.push_back(measure_available_cores(n, 0.05));
+    return v;
+  };
   for (int r = 0; r < repeats; ++r) {
     pipe.train(c.plan, data.epoch(), ref);
     samples.add(ref.trace());
-    const double before = measure_available_cores(cores);
+    const std::vector<double> before = sample_cores();
     pipe.train(c.plan, data.epoch(), thr);
-    available.push_back(0.5 * (before + measure_available_cores(cores)));
+    const std::vector<double> after = sample_cores();
+    for (int n = 0; n < K; ++n)
+      with[static_cast<std::size_t>(n)].push_back(0.5 * (before[n] + after[n]));
     measured.push_back(thr.trace().seconds / N);
     traces.push_back(thr.trace());
   }
@@ -195,8 +203,8 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   c.model.link.latency = hop;  // the copies into and out of the ring are inside F and B
   c.model.source = "per-action thread CPU time, medians, host backend";
   c.simulated_quiet = sim::simulate(c.plan, c.model).per_mini_batch;
-  c.available_cores = median(available);
-  c.model.cores = c.available_cores;
+  for (const auto& w : with) c.model.cores_with.push_back(median(w));
+  c.available_cores = c.model.cores_with[std::min(K, cores) - 1];
   const sim::SimResult sr = sim::simulate(c.plan, c.model);
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;

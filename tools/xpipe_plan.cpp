@@ -261,11 +261,12 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
                  int cores) {
   std::printf(
       "validation: simulated vs measured seconds per mini-batch, reference MLP, batch 128, "
-      "%d mini-batches, median of %d; simulator told the cores available, "
-      "measured before and after each run, of %d (%s)\n\n",
+      "%d mini-batches, median of %d; the simulator is told the compute that 1..K busy threads of "
+      "this process get, measured before and after each run ('cores free' column, for 1/2/../K "
+      "threads); 'quiet' assumes %d whole cores (%s)\n\n",
       N, repeats, cores, machine_note().c_str());
   std::printf(
-      "| K | schedule | M | measured ms | simulated ms | error | cores available | "
+      "| K | schedule | M | measured ms | simulated ms | error | cores free | "
       "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
   const sim::LinkCost ring = tools::measure_ring(3);
   std::printf("in-process ring hop (the simulator's link latency): %.2f us\n\n",
@@ -284,10 +285,16 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
         }
         const tools::Cell c = tools::validation_cell(K, s, M, 128, N, repeats, cores, ring.latency);
         worst = std::max(worst, std::abs(c.error()));
+        std::string free;
+        for (double w : c.model.cores_with) {
+          char b[16];
+          std::snprintf(b, sizeof b, "%s%.2f", free.empty() ? "" : "/", w);
+          free += b;
+        }
         const double quiet_error = c.simulated_quiet / c.measured - 1;
-        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %.2f | %.3f | %+.1f%% |\n", K,
+        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% |\n", K,
                     s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(),
-                    c.available_cores, c.simulated_quiet * 1e3, 100 * quiet_error);
+                    free.c_str(), c.simulated_quiet * 1e3, 100 * quiet_error);
         std::fflush(stdout);
         char line[320];
         std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.6f\n", K,
@@ -302,6 +309,7 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
                   {"simulated_ms", c.simulated * 1e3},
                   {"error", c.error()},
                   {"available_cores", c.available_cores},
+                  {"cores_with", c.model.cores_with},
                   {"simulated_quiet_ms", c.simulated_quiet * 1e3}};
         for (const auto& st : c.model.stages)
           cell["stage_costs_ms"].push_back({{"forward", st.forward * 1e3},

@@ -37,18 +37,34 @@ struct LinkCost {
 //! The whole pipeline's costs. `cores`: compute units the stage threads share (0: one each;
 //! fractional on a shared machine, where the stage threads get only part of it); when more
 //! actions run than there are cores, each runs at cores / running of its speed (processor
-//! sharing: what a fair OS scheduler gives busy threads). Usage:
+//! sharing: what a fair OS scheduler gives busy threads). On a shared machine what n busy
+//! threads get need not be n / running of a fixed number: `cores_with[n - 1]`, where given,
+//! is the compute n running actions get together (measured), the last entry for larger n.
+//! Usage:
 //! `CostModel m; m.stages = {{.forward = 1e-3, .backward = 2e-3}}; m.cores = 2;`
 struct CostModel {
   std::vector<StageCost> stages;
   std::vector<LinkCost> links;  // one per boundary b (stage b to b + 1); empty: `link` for all
   LinkCost link;
   double cores = 0;
+  std::vector<double> cores_with;
   std::string source = "unspecified";  // where the numbers come from, for reports
 
   int stage_count() const { return static_cast<int>(stages.size()); }
   const LinkCost& link_at(int boundary) const {
     return links.empty() ? link : links.at(static_cast<std::size_t>(boundary));
+  }
+  //! The speed (1 = a whole core) of each of n actions running at once.
+  double speed(int n) const {
+    if (n <= 0) return 1.0;
+    if (!cores_with.empty()) {
+      const std::size_t i = std::min(static_cast<std::size_t>(n), cores_with.size()) - 1;
+      const double total = static_cast<std::size_t>(n) <= cores_with.size()
+                               ? cores_with[i]
+                               : cores_with.back();  // no more compute for more threads
+      return std::min(1.0, total / n);
+    }
+    return cores > 0 ? std::min(1.0, cores / n) : 1.0;
   }
   //! Seconds stage k's action `a` computes for (transfers aside).
   double seconds(int k, const Action& a) const {
@@ -105,6 +121,9 @@ struct CostModel {
                         std::to_string(stages.size() - 1) + "), got " +
                         std::to_string(links.size()));
     if (bad(cores)) throw ConfigError("xpipe: cost model: cores must be a finite number >= 0");
+    for (double c : cores_with)
+      if (bad(c) || c <= 0)
+        throw ConfigError("xpipe: cost model: cores_with entries must be finite numbers > 0");
   }
 };
 

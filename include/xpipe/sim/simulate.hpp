@@ -143,7 +143,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       continue;
     }
     // Processor sharing: with more actions running than cores, each gets cores / n.
-    const double rate = cost.cores > 0 ? std::min(1.0, cost.cores / n) : 1.0;
+    const double rate = cost.speed(n);
     double finish = std::numeric_limits<double>::infinity();
     for (int k = 0; k < K; ++k)
       if (running[k]) finish = std::min(finish, now + remaining[k] / rate);
