@@ -268,6 +268,10 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
   std::printf(
       "| K | schedule | M | measured ms | simulated ms | error | cores free | "
       "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
+  for (int K : Ks)
+    if (K != 2 && K != 4)
+      throw UsageError("--stages: " + std::to_string(K) +
+                       ": the reference MLP is compiled over 2 and 4 stages only");
   const sim::LinkCost ring = tools::measure_ring(3);
   std::printf("in-process ring hop (the simulator's link latency): %.2f us\n\n",
               ring.latency * 1e6);
@@ -719,7 +723,8 @@ int main(int argc, char** argv) {
   double max_error = 0;
   validate->add_option("--stages", v_stages, "K values (2 and/or 4)");
   validate->add_option("--micro-batches,-M", v_micro, "M values");
-  validate->add_option("--schedules", v_schedules, "schedules")
+  validate->add_option("--schedules", v_schedules, "schedules (comma-separated)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"gpipe", "1f1b-flush", "async-1f1b", "2bw"}));
   validate->add_option("--mini-batches", v_n, "mini-batches per run")->check(CLI::Range(2, 100000));
   validate->add_option("--repeats", v_repeats, "runs per cell (medians)")
