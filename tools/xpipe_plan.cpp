@@ -59,7 +59,7 @@ double number(const json& obj, const std::string& where, const char* key,
   }
   const json& v = obj.at(key);
   if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo)
-    throw UsageError(where + "." + key + ": must be a finite number >= " + std::to_string(lo) +
+    throw UsageError(where + "." + key + ": must be a finite number >= " + json(lo).dump() +
                      " (got " + v.dump() + ")");
   return v.get<double>();
 }
