@@ -61,6 +61,9 @@
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/exec/reference.hpp"
 #include "xpipe/exec/threaded.hpp"
+#include "xpipe/sim/cost_model.hpp"
+#include "xpipe/sim/planner.hpp"
+#include "xpipe/sim/simulate.hpp"
 #include "xpipe/trace/chrome_trace.hpp"
 #include "xpipe/trace/svg_timeline.hpp"
 
