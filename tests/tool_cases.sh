@@ -77,6 +77,76 @@ stop_study_after_first_run() {
   [ -s out/timeline-gpipe_latest_adam.svg ] || fail "the first run's timeline is missing"
 }
 
+# sweep_check <folder> <epochs>: recomputes every configuration of sweep.csv from the per-run
+# rows of sweep-runs.csv by an independent route (awk: mean, sample sd, the gap paired by seed
+# with the GPipe run of the same K, M and optimizer) and prints each mismatch; nothing when all
+# agree. Columns are found by their header names.
+sweep_check() {
+  awk -F, -v epochs="$2" '
+    function near(a, b) {
+      return (a == "" && b == "") || (a != "" && b != "" && (a - b) ^ 2 <= (1e-5 * (1 + (a < 0 ? -a : a))) ^ 2)
+    }
+    function sd(sum, sq, n) { return n < 2 ? "" : sqrt((sq - sum * sum / n) / (n - 1)) }
+    FNR == 1 { delete col; for (i = 1; i <= NF; ++i) col[$i] = i; file++; next }
+    file == 1 {  # sweep-runs.csv
+      key = $col["stages"] SUBSEP $col["micro_batches"] SUBSEP $col["optimizer"]
+      cfg = key SUBSEP $col["schedule"] SUBSEP $col["predictor"]
+      runs[cfg]++
+      status[cfg, $col["status"]]++
+      if ($col["status"] != "ok") next
+      seeds[cfg] = seeds[cfg] " " $col["seed"]
+      for (e = 1; e <= epochs; ++e) acc[cfg, $col["seed"], e] = $col["test_accuracy_pct_e" e]
+      if ($col["schedule"] == "gpipe") base[key] = cfg
+      next
+    }
+    {  # sweep.csv: a row per configuration
+      key = $col["stages"] SUBSEP $col["micro_batches"] SUBSEP $col["optimizer"]
+      cfg = key SUBSEP $col["schedule"] SUBSEP $col["predictor"]
+      what = $col["schedule"] "+" $col["predictor"] " K" $col["stages"] " M" $col["micro_batches"]
+      rows++
+      if ($col["runs"] != runs[cfg]) print what ": runs " $col["runs"] ", expected " runs[cfg]
+      if ($col["ok"] != status[cfg, "ok"] + 0) print what ": ok " $col["ok"]
+      if ($col["not_run"] != status[cfg, "not-run"] + 0) print what ": not_run " $col["not_run"]
+      if ($col["diverged"] != status[cfg, "diverged"] + 0) print what ": diverged " $col["diverged"]
+      n = split(seeds[cfg], s, " ")
+      for (e = 1; e <= epochs; ++e) {
+        sum = sq = 0
+        for (i = 1; i <= n; ++i) { a = acc[cfg, s[i], e]; sum += a; sq += a * a }
+        mean = n ? sum / n : ""
+        got = $col["acc_mean_e" e]
+        if (!near(got, mean)) print what ": acc_mean_e" e " " got ", expected " mean
+        got = $col["acc_sd_e" e]
+        if (!near(got, sd(sum, sq, n))) print what ": acc_sd_e" e " " got ", expected " sd(sum, sq, n)
+        if ($col["schedule"] == "gpipe") continue
+        sum = sq = m = 0
+        for (i = 1; i <= n; ++i)
+          if ((base[key], s[i], e) in acc) {
+            d = acc[cfg, s[i], e] - acc[base[key], s[i], e]
+            sum += d; sq += d * d; ++m
+          }
+        mean = m ? sum / m : ""
+        got = $col["gap_mean_e" e]
+        if (!near(got, mean)) print what ": gap_mean_e" e " " got ", expected " mean
+        got = $col["gap_sd_e" e]
+        if (!near(got, sd(sum, sq, m))) print what ": gap_sd_e" e " " got ", expected " sd(sum, sq, m)
+        if (e == epochs && $col["gap_n"] != m) print what ": gap_n " $col["gap_n"] ", expected " m
+      }
+    }
+    END { if (rows == 0) print "sweep.csv has no configuration" }
+  ' "$1/sweep-runs.csv" "$1/sweep.csv"
+}
+# json_length <file> <key...>: the length of the array there, read by CMake's JSON parser.
+json_length() {
+  local file=$1
+  shift
+  cat >len.cmake <<'EOF'
+file(READ "${FILE}" text)
+string(JSON n LENGTH "${text}" ${KEY})
+message("${n}")
+EOF
+  "$cmake" -DFILE="$file" "-DKEY=$*" -P len.cmake 2>&1
+}
+
 case $case in
   out_is_a_file)
     touch results
@@ -199,6 +269,104 @@ case $case in
     says "resumed from ck/1f1b-flush_latest_adam/ckpt-00000[12]"
     runs_json out/runs.json "8 ok ok ok ok ok ok ok ok"
     [ "$(grep -c ',ok$' out/runs.csv)" -eq 16 ] || fail "runs.csv lacks epochs"
+    ;;
+  sweep_summary_matches_runs)  # K 2, M 1, GPipe and 3 predictors (2BW cannot run), 3 seeds
+    sw=(--sweep --sweep-stages 2 --sweep-micro-batches 1 --sweep-predictors latest,2bw,xpipe
+      --sweep-optimizers adam --seeds 3 --train-samples 384 --test-samples 200 --epochs 2)
+    run 0 "${sw[@]}" --out out
+    says "^\\[12/12\\] K 2, M 1, seed 3: async-1f1b\\+xpipe\\(adam\\)"
+    says "wrote to out: sweep-runs.csv, sweep.csv, sweep.json, sweep.md, sweep-gap.csv, sweep-gap.gp, sweep-gap.svg, sweep-gap.png$"
+    says "^ +2 +2bw\\+2bw\\(adam\\) +3 not run: .*micro_batches >= stages"
+    says "^ +2 +gpipe\\+latest\\(adam\\) .*\\(baseline\\) .* 1/1$"
+    [ "$(wc -l <out/sweep-runs.csv)" -eq 13 ] || fail "sweep-runs.csv: not a header and 12 runs"
+    [ "$(grep -c ',not-run,0,' out/sweep-runs.csv)" -eq 3 ] || fail "sweep-runs.csv: not 3 2BW not-run"
+    [ "$(grep -c ',ok,2,' out/sweep-runs.csv)" -eq 9 ] || fail "sweep-runs.csv: not 9 ok runs"
+    [ "$(wc -l <out/sweep.csv)" -eq 5 ] || fail "sweep.csv: not a header and 4 configurations"
+    [ "$(json_length out/sweep.json configurations)" = 4 ] || fail "sweep.json: not 4 configurations"
+    [ "$(json_length out/sweep.json 'configurations;3;seed_runs')" = 3 ] ||
+      fail "sweep.json: not 3 runs of xpipe"
+    mismatches=$(sweep_check out 2)
+    [ -z "$mismatches" ] || fail "sweep.csv disagrees with sweep-runs.csv: $mismatches"
+    # The check can fail: with one xpipe accuracy moved by half a point it must complain.
+    mkdir bad && cp out/sweep.csv bad/ &&
+      awk -F, -v OFS=, 'FNR > 1 && $5 == "xpipe" && $9 == 2 { $NF += 0.5 } { print }' \
+        out/sweep-runs.csv >bad/sweep-runs.csv
+    [ -n "$(sweep_check bad 2)" ] || fail "sweep_check does not notice a changed accuracy"
+    [ -s out/sweep-gap.svg ] && [ -s out/sweep-gap.png ] || fail "no gap plot"
+    [ "$(grep -c '^| 2 | 1 | adam | ' out/sweep.md)" -eq 4 ] || fail "sweep.md: not 4 rows"
+    grep -q '^| 2 | 1 | adam | 2bw + 2bw | not run (3 seeds) |' out/sweep.md ||
+      fail "sweep.md: 2BW not a not-run row"
+    ;;
+  sweep_deep_splits_agree)  # the deep model over 2, 4 and 8 stages is one network: GPipe, whose
+    # result does not depend on the split, gives the same loss and accuracies at every K
+    run 0 --sweep --sweep-micro-batches 2 --sweep-predictors latest --sweep-optimizers adam \
+      --seeds 1 --train-samples 256 --test-samples 200 --epochs 2 --out out
+    awk -F, 'FNR > 1 && $4 == "gpipe" { print $12 "," $15 "," $16 }' out/sweep-runs.csv >gpipe.txt
+    [ "$(wc -l <gpipe.txt)" -eq 3 ] || fail "not 3 GPipe runs: $(cat gpipe.txt)"
+    [ "$(sort -u gpipe.txt | wc -l)" -eq 1 ] || fail "GPipe differs across K: $(tr '\n' ' ' <gpipe.txt)"
+    # while the asynchronous runs do differ (deeper: staler), so the rows are not all alike
+    awk -F, 'FNR > 1 && $4 == "async-1f1b" { print $12 }' out/sweep-runs.csv >async.txt
+    [ "$(sort -u async.txt | wc -l)" -eq 3 ] || fail "async runs alike across K: $(tr '\n' ' ' <async.txt)"
+    ;;
+  sweep_prediction_error)  # --measure-prediction: per s, the error of XPipe's predictions
+    run 0 --sweep --sweep-stages 2,4 --sweep-micro-batches 1 --sweep-predictors latest,xpipe \
+      --sweep-optimizers adam --seeds 1 --train-samples 512 --test-samples 100 --epochs 1 \
+      --measure-prediction --out out
+    says "wrote to out: .*sweep-prediction.csv, sweep-prediction.gp, sweep-prediction.svg, sweep-prediction.png$"
+    # Async 1F1B with M = 1 over K stages: stage k's weights are K - 1 - k steps stale, so XPipe
+    # predicts over s = 1 .. 3 (K = 4; the last stage, s = 0, does not predict); Latest predicts
+    # nothing, so only XPipe has a block.
+    got=$(awk -F, '/^[0-9]/ { print $1 }' out/sweep-prediction.csv | sort -n | tr '\n' ' ')
+    [ "$got" = "1 2 3 " ] || fail "sweep-prediction.csv has s = '$got', expected 1 2 3"
+    [ "$(grep -c '^# index' out/sweep-prediction.csv)" -eq 1 ] || fail "not one block (xpipe)"
+    grep -q '"relative_error"' out/sweep.json || fail "sweep.json lacks prediction_error"
+    ;;
+  sweep_bad_flags)  # exit 2 naming the flag and what it allows, before any data is read
+    run 2 --sweep --sweep-stages 2,3
+    says "--sweep-stages: '3' is not one of 2, 4, 8 \\(the splits of model deep\\)"
+    run 2 --sweep --model mlp --sweep-stages 8
+    says "--sweep-stages: '8' is not one of 2, 4 \\(the splits of model mlp\\)"
+    run 2 --sweep --sweep-predictors xpipe,foo
+    says "--sweep-predictors: 'foo' is not one of latest, stash, 2bw, spectrain, xpipe"
+    run 2 --sweep --sweep-optimizers adam,adam
+    says "--sweep-optimizers: adam is listed twice"
+    run 2 --sweep --sweep-micro-batches 1,
+    says "--sweep-micro-batches: '' is not a whole number from 1 to 1024"
+    run 2 --sweep --sweep-micro-batches 128
+    says "--sweep-micro-batches: 128 exceeds --batch \\(64\\)"
+    run 2 --sweep --seeds 0
+    says "--seeds"
+    run 2 --sweep-stages 2
+    says "--sweep-stages requires --sweep"
+    run 2 --sweep --compare
+    says "(--sweep excludes --compare|--compare excludes --sweep)"
+    run 2 --sweep --predictor xpipe
+    says "--sweep does not take --predictor \\(it uses --sweep-predictors\\)"
+    run 2 --sweep -K 4
+    says "--sweep does not take --stages \\(it uses --sweep-stages\\)"
+    ;;
+  sweep_sigint_keeps_runs)  # the runs done stay in the files, their summary consistent
+    "$tool" --sweep --sweep-stages 2 --sweep-micro-batches 1 --sweep-predictors latest,xpipe \
+      --sweep-optimizers adam --seeds 3 --train-samples 2048 --test-samples 200 --epochs 2 --out out >out.txt 2>&1 &
+    pid=$!
+    for ((i = 0; i < 1200; ++i)); do  # until 2 runs are in sweep-runs.csv (60 s at most)
+      [ -f out/sweep-runs.csv ] && [ "$(wc -l <out/sweep-runs.csv)" -ge 3 ] && break
+      kill -0 $pid 2>/dev/null || fail "the sweep ended before a signal was sent"
+      sleep 0.05
+    done
+    kill -INT $pid
+    for ((i = 0; i < 200; ++i)); do
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -0 $pid 2>/dev/null && { kill -KILL $pid; fail "still running 10 s after INT"; }
+    wait $pid
+    rc=$?
+    [ "$rc" -eq 130 ] || fail "exit code $rc after INT, expected 130"
+    says "stopped by SIGINT (before|during) run [0-9]+ of 9; the [0-9]+ run\\(s\\) done are in out"
+    [ "$(grep -c ',ok,2,' out/sweep-runs.csv)" -ge 2 ] || fail "sweep-runs.csv lacks the runs done"
+    mismatches=$(sweep_check out 2)
+    [ -z "$mismatches" ] || fail "sweep.csv disagrees with sweep-runs.csv: $mismatches"
     ;;
   *) fail "no such case" ;;
 esac

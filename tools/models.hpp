@@ -27,11 +27,19 @@ using C = Stage<L3, ReLU>;
 using D = Stage<L4>;
 }  // namespace mlp
 
-// A deeper, narrower MLP for deep pipelines: 784-512x7-10 (8 Linear layers), one per stage.
+// A deeper, narrower MLP for deep pipelines: 784-512x7-10 (8 Linear layers), one per stage at
+// K = 8, two per stage at K = 4 and four at K = 2, so the staleness sweep compares one network
+// across pipeline depths (the layers and their initialisation are the same at every split).
 namespace deep {
 using In = Stage<Linear<784, 512>, ReLU>;
 using Mid = Stage<Linear<512, 512>, ReLU>;
 using Out = Stage<Linear<512, 10>>;
+using H = Linear<512, 512>;
+using In2 = Stage<Linear<784, 512>, ReLU, H, ReLU>;  // K = 4
+using Mid2 = Stage<H, ReLU, H, ReLU>;
+using Out2 = Stage<H, ReLU, Linear<512, 10>>;
+using In4 = Stage<Linear<784, 512>, ReLU, H, ReLU, H, ReLU, H, ReLU>;  // K = 2
+using Out4 = Stage<H, ReLU, H, ReLU, H, ReLU, Linear<512, 10>>;
 }  // namespace deep
 
 }  // namespace xpipe::tools

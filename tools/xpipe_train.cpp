@@ -25,6 +25,7 @@
 #include "models.hpp"
 #include "output_files.hpp"
 #include "run_checkpoints.hpp"
+#include "sweep.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace fs = std::filesystem;
@@ -332,6 +333,8 @@ const std::map<std::pair<std::string, int>, Runner>& model_table() {
       {{"mlp", 1}, run_stages<mlp::K1>},
       {{"mlp", 2}, run_stages<mlp::K2a, mlp::K2b>},
       {{"mlp", 4}, run_stages<mlp::A, mlp::B, mlp::C, mlp::D>},
+      {{"deep", 2}, run_stages<deep::In4, deep::Out4>},
+      {{"deep", 4}, run_stages<deep::In2, deep::Mid2, deep::Mid2, deep::Out2>},
       {{"deep", 8},
        run_stages<deep::In, deep::Mid, deep::Mid, deep::Mid, deep::Mid, deep::Mid, deep::Mid,
                   deep::Out>},
@@ -611,6 +614,127 @@ RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& che
   return it->second(c, data, check);
 }
 
+// ---- --sweep (tools/sweep.hpp plans it, summarizes it and writes its files) ----
+
+// The stage counts of `model` that a sweep can use: its compiled splits into 2 or more stages.
+std::vector<int> sweep_stage_choices(const std::string& model) {
+  std::vector<int> out;
+  for (const auto& [key, fn] : model_table())
+    if (key.first == model && key.second >= 2) out.push_back(key.second);
+  return out;
+}
+
+tools::SweepRun to_sweep_run(const RunRecord& r, const tools::SweepPoint& point,
+                             std::uint64_t seed) {
+  tools::SweepRun out;
+  out.point = point;
+  out.seed = seed;
+  out.status = r.status == RunStatus::ok         ? tools::SweepStatus::ok
+               : r.status == RunStatus::diverged ? tools::SweepStatus::diverged
+               : r.status == RunStatus::failed   ? tools::SweepStatus::failed
+                                                 : tools::SweepStatus::interrupted;
+  out.why = r.why;
+  out.epochs = r.epochs;
+  out.weight_copies = r.weight_copies;
+  return out;
+}
+
+// Runs every planned configuration and seed through run(), as the study runs its list (stage
+// threads, divergence rule and signals alike), recording each in the sweep's files as it ends.
+int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const DatasetPair& data,
+              const fs::path& out) {
+  if (stop_signal != 0) {
+    std::fprintf(stderr, "xpipe-train: stopped by a signal before training; nothing written\n");
+    return 128 + stop_signal;
+  }
+  tools::SweepFiles files(plan, out);
+  const auto& planned = files.planned();
+  std::printf(
+      "xpipe-train: staleness sweep, model %s, %zu runs (K %s x M %s x %zu remedies and GPipe x "
+      "%zu optimizers x %d seeds), %d epoch(s) of %ld samples, batch %ld; results go to %s as "
+      "each run ends\n",
+      plan.model.c_str(), planned.size(),
+      joined(std::vector<double>(plan.stages.begin(), plan.stages.end()), "%.0f").c_str(),
+      joined(std::vector<double>(plan.micro_batches.begin(), plan.micro_batches.end()), "%.0f")
+          .c_str(),
+      plan.predictors.size(), plan.optimizers.size(), plan.seeds, plan.epochs,
+      static_cast<long>(data.train.count), plan.batch, out.c_str());
+  std::fflush(stdout);
+  const auto stop = [&](const std::string& when) {
+    const int sig = stop_signal;
+    files.print_table();
+    std::size_t done = 0;  // the run a signal cut is recorded, but not done
+    for (const tools::SweepRun& r : files.runs())
+      done += r.status != tools::SweepStatus::interrupted;
+    std::fprintf(stderr,
+                 "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (sweep-runs.csv, "
+                 "sweep.csv, sweep.json; 'gnuplot sweep-gap.gp' there draws the gap plot)\n",
+                 sig == SIGINT    ? "SIGINT"
+                 : sig == SIGTERM ? "SIGTERM"
+                                  : "a signal",
+                 when.c_str(), done, files.dir().c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(128 + sig);
+  };
+  for (std::size_t i = 0; i < planned.size(); ++i) {
+    const auto& [point, seed] = planned[i];
+    const std::string which =
+        "run " + std::to_string(i + 1) + " of " + std::to_string(planned.size());
+    if (stop_signal != 0) stop("before " + which);
+    RunConfig c = base;
+    c.model = plan.model;
+    c.stages = point.stages;
+    c.micro_batches = point.micro_batches;
+    c.schedule = point.schedule;
+    c.predictor = point.predictor;
+    c.optimizer = point.optimizer;
+    c.lr = point.lr;
+    c.seed = seed;
+    files.announce(i);
+    const CheckPoint check = [&](const RunRecord& so_far, int epoch_running) {
+      if (stop_signal == 0) return;
+      tools::SweepRun partial = to_sweep_run(so_far, point, seed);
+      partial.status = tools::SweepStatus::interrupted;
+      partial.why =
+          epoch_running > 0
+              ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
+              : "stopped after epoch " + std::to_string(so_far.epochs.size());
+      try {
+        files.add(std::move(partial));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "xpipe-train: %s\n", e.what());
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+      stop("during " + which);
+    };
+    tools::SweepRun r;
+    try {
+      r = to_sweep_run(run(c, data, check), point, seed);
+    } catch (const ConfigError& e) {  // it cannot run (2BW with M < K): a "not run" cell
+      r = to_sweep_run(RunRecord{}, point, seed);
+      r.status = tools::SweepStatus::not_run;
+      r.why = e.what();
+    } catch (const Error& e) {
+      r = to_sweep_run(RunRecord{}, point, seed);
+      r.status = tools::SweepStatus::failed;
+      r.why = e.what();
+    }
+    if (r.status != tools::SweepStatus::ok)
+      std::fprintf(stderr, "  %s %s: %s\n", c.label().c_str(), tools::to_string(r.status),
+                   r.why.c_str());
+    files.add(std::move(r));
+  }
+  if (stop_signal != 0) stop("after the last run");
+  files.print_table();
+  const std::string written = files.finish_files();
+  if (stop_signal != 0) stop("while plotting");
+  std::printf("\nwrote to %s: %s\n", out.c_str(), written.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 // --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
 // ulp of any weight above 0.17 (ulp(1) = 1.2e-7), so nothing would train; above 10 nothing here
 // trains either (Adam at lr 1 already leaves the MLP at chance with a loss of 1e9).
@@ -676,7 +800,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0L, 60000L));
   app.add_option("--test-samples", test_samples, "Evaluate on the first N test samples (0: all)")
       ->check(CLI::Range(0L, 10000L));
-  app.add_option("--sgd-lr", sgd_lr_flag, "Learning rate of the SGD runs of --compare (SpecTrain)")
+  app.add_option(
+         "--sgd-lr", sgd_lr_flag,
+         "Learning rate of the SGD runs of --compare (SpecTrain) and of --sweep (there 0.01 "
+         "unless given)")
       ->check(learning_rate);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
@@ -690,11 +817,109 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", c.resume,
                "Continue each run from its newest checkpoint that verifies (needs "
                "--checkpoint-dir; a run with none starts afresh)");
+  // --sweep and its flags (README: The staleness sweep); a list flag is checked after parsing,
+  // when --model (which decides the stage counts there are) is known.
+  tools::SweepPlan plan;
+  bool sweep = false;
+  std::string sweep_stages, sweep_micro_batches = "1,4", sweep_predictors,
+                            sweep_optimizers = "adam,sgd";
+  auto* sweep_flag = app.add_flag(
+      "--sweep", sweep,
+      "Run the staleness sweep: K x M x (GPipe and every predictor) x optimizer x seeds, on "
+      "the deep model unless --model says otherwise; unless given, " +
+          std::to_string(plan.epochs) + " epochs of " + std::to_string(plan.train_samples) +
+          " samples, batch " + std::to_string(plan.batch) + ", tested on " +
+          std::to_string(plan.test_samples));
+  sweep_flag->excludes("--compare");
+  app.add_option("--sweep-stages", sweep_stages,
+                 "Stage counts K of --sweep, a comma list (default: every split of the model "
+                 "into 2 or more stages; deep: 2,4,8)")
+      ->needs(sweep_flag);
+  app.add_option("--sweep-micro-batches", sweep_micro_batches,
+                 "Micro-batch counts M of --sweep, a comma list")
+      ->needs(sweep_flag)
+      ->capture_default_str();
+  app.add_option("--sweep-predictors", sweep_predictors,
+                 "Predictors (remedies) of --sweep, a comma list of " +
+                     join_names(predictor_names) + " (default: all)")
+      ->needs(sweep_flag);
+  app.add_option("--sweep-optimizers", sweep_optimizers,
+                 "Optimizers of --sweep, a comma list of " + join_names(optimizer_names) +
+                     " (sgd: momentum 0.9, at --sgd-lr)")
+      ->needs(sweep_flag)
+      ->capture_default_str();
+  app.add_option("--seeds", plan.seeds, "Seeds of each --sweep configuration (1 to N)")
+      ->check(CLI::Range(1, 100))
+      ->needs(sweep_flag)
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return e.get_exit_code() == 0 ? code : 2;
+  }
+  if (sweep) {
+    // What a sweep sets itself is not taken from the single-run flags.
+    const std::pair<const char*, const char*> sweep_sets[] = {
+        {"--stages", "--sweep-stages"},         {"--micro-batches", "--sweep-micro-batches"},
+        {"--predictor", "--sweep-predictors"},  {"--schedule", "its remedies' schedules"},
+        {"--optimizer", "--sweep-optimizers"},  {"--seed", "--seeds"},
+        {"--checkpoint-dir", "no checkpoints"}, {"--checkpoint-every", "no checkpoints"},
+        {"--resume", "no checkpoints"}};
+    for (const auto& [flag, instead] : sweep_sets)
+      if (app.count(flag) > 0) {
+        std::fprintf(stderr, "xpipe-train: --sweep does not take %s (it uses %s)\n", flag, instead);
+        return 2;
+      }
+    if (c.executor != "threaded" && c.executor != "reference") {
+      std::fprintf(stderr, "xpipe-train: --sweep runs on the threaded or reference executor\n");
+      return 2;
+    }
+    if (app.count("--model") == 0) c.model = plan.model;
+    plan.model = c.model;
+    // The sweep's sizes (SweepPlan's defaults) unless given.
+    if (app.count("--train-samples") == 0) train_samples = plan.train_samples;
+    if (app.count("--test-samples") == 0) test_samples = plan.test_samples;
+    if (app.count("--epochs") == 0) c.epochs = plan.epochs;
+    if (app.count("--batch") == 0) c.batch = plan.batch;
+    if (app.count("--sgd-lr") > 0) plan.sgd_lr = sgd_lr_flag;
+    plan.lr = c.lr;
+    plan.epochs = c.epochs;
+    plan.batch = c.batch;
+    const auto names = [](const auto& list) {
+      return std::vector<std::string>(list.begin(), list.end());
+    };
+    const std::vector<int> choices = sweep_stage_choices(plan.model);
+    plan.stages = choices;  // the defaults, unless given
+    plan.predictors = names(predictor_names);
+    const std::pair<const char*, std::string> checks[] = {
+        {"--sweep-stages", app.count("--sweep-stages") == 0
+                               ? ""
+                               : tools::parse_int_list(sweep_stages, choices, 0, 0, plan.stages)},
+        {"--sweep-micro-batches",
+         tools::parse_int_list(sweep_micro_batches, {}, 1, 1024, plan.micro_batches)},
+        {"--sweep-predictors",
+         app.count("--sweep-predictors") == 0
+             ? ""
+             : tools::parse_name_list(sweep_predictors, names(predictor_names), plan.predictors)},
+        {"--sweep-optimizers",
+         tools::parse_name_list(sweep_optimizers, names(optimizer_names), plan.optimizers)}};
+    for (const auto& [flag, why] : checks)
+      if (!why.empty()) {
+        std::fprintf(stderr, "xpipe-train: %s: %s%s\n", flag, why.c_str(),
+                     std::string(flag) == "--sweep-stages"
+                         ? (" (the splits of model " + plan.model + ")").c_str()
+                         : "");
+        return 2;
+      }
+    for (int m : plan.micro_batches)
+      if (m > c.batch) {
+        std::fprintf(stderr, "xpipe-train: --sweep-micro-batches: %d exceeds --batch (%ld)\n", m,
+                     c.batch);
+        return 2;
+      }
+    c.stages = plan.stages.front();  // a split that exists, for the checks below
+    c.micro_batches = plan.micro_batches.front();
   }
   // Flag combinations that cannot run are usage errors too (exit 2), found before any work.
   if (!model_table().contains({c.model, c.stages})) {
@@ -728,6 +953,11 @@ int main(int argc, char** argv) {
     DatasetPair data = load_fashion_mnist(data_dir);
     if (train_samples > 0) data.train = head(data.train, train_samples);
     if (test_samples > 0) data.test = head(data.test, test_samples);
+    if (sweep) {
+      plan.train_samples = data.train.count;
+      plan.test_samples = data.test.count;
+      return run_sweep(c, plan, data, out_dir);
+    }
     std::vector<RunConfig> runs;
     if (compare) {
       auto with = [&](const char* sched, const char* pred, const char* opt, float lr) {
