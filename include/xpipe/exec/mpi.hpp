@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -130,6 +131,8 @@ class MpiExecutor {
     }
     MPI_Request reduce = MPI_REQUEST_NULL;
     std::size_t i = 0;
+    list_size_.store(static_cast<long>(list.size()), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
     try {
       for (; i < list.size(); ++i) {
         const Action& a = list[i];
@@ -139,6 +142,7 @@ class MpiExecutor {
         program.execute(k, a);
         trace_.stages[static_cast<std::size_t>(k)][i] = {a, start, detail::seconds_since(t0)};
         if (reduce_after[i] && replicas_ > 1) start_reduce(program, k, reduce);
+        done_.store(static_cast<long>(i + 1), std::memory_order_relaxed);
       }
       wait_until([&] { return sends_done(program, s, k); }, k, "end",
                  [] { return std::string("its last messages to be received by its neighbours"); });
@@ -161,6 +165,13 @@ class MpiExecutor {
       notify_others(err.what());
       throw err;
     }
+  }
+
+  //! The fraction of this rank's action list run so far (safe to read from another thread
+  //! while run() runs: progress bars of ranks that do not compute the loss).
+  double progress() const {
+    const long n = list_size_.load(std::memory_order_relaxed);
+    return n > 0 ? static_cast<double>(done_.load(std::memory_order_relaxed)) / n : 0.0;
   }
 
   //! After run(): on world rank 0, the rows of replica 0's stages (one row per rank, times
@@ -404,6 +415,7 @@ class MpiExecutor {
   int rank_ = 0, size_ = 1, replicas_ = 1, stages_ = 1, stage_ = 0, replica_ = 0;
   ExecutionTrace trace_;
   std::string notice_;
+  std::atomic<long> list_size_{0}, done_{0};
 };
 
 static_assert(Executor<MpiExecutor>);
