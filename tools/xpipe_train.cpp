@@ -834,6 +834,7 @@ int main(int argc, char** argv) {
   std::optional<MpiExecutor> mpi_exec;
   if (c.executor == "mpi") {
     int provided = 0, ranks = 0;
+    mpi_default_tuning();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // a worker thread trains
     mpi_session.on = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);

@@ -264,6 +264,7 @@ void fault(const std::string& kind, double timeout) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mpi_default_tuning();
   MPI_Init(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "";
   try {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <thread>
@@ -24,6 +25,27 @@
 #include "xpipe/schedule/dependencies.hpp"
 
 namespace xpipe {
+
+//! Call before MPI_Init: picks Open MPI's ring algorithm for MPI_Iallreduce (unless the
+//! environment already chose one). Its default (recursive doubling for 2 ranks) took 3x as long
+//! as a blocking MPI_Allreduce on a 4 MB stage gradient here; the ring matches it (README,
+//! bench_mpi). Other MPI libraries ignore the variable.
+inline void mpi_default_tuning() {
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
+}
+
+//! Starts summing `g` over the ranks of `replicas` in place (MPI_Iallreduce): the first half
+//! of averaging a stage's gradient over its replicas; complete `req`, then scale_gradient_sum.
+inline void start_gradient_sum(std::span<float> g, MPI_Comm replicas, MPI_Request& req) {
+  XPIPE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT,
+                                 MPI_SUM, replicas, &req));
+}
+//! The second half: the sum over R replicas divided by R. Each replica's loss is scaled by 1 /
+//! its own rows, so the result is the gradient of the mean loss over all R shares.
+inline void scale_gradient_sum(std::span<float> g, int replicas) {
+  const float inv = 1.f / static_cast<float>(replicas);
+  for (float& v : g) v *= inv;
+}
 
 //! Runs a Program whose links are MpiLink ends (a Pipeline<..., MpiChannel>) on the ranks of a
 //! communicator: R replicas (`replicas`) of a K-stage pipeline, K = ranks / R, rank r running
@@ -272,11 +294,8 @@ class MpiExecutor {
 
   template <class P>
   void start_reduce(P& program, int k, MPI_Request& req) {
-    if constexpr (has_gradients<P>) {
-      const std::span<float> g = program.gradients(k);
-      XPIPE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT,
-                                     MPI_SUM, replicas_of_stage_, &req));
-    }
+    if constexpr (has_gradients<P>)
+      start_gradient_sum(program.gradients(k), replicas_of_stage_, req);
   }
 
   template <class P>
@@ -290,11 +309,7 @@ class MpiExecutor {
                  "the gradient all-reduce with the replicas of stage " + std::to_string(k) +
                      " (ranks " + peers + ")");
     // The mean over replicas: each replica's loss is already scaled by 1 / its rows.
-    if constexpr (has_gradients<P>) {
-      const std::span<float> g = program.gradients(k);
-      const float inv = 1.f / static_cast<float>(replicas_);
-      for (float& v : g) v *= inv;
-    }
+    if constexpr (has_gradients<P>) scale_gradient_sum(program.gradients(k), replicas_);
   }
 
   // Every rank gets every micro-batch's loss: the last stages' values summed over the world
