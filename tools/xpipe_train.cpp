@@ -210,7 +210,7 @@ constexpr bool runs_on_mpi() {
 #endif
 }
 
-// Replica r's share of the epoch's rows (mpi_replica_rows), copied out, for --dp > 1.
+// Replica r's share of the epoch's rows (replica_rows), copied out, for --dp > 1.
 struct ReplicaRows {
   HostBuffer<float> x;
   HostBuffer<std::int32_t> y;
@@ -237,8 +237,8 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   std::vector<index_t> share_rows;
   if (c.dp > 1) {
 #if defined(XPIPE_WITH_MPI)
-    share_rows = mpi_replica_rows(data.train.count, c.batch, c.dp,
-                                  mpi_executor ? mpi_executor->replica() : 0);
+    share_rows = replica_rows(data.train.count, c.batch, c.micro_batches, c.dp,
+                              mpi_executor ? mpi_executor->replica() : 0);
 #endif
     share.rows = static_cast<index_t>(share_rows.size());
     share.x = HostBuffer<float>(share.rows * data.train.width);

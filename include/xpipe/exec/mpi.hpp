@@ -53,9 +53,9 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 //! the same schedule; rank r runs only its stage's list.
 //!
 //! Data parallelism: each replica trains on its own rows (the caller gives each replica its
-//! share, mpi_replica_rows), and after the last backward before each Step the stage's flat
-//! gradient is summed over its R replicas by MPI_Iallreduce, completed and divided by R just
-//! before the Step, so every replica steps with the same bits.
+//! share, replica_rows in pipeline/replicas.hpp), and after the last backward before each Step the
+//! stage's flat gradient is summed over its R replicas by MPI_Iallreduce, completed and divided by
+//! R just before the Step, so every replica steps with the same bits.
 //!
 //! Faults: every wait (an input, room for an output, the all-reduce, the start and end of the
 //! run) gives up after `wait_timeout` and throws a StageError naming this rank, the action, and
@@ -434,20 +434,5 @@ class MpiExecutor {
 };
 
 static_assert(Executor<MpiExecutor>);
-
-//! Replica r's rows of an epoch for R replicas at global mini-batch `batch`: from each
-//! mini-batch [t * batch, (t + 1) * batch) the r-th of R equal parts, in order (a tail of fewer
-//! than `batch` rows is left out: every replica must run the same number of mini-batches).
-//! Throws ConfigError when R does not divide `batch`. Returns the indices of the rows.
-inline std::vector<index_t> mpi_replica_rows(index_t rows, index_t batch, int replicas, int r) {
-  if (replicas < 1 || batch % replicas != 0)
-    throw ConfigError("xpipe: data parallelism: " + std::to_string(replicas) +
-                      " replicas do not divide the batch of " + std::to_string(batch) + " rows");
-  const index_t share = batch / replicas;
-  std::vector<index_t> out;
-  for (index_t t = 0; (t + 1) * batch <= rows; ++t)
-    for (index_t j = 0; j < share; ++j) out.push_back(t * batch + r * share + j);
-  return out;
-}
 
 }  // namespace xpipe
