@@ -373,7 +373,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     er.epoch = e;
     er.loss = r.loss;
     er.seconds = r.seconds;
-    er.samples_per_second = static_cast<double>(r.samples) / r.seconds;
+    er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
     er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
     for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
     std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(), e,

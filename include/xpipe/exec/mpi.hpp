@@ -97,6 +97,9 @@ class MpiExecutor {
   MpiExecutor(const MpiExecutor&) = delete;
   MpiExecutor& operator=(const MpiExecutor&) = delete;
   ~MpiExecutor() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;  // (an executor outliving MPI_Finalize has nothing left to free)
     for (MPI_Comm* c : {&pipeline_, &replicas_of_stage_, &control_, &world_})
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
