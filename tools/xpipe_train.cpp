@@ -504,7 +504,8 @@ class StudyFiles {
     if (rec.ok() && !rec.trace.stages.empty()) {  // (a run resumed after its last epoch has none)
       const RunConfig& c = rec.config;
       TimelineOptions to;
-      to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
+      to.title =
+          c.label() + ": first mini-batches of the last epoch (" + c.executor + " run, real times)";
       try {
         tools::write_file_atomically(dir_ / timeline_name(c),
                                      timeline_svg(rec.trace, rec.schedule, to));
