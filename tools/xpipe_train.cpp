@@ -95,7 +95,17 @@ struct RunRecord {
 // 100 ms while an epoch trains, after each epoch and each run), so no write is ever cut short.
 volatile std::sig_atomic_t stop_signal = 0;
 
+// Set under --executor mpi: a SIGTERM is then most likely mpirun ending the job because a rank
+// died, and this rank says what it was waiting for (exec/mpi.hpp keeps it for this).
+volatile std::sig_atomic_t under_mpi = 0;
+
 extern "C" void on_stop_signal(int sig) {
+#if defined(XPIPE_WITH_MPI)
+  if (under_mpi != 0 && sig == SIGTERM) {
+    static const char prefix[] = "xpipe-train: SIGTERM; ";
+    if (::write(2, prefix, sizeof prefix - 1) >= 0) mpi_write_wait_state(2);
+  }
+#endif
   if (stop_signal != 0) {  // a second signal: stop at once, as if there were no handler
     std::signal(sig, SIG_DFL);
     std::raise(sig);
@@ -670,6 +680,11 @@ class StudyFiles {
 // abandoned epoch, and nothing of it is to be kept.
 [[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
   const int sig = stop_signal;
+  if (mpi_rank != 0) {  // under mpirun: rank 0 reports; the others' files were private scratch
+    std::error_code ignored;
+    fs::remove_all(files.dir(), ignored);
+    std::_Exit(128 + sig);
+  }
   print_table(files.records());
   std::size_t done = 0;
   for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
@@ -838,6 +853,7 @@ int main(int argc, char** argv) {
     mpi_default_tuning();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // a worker thread trains
     mpi_session.on = true;
+    under_mpi = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     std::string why;

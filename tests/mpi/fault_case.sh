@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One fault case of the MPI executor: runs the mpirun command line given after BOUND and REGEX
-# and checks that it fails (non-zero), within BOUND seconds, printing something that matches
-# REGEX, and that none of its processes is left afterwards (a stopped rank included).
-# Usage: fault_case.sh BOUND REGEX mpirun ... xpipe_test_mpi fault KIND TIMEOUT
+# One fault case of the MPI executor: runs the mpirun command line given after "--" and checks
+# that it fails (non-zero), within BOUND seconds, printing lines that match every REGEX, and
+# that none of its processes is left afterwards (a stopped rank included).
+# Usage: fault_case.sh BOUND REGEX... -- mpirun ... xpipe_test_mpi fault KIND TIMEOUT
 set -u
-bound=$1 regex=$2
-shift 2
+bound=$1
+shift
+regexes=()
+while [[ $# -gt 0 && $1 != -- ]]; do regexes+=("$1"); shift; done
+shift
 tag="xpipe_fault_$$_$RANDOM"  # passed to every rank, to find them afterwards
 log=$(mktemp)
 start=$(date +%s%N)
@@ -18,7 +21,9 @@ echo "fault_case: exit code $rc after ${elapsed} s (bound ${bound} s)"
 status=0
 if [[ $rc -eq 0 ]]; then echo "fault_case: FAIL: the job succeeded"; status=1; fi
 if ((elapsed_ms > bound * 1000)); then echo "fault_case: FAIL: over the bound (hung?)"; status=1; fi
-if ! grep -Eq "$regex" "$log"; then echo "fault_case: FAIL: no line matches '$regex'"; status=1; fi
+for regex in "${regexes[@]}"; do
+  if ! grep -Eq "$regex" "$log"; then echo "fault_case: FAIL: no line matches '$regex'"; status=1; fi
+done
 sleep 1
 if left=$(pgrep -f "$tag"); then
   echo "fault_case: FAIL: processes left behind: $left"

@@ -5,7 +5,10 @@
 #include <mpi.h>
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -253,7 +256,16 @@ struct FaultyExecutor {
   const ExecutionTrace& trace() const { return mpi->trace(); }
 };
 
+// mpirun ends the job when a rank dies: SIGTERM to the others, which say what they waited for.
+extern "C" void on_sigterm(int) {
+  static const char prefix[] = "xpipe_test_mpi: terminated by SIGTERM; ";
+  if (::write(2, prefix, sizeof prefix - 1) < 0) _exit(143);
+  mpi_write_wait_state(2);
+  _exit(143);
+}
+
 void fault(const std::string& kind, double timeout) {
+  std::signal(SIGTERM, on_sigterm);
   using P = Pipeline<A, B, C, D, Latest, AnyOptimizer, MpiChannel>;
   if (world_size() != 4) throw ConfigError("fault: run on 4 ranks");
   test::LabelledData d = test::random_classification(16 * 40, 12, 4, 3);

@@ -6,12 +6,15 @@
 #pragma once
 
 #include <mpi.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <string>
 #include <thread>
@@ -25,6 +28,21 @@
 #include "xpipe/schedule/dependencies.hpp"
 
 namespace xpipe {
+
+namespace detail {
+// What this process's executor is waiting for, kept for a signal handler to print: mpirun ends
+// a job whose rank died with SIGTERM to the others, and they should say where they were.
+inline char mpi_wait_text[512];
+inline std::atomic<int> mpi_wait_length{0};
+}  // namespace detail
+
+//! Async-signal-safe: writes to `fd` what this process's MPI executor is waiting for ("rank 0
+//! was waiting 3.2 s for the input of F6 from rank 1 (stage 1)" and a newline), or nothing when
+//! it is not waiting. For a SIGTERM handler (xpipe-train's, the MPI tests').
+inline void mpi_write_wait_state(int fd) noexcept {
+  const int n = detail::mpi_wait_length.load(std::memory_order_acquire);
+  if (n > 0 && ::write(fd, detail::mpi_wait_text, static_cast<std::size_t>(n)) < 0) return;
+}
 
 //! Call before MPI_Init: picks Open MPI's ring algorithm for MPI_Iallreduce (unless the
 //! environment already chose one). Its default (recursive doubling for 2 ranks) took 3x as long
@@ -376,9 +394,20 @@ class MpiExecutor {
   template <class Done, class What>
   void wait_until(Done&& done, int k, const std::string& action, What&& what) {
     const auto start = std::chrono::steady_clock::now();
+    struct Clear {  // the wait is over (done, or thrown): nothing to report any more
+      ~Clear() { detail::mpi_wait_length.store(0, std::memory_order_release); }
+    } clear;
     for (unsigned spins = 0;; ++spins) {
       if (done()) return;
       if (spins < 64) continue;
+      if (spins == 64) {  // a real wait: say where, for a signal handler
+        detail::mpi_wait_length.store(0, std::memory_order_release);
+        const std::string text = on_rank() + " (stage " + std::to_string(k) + ") was waiting at " +
+                                 action + " for " + what() + "\n";
+        const std::size_t n = std::min(text.size(), sizeof detail::mpi_wait_text);
+        std::memcpy(detail::mpi_wait_text, text.data(), n);
+        detail::mpi_wait_length.store(static_cast<int>(n), std::memory_order_release);
+      }
       std::this_thread::yield();
       const auto waited = std::chrono::steady_clock::now() - start;
       if (spins % 16 == 0)
