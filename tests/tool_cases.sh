@@ -150,7 +150,8 @@ case $case in
     [ -s out/accuracy.png ] || fail "no accuracy.png"
     ;;
   resume_is_exact)  # 3 epochs straight = 2 epochs, then --resume to 3: the same numbers
-    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
+    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference
+      --measure-prediction)
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck-straight --out straight
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --out first
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
@@ -160,6 +161,11 @@ case $case in
     cut -d, -f9-11 resumed/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
     [ -d ck/async-1f1b_xpipe_adam/ckpt-000003 ] || fail "no checkpoint after epoch 3"
+    # and the prediction errors of every epoch, those of the restored epochs included
+    grep -o '"relative_error": [-0-9.e]*' straight/runs.json >want.txt
+    grep -o '"relative_error": [-0-9.e]*' resumed/runs.json >got.txt
+    [ "$(wc -l <want.txt)" -ge 3 ] || fail "runs.json has no prediction errors per epoch"
+    cmp -s want.txt got.txt || fail "resumed prediction errors differ: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out

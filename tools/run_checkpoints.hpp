@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "xpipe/core/error.hpp"
+#include "xpipe/pipeline/prediction_probe.hpp"
 
 namespace xpipe::tools {
 
@@ -16,7 +17,8 @@ namespace xpipe::tools {
 struct EpochRecord {
   int epoch = 0;
   double loss = 0, test_accuracy = 0, samples_per_second = 0, seconds = 0;
-  std::vector<double> bubble;  // measured per stage
+  std::vector<double> bubble;                     // measured per stage
+  std::vector<PredictionError> prediction_error;  // with --measure-prediction, per stage and s
 };
 
 inline std::string exact(double v) {
@@ -26,14 +28,20 @@ inline std::string exact(double v) {
 }
 
 //! records.tsv: a line per epoch (epoch, loss, test accuracy, samples/s, seconds, then the
-//! bubble fraction of each stage), every number exact, so a resumed run reports its earlier
-//! epochs as they were measured.
+//! bubble fraction of each stage, then the number of prediction-error entries and each entry's
+//! stage, s, count, relative error and cosine), every number exact, so a resumed run reports its
+//! earlier epochs as they were measured.
 inline std::string records_text(const std::vector<EpochRecord>& epochs) {
   std::string out;
   for (const EpochRecord& r : epochs) {
     out += std::to_string(r.epoch) + "\t" + exact(r.loss) + "\t" + exact(r.test_accuracy) + "\t" +
            exact(r.samples_per_second) + "\t" + exact(r.seconds);
     for (double b : r.bubble) out += "\t" + exact(b);
+    out += "\t" + std::to_string(r.prediction_error.size());
+    for (const PredictionError& p : r.prediction_error)
+      out += "\t" + std::to_string(p.stage) + "\t" + std::to_string(p.s) + "\t" +
+             std::to_string(p.count) + "\t" + exact(p.mean_relative_error) + "\t" +
+             exact(p.mean_cosine);
     out += "\n";
   }
   return out;
@@ -52,6 +60,15 @@ inline std::vector<EpochRecord> parse_records(const std::string& text, const std
     r.bubble.resize(static_cast<std::size_t>(stages));
     ls >> r.epoch >> r.loss >> r.test_accuracy >> r.samples_per_second >> r.seconds;
     for (double& b : r.bubble) ls >> b;
+    std::size_t entries = 0;
+    if (ls >> entries) {
+      r.prediction_error.resize(entries > 4096 ? 0 : entries);
+      for (PredictionError& p : r.prediction_error)
+        ls >> p.stage >> p.s >> p.count >> p.mean_relative_error >> p.mean_cosine;
+      if (entries > 4096) ls.setstate(std::ios::failbit);
+    } else if (ls.eof()) {
+      ls.clear(std::ios::eofbit);  // a record of an older xpipe-train: no entries
+    }
     std::string extra;
     if (!ls || (ls >> extra) || r.epoch != static_cast<int>(out.size()) + 1)
       throw CheckpointError("xpipe-train: " + where + ", line " + std::to_string(out.size() + 1) +

@@ -56,6 +56,7 @@ struct RunConfig {
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 1;    // epochs
   bool resume = false;
+  bool measure_prediction = false;  // record each predictor's error (pipeline/prediction_probe.hpp)
   std::string label() const { return schedule + "+" + predictor + "(" + optimizer + ")"; }
 };
 
@@ -238,7 +239,10 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   // Each of the dp replicas trains on its share of every mini-batch of c.batch rows.
   const index_t replica_batch = c.batch / c.dp;
   P pipe(make_optimizer(c.optimizer, c.lr),
-         PipelineOptions{.batch = replica_batch, .micro_batches = c.micro_batches, .seed = c.seed});
+         PipelineOptions{.batch = replica_batch,
+                         .micro_batches = c.micro_batches,
+                         .seed = c.seed,
+                         .measure_prediction = c.measure_prediction});
   Batcher batcher(data.train, c.batch, c.seed);
   HostBuffer<float> x(data.train.count * data.train.width);
   HostBuffer<std::int32_t> y(data.train.count);
@@ -386,6 +390,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
     er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
     for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
+    er.prediction_error = pipe.prediction_errors();
     std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(), e,
                 er.loss, 100 * er.test_accuracy, er.samples_per_second);
     std::fflush(stdout);
@@ -458,6 +463,19 @@ std::string joined(const std::vector<double>& v, const char* fmt) {
     std::snprintf(buf, sizeof buf, fmt, x);
     out += (out.empty() ? "" : "/") + std::string(buf);
   }
+  return out;
+}
+
+// The prediction errors of one epoch for runs.json: per stage and s, the count, the mean
+// relative error and the mean cosine (empty unless --measure-prediction and a predicting remedy).
+nlohmann::json prediction_json(const std::vector<PredictionError>& errors) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PredictionError& p : errors)
+    out.push_back({{"stage", p.stage},
+                   {"s", p.s},
+                   {"count", p.count},
+                   {"relative_error", p.mean_relative_error},
+                   {"cosine", p.mean_cosine}});
   return out;
 }
 
@@ -621,7 +639,8 @@ class StudyFiles {
                                 {"test_accuracy", e.test_accuracy},
                                 {"samples_per_second", e.samples_per_second},
                                 {"seconds", e.seconds},
-                                {"bubble_fraction", e.bubble}});
+                                {"bubble_fraction", e.bubble},
+                                {"prediction_error", prediction_json(e.prediction_error)}});
       if (r.ok()) {
         jr["weight_copies"] = r.weight_copies;
         jr["peak_activation_kib"] = r.activation_kib;
@@ -796,6 +815,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", c.checkpoint_every,
                  "Epochs between checkpoints (the last epoch is always saved)")
       ->check(CLI::Range(1, 1000));
+  app.add_flag("--measure-prediction", c.measure_prediction,
+               "Measure each weight prediction against the weights it aimed at (relative error, "
+               "cosine; per stage and s, per epoch in runs.json)");
   app.add_flag("--resume", c.resume,
                "Continue each run from its newest checkpoint that verifies (needs "
                "--checkpoint-dir; a run with none starts afresh)");

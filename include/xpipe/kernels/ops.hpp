@@ -154,6 +154,74 @@ struct AdamPredict {
   }
 };
 
+//! One NAdam/NAdamW update of weight i.
+struct NadamStep {
+  float* XPIPE_RESTRICT w;
+  const float* XPIPE_RESTRICT g;
+  float* XPIPE_RESTRICT m;
+  float* XPIPE_RESTRICT v;
+  math::NadamScalars s;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    math::nadam_update(w[i], g[i], m[i], v[i], s);
+  }
+};
+
+//! out[i] = w[i] - s_lr * NAdam's direction (d = direction itself when w is null).
+struct NadamPredict {
+  const float* XPIPE_RESTRICT w;
+  const float* XPIPE_RESTRICT m;
+  const float* XPIPE_RESTRICT v;
+  float* XPIPE_RESTRICT out;
+  float s_lr;
+  math::NadamScalars s;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    const float d = math::nadam_direction(m[i], v[i], s);
+    out[i] = w ? w[i] - s_lr * d : d;
+  }
+};
+
+//! out[i] = sum over j < terms of c[j] x[j][i] (up to 4 buffers; out may alias none of them).
+struct Combine {
+  const float* x[4];
+  float c[4];
+  int terms;
+  float* XPIPE_RESTRICT out;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    float acc = 0.f;
+    for (int j = 0; j < terms; ++j) acc += c[j] * x[j][i];
+    out[i] = acc;
+  }
+};
+
+//! x[i] *= factor.
+struct Scale {
+  float* XPIPE_RESTRICT x;
+  float factor;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const { x[i] *= factor; }
+};
+
+//! Error feedback after a delayed step, per weight (math::error_feedback).
+struct ErrorFeedback {
+  float* XPIPE_RESTRICT w;
+  const float* XPIPE_RESTRICT before;
+  float* XPIPE_RESTRICT d_prev;
+  float gamma;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    math::error_feedback(w[i], before[i], d_prev[i], gamma);
+  }
+};
+
+//! PipeMare's velocity of weight i (math::velocity_update).
+struct VelocityUpdate {
+  float* XPIPE_RESTRICT delta;
+  const float* XPIPE_RESTRICT w;
+  const float* XPIPE_RESTRICT before;
+  float gamma;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    math::velocity_update(delta[i], w[i], before[i], gamma);
+  }
+};
+
 }  // namespace ops
 
 //! y[r][c] = Act(z[r][c] + bias[c]); y may alias z.
@@ -242,6 +310,53 @@ void adam_predict(const Ctx& ctx, const float* XPIPE_RESTRICT w, const float* XP
                   const float* XPIPE_RESTRICT v, float* XPIPE_RESTRICT out, index_t n, float s_lr,
                   const math::AdamScalars& s) {
   for_each_index(ctx, n, ops::AdamPredict{w, m, v, out, s_lr, s});
+}
+
+//! One fused NAdam/NAdamW pass over a stage's flat buffers.
+template <class Ctx>
+void nadam_step(const Ctx& ctx, float* XPIPE_RESTRICT w, const float* XPIPE_RESTRICT g,
+                float* XPIPE_RESTRICT m, float* XPIPE_RESTRICT v, index_t n,
+                const math::NadamScalars& s) {
+  for_each_index(ctx, n, ops::NadamStep{w, g, m, v, s});
+}
+
+//! out = w - s_lr * NAdam's direction; with w null, out = the direction itself.
+template <class Ctx>
+void nadam_predict(const Ctx& ctx, const float* XPIPE_RESTRICT w, const float* XPIPE_RESTRICT m,
+                   const float* XPIPE_RESTRICT v, float* XPIPE_RESTRICT out, index_t n, float s_lr,
+                   const math::NadamScalars& s) {
+  for_each_index(ctx, n, ops::NadamPredict{w, m, v, out, s_lr, s});
+}
+
+//! out = sum of c[j] x[j] over `terms` (1..4) buffers of n floats, one pass.
+template <class Ctx>
+void combine(const Ctx& ctx, const float* const* x, const float* c, int terms,
+             float* XPIPE_RESTRICT out, index_t n) {
+  ops::Combine f{{x[0], terms > 1 ? x[1] : x[0], terms > 2 ? x[2] : x[0], terms > 3 ? x[3] : x[0]},
+                 {c[0], terms > 1 ? c[1] : 0.f, terms > 2 ? c[2] : 0.f, terms > 3 ? c[3] : 0.f},
+                 terms,
+                 out};
+  for_each_index(ctx, n, f);
+}
+
+//! x *= factor over n floats.
+template <class Ctx>
+void scale_buffer(const Ctx& ctx, float* XPIPE_RESTRICT x, index_t n, float factor) {
+  for_each_index(ctx, n, ops::Scale{x, factor});
+}
+
+//! Error feedback after a delayed step over a flat buffer (math::error_feedback).
+template <class Ctx>
+void error_feedback(const Ctx& ctx, float* XPIPE_RESTRICT w, const float* XPIPE_RESTRICT before,
+                    float* XPIPE_RESTRICT d_prev, index_t n, float gamma) {
+  for_each_index(ctx, n, ops::ErrorFeedback{w, before, d_prev, gamma});
+}
+
+//! PipeMare's velocity over a flat buffer (math::velocity_update).
+template <class Ctx>
+void velocity_update(const Ctx& ctx, float* XPIPE_RESTRICT delta, const float* XPIPE_RESTRICT w,
+                     const float* XPIPE_RESTRICT before, index_t n, float gamma) {
+  for_each_index(ctx, n, ops::VelocityUpdate{delta, w, before, gamma});
 }
 
 // copy_buffer (dst = src) is a backend primitive, next to the element loops in backend/host.hpp

@@ -97,4 +97,71 @@ XPIPE_HOST_DEVICE float adam_predict(float w, float m, float v, float s_lr, cons
   return w - s_lr * adam_direction(m, v, s);
 }
 
+//! Scalars of one NAdam step (Dozat 2016, with a constant beta1: no momentum-decay schedule), the
+//! bias corrections precomputed for step t (1-based): c_m = beta1 / (1 - beta1^(t+1)) weighs the
+//! new momentum, c_g = (1 - beta1) / (1 - beta1^t) the current gradient (Nesterov's look-ahead),
+//! inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+struct NadamScalars {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float c_m;
+  float c_g;
+  float inv_sqrt_bc2;
+  bool decoupled;  // NAdamW: decay the weight directly
+};
+
+//! NAdam's scalars for step t >= 1, in double like adam_scalars.
+inline NadamScalars nadam_scalars(float lr, float beta1, float beta2, float eps, float weight_decay,
+                                  bool decoupled, long t) {
+  const double b1 = beta1, b2 = beta2, td = static_cast<double>(t);
+  const double bc1_next = 1.0 - std::pow(b1, td + 1.0), bc1 = 1.0 - std::pow(b1, td);
+  const double bc2 = 1.0 - std::pow(b2, td);
+  return {lr,
+          beta1,
+          beta2,
+          eps,
+          weight_decay,
+          static_cast<float>(b1 / bc1_next),
+          static_cast<float>((1.0 - b1) / bc1),
+          static_cast<float>(1.0 / std::sqrt(bc2)),
+          decoupled};
+}
+
+//! One NAdam (L2) or NAdamW (decoupled) step on a single weight: m = b1 m + (1 - b1) g;
+//! v = b2 v + (1 - b2) g^2; w -= lr (c_m m + c_g g) / (sqrt(v) / sqrt(bc2) + eps).
+XPIPE_HOST_DEVICE void nadam_update(float& w, float g, float& m, float& v, const NadamScalars& s) {
+  const float wd_grad = s.decoupled ? 0.f : s.weight_decay;
+  const float wd_decay = s.decoupled ? s.lr * s.weight_decay : 0.f;
+  const float gd = g + wd_grad * w;
+  const float mn = s.beta1 * m + (1.f - s.beta1) * gd;
+  const float vn = s.beta2 * v + (1.f - s.beta2) * gd * gd;
+  m = mn;
+  v = vn;
+  const float wn = w * (1.f - wd_decay);
+  w = wn - s.lr * (s.c_m * mn + s.c_g * gd) / (sqrtf(vn) * s.inv_sqrt_bc2 + s.eps);
+}
+
+//! NAdam's next-step direction with a zero next gradient: c_m m / (sqrt(v_hat) + eps).
+XPIPE_HOST_DEVICE float nadam_direction(float m, float v, const NadamScalars& s) {
+  return s.c_m * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
+}
+
+//! Error feedback after a delayed step (2BW + EF): d = before - w is the update just applied; the
+//! weight moves on by gamma (d - d_prev), the change of the update since the previous step, and
+//! d_prev keeps d.
+XPIPE_HOST_DEVICE void error_feedback(float& w, float before, float& d_prev, float gamma) {
+  const float d = before - w;
+  w -= gamma * (d - d_prev);
+  d_prev = d;
+}
+
+//! PipeMare's weight velocity: an exponential average of the per-step change of a weight,
+//! delta = gamma delta + (1 - gamma) (w - before).
+XPIPE_HOST_DEVICE void velocity_update(float& delta, float w, float before, float gamma) {
+  delta = gamma * delta + (1.f - gamma) * (w - before);
+}
+
 }  // namespace xpipe::math

@@ -7,16 +7,17 @@
 #include <variant>
 
 #include "xpipe/optim/adam.hpp"
+#include "xpipe/optim/nadam.hpp"
 #include "xpipe/optim/sgd.hpp"
 
 namespace xpipe {
 
-//! One of SGD, Adam, AdamW, dispatched per call (once per flat pass: no per-element cost).
-//! Usage: `AnyOptimizer opt{Adam{.lr = 1e-3f}};`
+//! One of SGD, Adam, AdamW, NAdam, NAdamW, dispatched per call (once per flat pass: no per-element
+//! cost). Usage: `AnyOptimizer opt{Adam{.lr = 1e-3f}};`
 struct AnyOptimizer {
   static constexpr int moment_count = 2;
   static constexpr const char* name = "any";
-  std::variant<SGD, Adam, AdamW> impl = Adam{};
+  std::variant<SGD, Adam, AdamW, NAdam, NAdamW> impl = Adam{};
 
   float learning_rate() const {
     return std::visit([](const auto& o) { return o.learning_rate(); }, impl);
@@ -40,14 +41,18 @@ struct AnyOptimizer {
 static_assert(Optimizer<AnyOptimizer>);
 
 //! The names make_optimizer knows.
-inline constexpr std::array<const char*, 3> optimizer_names{SGD::name, Adam::name, AdamW::name};
+inline constexpr std::array<const char*, 5> optimizer_names{SGD::name, Adam::name, AdamW::name,
+                                                            NAdam::name, NAdamW::name};
 
-//! "sgd" (momentum 0.9), "adam" or "adamw" with learning rate lr; ConfigError otherwise.
+//! "sgd" (momentum 0.9), "adam", "adamw", "nadam" or "nadamw" with learning rate lr and the other
+//! hyper-parameters at their defaults; ConfigError otherwise.
 inline AnyOptimizer make_optimizer(const std::string& name, float lr) {
   if (!(lr > 0.f)) throw ConfigError("xpipe: learning rate must be > 0");
   if (name == SGD::name) return {SGD{.lr = lr, .momentum = 0.9f}};
   if (name == Adam::name) return {Adam{.lr = lr}};
   if (name == AdamW::name) return {AdamW{.lr = lr}};
+  if (name == NAdam::name) return {NAdam{.lr = lr}};
+  if (name == NAdamW::name) return {NAdamW{.lr = lr}};
   throw ConfigError("xpipe: unknown optimizer '" + name +
                     "' (available: " + join_names(optimizer_names) + ")");
 }

@@ -121,6 +121,16 @@ class OptimizerState {
     optimizer_.step(ctx, flat());
     ++steps_;
   }
+  //! One step taken by `o` in place of the held optimizer (a remedy's variant of it: another
+  //! learning rate, its Nesterov form), over the same buffers, counted like step().
+  template <class Ctx, class O2>
+  void step_with(const Ctx& ctx, const O2& o) {
+    static_assert(O2::moment_count <= O::moment_count,
+                  "xpipe: OptimizerState::step_with: the optimizer needs more moment buffers "
+                  "than the state holds");
+    o.step(ctx, flat());
+    ++steps_;
+  }
   //! d = ΔW from the current state.
   template <class Ctx>
   void direction(const Ctx& ctx, float* d) {

@@ -32,6 +32,9 @@ struct PipelineOptions {
   int micro_batches = 4;      // M: micro-batches a mini-batch is split into
   std::uint64_t seed = 1;     // initialisation
   int threads_per_stage = 1;  // GEMM and element-loop threads of each stage
+  //! Measure every weight prediction against the weights it aimed at (prediction_errors());
+  //! costs two weight copies per prediction in flight and a pass per step. Host backends only.
+  bool measure_prediction = false;
 };
 
 //! What one train() call measured.
@@ -153,6 +156,18 @@ class Pipeline {
             progress_.loss_sum.load(std::memory_order_relaxed)};
   }
 
+  //! With PipelineOptions::measure_prediction: per stage and per s, how far the predictions of
+  //! the last train() call were from the weights they aimed at (mean relative error, mean
+  //! cosine of predicted and actual change); one entry per (stage, s) measured, stages in
+  //! order. Empty for predictors that predict nothing (Latest, Stash, ...).
+  std::vector<PredictionError> prediction_errors() const {
+    std::vector<PredictionError> out;
+    for_each_stage([&](const auto& rt) {
+      if (rt.probe) rt.probe->append_to(out);
+    });
+    return out;
+  }
+
   //! The staleness analysis of the last schedule trained.
   const StalenessAnalysis& analysis() const { return analysis_; }
   //! Weight buffers stage k's predictor held in the last run (live weights included); 0 before
@@ -226,6 +241,10 @@ class Pipeline {
     run_.data = data;
     run_.micro_loss.assign(static_cast<std::size_t>(schedule.total_micro_batches()), 0.0);
     run_.progress = &progress_;
+    run_.analysis = &analysis_;
+    if (options_.measure_prediction && !detail::reads_host_memory<typename backend::Context>)
+      throw ConfigError(
+          "xpipe: Pipeline: measure_prediction needs a backend whose weights are in host memory");
     progress_.reset();
     sample_count_ = 0;
     for (int g = 0; g < schedule.total_micro_batches(); ++g)
@@ -249,6 +268,10 @@ class Pipeline {
         setup.params = S::param_count;
         rt.pred.reset();
         rt.pred.emplace(setup);
+        rt.probe.reset();
+        if (options_.measure_prediction)
+          rt.probe.emplace(k, S::param_count, analysis_.mini_batches_in_flight[k] + 1,
+                           analysis_.max_forward_s(k));
         rt.fresh_grads = true;
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] = analysis_.max_in_flight[k] * S::activation_floats(rows);

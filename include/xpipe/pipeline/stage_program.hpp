@@ -16,7 +16,10 @@
 #include "xpipe/kernels/ops.hpp"
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
+#include "xpipe/pipeline/prediction_probe.hpp"
+#include "xpipe/predict/predictor.hpp"
 #include "xpipe/schedule/dependencies.hpp"
+#include "xpipe/schedule/staleness.hpp"
 
 namespace xpipe {
 
@@ -49,6 +52,7 @@ struct SharedRun {
   EpochData data;
   std::vector<double> micro_loss;  // [g]: summed row losses, written by the last stage
   RunProgress* progress = nullptr;
+  const StalenessAnalysis* analysis = nullptr;  // s of every action (the prediction probe's)
 };
 
 //! Actions of stage I of a K-stage pipeline.
@@ -64,7 +68,7 @@ struct StageProgram {
         backward(rt, run, a.index);
         break;
       case ActionKind::Step:
-        step(rt);
+        step(rt, a.index);
         break;
     }
   }
@@ -96,6 +100,10 @@ struct StageProgram {
       x = ConstMatrix{dst, rows, S::in_width};
     }
     const float* w = rt.pred->forward_weights(rt.ctx(), rt.opt, g);
+    if constexpr (detail::reads_host_memory<typename RT::Context>)
+      if (rt.probe && g % run.split.micro_batches == 0)
+        rt.probe->record(g / run.split.micro_batches, run.analysis->forward(I, g).apply_time, w,
+                         rt.opt.weights());
     const ConstMatrix y = S::forward(rt.ctx(), w, x, rt.acts[slot]);
     if constexpr (I + 1 < K) {
       Q& out_q = run.links.at(io.out);
@@ -162,11 +170,21 @@ struct StageProgram {
     rt.slot_of[g] = -1;
   }
 
-  //! S(t): let the predictor save what it still needs, then step the optimizer.
+  //! S(t): let the predictor save what it still needs, then step the optimizer (or let the
+  //! predictor step it: a remedy that changes the step, or defers it to accumulate gradients).
   template <class RT>
-  static void step(RT& rt) {
+  static void step(RT& rt, int t) {
+    using State = typename decltype(rt.pred)::value_type;
+    using O = std::decay_t<decltype(rt.opt.optimizer())>;
+    using B = typename RT::Backend;
+    if constexpr (detail::reads_host_memory<typename RT::Context>)
+      if (rt.probe) rt.probe->settle(t, rt.opt.weights());  // the weights S(t) steps from
     rt.pred->before_step(rt.ctx(), rt.opt);
-    rt.opt.step(rt.ctx());
+    if constexpr (detail::HasApplyStep<State, O, B>) {
+      if (!rt.pred->apply_step(rt.ctx(), rt.opt)) return;  // accumulating: no step, no reset
+    } else {
+      rt.opt.step(rt.ctx());
+    }
     rt.fresh_grads = true;
   }
 };

@@ -12,6 +12,7 @@
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/optim/optimizer.hpp"
+#include "xpipe/pipeline/prediction_probe.hpp"
 #include "xpipe/predict/predictor.hpp"
 
 namespace xpipe {
@@ -20,6 +21,7 @@ namespace xpipe {
 template <class S, class O, class P, class B>
 struct StageRuntime {
   using Stage = S;
+  using Backend = B;
   using Context = typename B::Context;
   template <class T>
   using Buffer = typename B::template Buffer<T>;
@@ -29,6 +31,7 @@ struct StageRuntime {
   // Rebuilt for each schedule (its copies are sized by the schedule's analysis); optional
   // because a State need not be assignable.
   std::optional<typename P::template State<O, B>> pred;
+  std::optional<PredictionProbe> probe;  // PipelineOptions::measure_prediction only
   std::vector<typename S::template Activations<B>> acts;  // one per micro-batch in flight
   Buffer<float> inputs;  // received activations, one block per activation slot
   typename S::template GradScratch<B> scratch;

@@ -10,15 +10,23 @@
 #include <utility>
 
 #include "xpipe/core/error.hpp"
+#include "xpipe/predict/accumulate.hpp"
+#include "xpipe/predict/error_feedback.hpp"
 #include "xpipe/predict/extrapolate.hpp"
+#include "xpipe/predict/history.hpp"
 #include "xpipe/predict/latest.hpp"
+#include "xpipe/predict/multistep.hpp"
+#include "xpipe/predict/pipemare.hpp"
+#include "xpipe/predict/pipenag.hpp"
 #include "xpipe/predict/stash.hpp"
 #include "xpipe/predict/xpipe.hpp"
 
 namespace xpipe {
 
 //! Every built-in predictor, in the order tools list them.
-using BuiltinPredictors = std::tuple<Latest, Stash, DoubleBuffered, SpecTrain, XPipe, PipeOptim>;
+using BuiltinPredictors =
+    std::tuple<Latest, Stash, DoubleBuffered, SpecTrain, XPipe, PipeOptim, PipeNAG, PipeNAGStaged,
+               PipeMare, MultiStep, FitLinear, FitQuadratic, DoubleBufferedEF, AccumulateToBound>;
 
 namespace detail {
 template <class... P>
@@ -27,7 +35,8 @@ constexpr std::array<const char*, sizeof...(P)> names_of(std::tuple<P...>*) {
 }
 }  // namespace detail
 
-//! Their names ("latest", "stash", "2bw", "spectrain", "xpipe", "pipeoptim").
+//! Their names ("latest", "stash", "2bw", "spectrain", "xpipe", "pipeoptim", "pipenag",
+//! "pipenag-k", "pipemare", "multistep", "fit-linear", "fit-quadratic", "2bw-ef", "paci").
 inline constexpr auto predictor_names = detail::names_of(static_cast<BuiltinPredictors*>(nullptr));
 
 //! Calls f(std::type_identity<P>{}) for the built-in predictor P named `name` and returns what it

@@ -67,6 +67,10 @@ template <class S, class O, class B>
 concept HasBeforeStep = requires(S& st, const typename B::Context& ctx, OptimizerState<O, B>& opt) {
   st.before_step(ctx, opt);
 };
+template <class S, class O, class B>
+concept HasApplyStep = requires(S& st, const typename B::Context& ctx, OptimizerState<O, B>& opt) {
+  { st.apply_step(ctx, opt) } -> std::convertible_to<bool>;
+};
 template <class S>
 concept HasWeightCopies = requires(const S& st) {
   { st.weight_copies() } -> std::convertible_to<int>;
@@ -92,6 +96,10 @@ concept PredictorStateFor =
 //!     - `void before_step(const Ctx&, OptimizerState<O, B>&)`: the live weights are about to
 //!       change (save a version still needed);
 //!     - `int weight_copies() const`: weight buffers held, the live weights included.
+//! Optional: `bool apply_step(const Ctx&, OptimizerState<O, B>& opt)`: the remedy takes the
+//! step itself (after before_step) instead of `opt.step(ctx)` — another learning rate, another
+//! optimizer form, a correction after it, or no step at all (return false: the gradients then
+//! keep accumulating into the next mini-batch's). Returns whether the weights were stepped.
 //! Optional: `static constexpr StalenessTarget target`, the s an extrapolating predictor reads
 //! (`analysis->forward(stage, g).s(target)`). Deriving the State from PredictorHooks supplies
 //! no-op backward_done and before_step. README, "Writing a predictor", has the call order.

@@ -42,6 +42,12 @@ struct StalenessAnalysis {
 
   const ActionVersion& forward(int k, int g) const { return forward_of[k][g]; }
   const ActionVersion& backward(int k, int g) const { return backward_of[k][g]; }
+  //! Stage k's delay: the largest s of its forwards under target t (0 when it has none).
+  int max_forward_s(int k, StalenessTarget t = StalenessTarget::ApplyTime) const {
+    int most = 0;
+    for (const ActionVersion& v : forward_of[k]) most = std::max(most, v.s(t));
+    return most;
+  }
 };
 
 //! Validates the schedule, then derives versions and s for every action (see StalenessTarget).

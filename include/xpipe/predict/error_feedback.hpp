@@ -1,0 +1,52 @@
+// PipeDream-2BW with an error-feedback correction (after Zmushko et al., 2026): the delay stays
+// one step, and each update is pushed on by how much it changed since the previous one.
+#pragma once
+
+#include "xpipe/predict/stash.hpp"
+
+namespace xpipe {
+
+namespace detail {
+inline constexpr char double_buffered_ef_name[] = "2bw-ef";
+}  // namespace detail
+
+//! DoubleBufferedEF: DoubleBuffered (two versions, gradients applied with delay 1; the schedule
+//! must need no more, M >= K for async 1F1B), and after each step the correction
+//!   W_t+1 = W_t - u_t - gamma (u_t - u_t-1),
+//! u_t the update the optimizer applied from the one-step-old gradient: u_t - u_t-1 estimates how
+//! much the update computed on the current weights would differ, and the weights move on by it
+//! (gamma = 1; the first step of a train() call has no u_t-1 and is not corrected). Our reading
+//! of the paper's optimizer-agnostic correction; written over the applied update, so it works for
+//! every optimizer. Holds DoubleBuffered's buffers plus 2: the weights before the step and u_t-1.
+struct DoubleBufferedEF {
+  static constexpr const char* name = detail::double_buffered_ef_name;
+  static constexpr float gamma = 1.f;
+
+  template <class O, class B>
+  class State : public detail::BasicStash<2, detail::double_buffered_ef_name>::State<O, B> {
+    using Stash = typename detail::BasicStash<2, detail::double_buffered_ef_name>::State<O, B>;
+
+   public:
+    explicit State(const PredictorSetup& setup)
+        : Stash(setup), params_(setup.params), before_(setup.params), last_update_(setup.params) {}
+
+    template <class Ctx>
+    bool apply_step(const Ctx& ctx, OptimizerState<O, B>& opt) {
+      copy_buffer(ctx, opt.weights(), before_.data(), params_);
+      opt.step(ctx);
+      error_feedback(ctx, opt.weights(), before_.data(), last_update_.data(), params_,
+                     has_last_ ? gamma : 0.f);
+      has_last_ = true;
+      return true;
+    }
+    int weight_copies() const { return Stash::weight_copies() + 2; }
+
+   private:
+    index_t params_;
+    typename B::template Buffer<float> before_, last_update_;
+    bool has_last_ = false;
+  };
+};
+static_assert(Predictor<DoubleBufferedEF>);
+
+}  // namespace xpipe
