@@ -71,6 +71,7 @@
 #include "xpipe/pipeline/checkpoint.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 #include "xpipe/pipeline/pipeline.hpp"
+#include "xpipe/pipeline/replicas.hpp"
 #include "xpipe/pipeline/sequential.hpp"
 #include "xpipe/pipeline/stage_program.hpp"
 #include "xpipe/pipeline/stage_runtime.hpp"
