@@ -27,3 +27,13 @@ if(NOT DEFINED XPIPE_ENABLE_CUDA OR XPIPE_ENABLE_CUDA)
     set(XPIPE_CUDA_FOUND ON)
   endif()
 endif()
+
+# MPI for xpipe::mpi (the MPI executor and links; Debian: libopenmpi-dev, openmpi-bin). Optional:
+# without it xpipe::xpipe and everything CPU-only still configure and build.
+set(XPIPE_MPI_FOUND OFF)
+if(NOT DEFINED XPIPE_ENABLE_MPI OR XPIPE_ENABLE_MPI)
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
+    set(XPIPE_MPI_FOUND ON)
+  endif()
+endif()

@@ -16,6 +16,7 @@ packages=(
   gnuplot-nox               # xpipe-train's accuracy plots
   clang-format              # the style.format test (Debian 12: clang-format 14)
   clang libclang-rt-14-dev  # the fuzz tests (libFuzzer, ASan, UBSan runtimes of clang 14)
+  libopenmpi-dev openmpi-bin  # the MPI executor, its tests and xpipe-train --executor mpi
 )
 
 missing=()

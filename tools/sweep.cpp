@@ -15,7 +15,8 @@ namespace xpipe::tools {
 namespace fs = std::filesystem;
 
 std::string sweep_schedule_for(const std::string& predictor) {
-  return predictor == "2bw" ? "2bw" : "async-1f1b";
+  // 2BW's double buffer is the schedule's premise, with or without the error feedback.
+  return predictor == "2bw" || predictor == "2bw-ef" ? "2bw" : "async-1f1b";
 }
 
 std::vector<SweepPoint> sweep_points(const SweepPlan& plan) {

@@ -41,8 +41,8 @@ struct SweepPlan {
   int epochs = 2;
 };
 
-//! The schedule a predictor runs on in the sweep, as in --compare: "2bw" for the 2BW predictor
-//! (its double buffer is the schedule's premise), async-1f1b for every other remedy.
+//! The schedule a predictor runs on in the sweep, as in --compare: "2bw" for the 2BW predictors
+//! (2bw and 2bw-ef: their double buffer is the schedule's premise), async-1f1b for every other remedy.
 std::string sweep_schedule_for(const std::string& predictor);
 
 //! The configurations of `plan` in the order they run: per optimizer, M and K, GPipe + Latest

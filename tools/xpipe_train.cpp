@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,6 +28,9 @@
 #include "run_checkpoints.hpp"
 #include "sweep.hpp"
 #include "xpipe/xpipe.hpp"
+#if defined(XPIPE_WITH_MPI)
+#include "xpipe/exec/mpi.hpp"
+#endif
 
 namespace fs = std::filesystem;
 using namespace xpipe;
@@ -48,6 +52,8 @@ struct RunConfig {
   int epochs = 3;
   std::uint64_t seed = 1;
   std::string executor = "threaded";
+  int dp = 1;                  // --executor mpi: data-parallel replicas of the pipeline
+  double wait_timeout = 60;    // seconds a stage may wait on another before giving up
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 1;    // epochs
   bool resume = false;
@@ -91,7 +97,17 @@ struct RunRecord {
 // 100 ms while an epoch trains, after each epoch and each run), so no write is ever cut short.
 volatile std::sig_atomic_t stop_signal = 0;
 
+// Set under --executor mpi: a SIGTERM is then most likely mpirun ending the job because a rank
+// died, and this rank says what it was waiting for (exec/mpi.hpp keeps it for this).
+volatile std::sig_atomic_t under_mpi = 0;
+
 extern "C" void on_stop_signal(int sig) {
+#if defined(XPIPE_WITH_MPI)
+  if (under_mpi != 0 && sig == SIGTERM) {
+    static const char prefix[] = "xpipe-train: SIGTERM; ";
+    if (::write(2, prefix, sizeof prefix - 1) >= 0) mpi_write_wait_state(2);
+  }
+#endif
   if (stop_signal != 0) {  // a second signal: stop at once, as if there were no handler
     std::signal(sig, SIG_DFL);
     std::raise(sig);
@@ -124,9 +140,11 @@ void show_progress(const std::string& label, int epoch, int epochs, long done, l
   const int filled = static_cast<int>(f * width);
   const double rate = seconds > 0 ? done / seconds : 0.0;
   const double eta = rate > 0 ? (total - done) / rate : 0.0;
-  std::printf("\r\033[K  %-30s epoch %d/%d [%s%s] %3.0f%%  loss %.4f  %6.0f samples/s  ETA %.0f s",
+  char loss_text[32] = "   -  ";  // a NaN loss: not known here (an MPI rank before the last stage)
+  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+  std::printf("\r\033[K  %-30s epoch %d/%d [%s%s] %3.0f%%  loss %s  %6.0f samples/s  ETA %.0f s",
               label.c_str(), epoch, epochs, std::string(filled, '#').c_str(),
-              std::string(width - filled, '.').c_str(), 100 * f, loss, rate, eta);
+              std::string(width - filled, '.').c_str(), 100 * f, loss_text, rate, eta);
   std::fflush(stdout);
 }
 
@@ -175,12 +193,54 @@ std::map<std::string, std::string> run_fields(const RunConfig& c, const DatasetP
           {"run.test_samples", std::to_string(data.test.count)}};
 }
 
+// --executor mpi: this process's rank and the executor every run uses (made once, collectively,
+// in main). Only rank 0 prints and writes; a failed run ends the whole job (mpi_fail).
+#if defined(XPIPE_WITH_MPI)
+MpiExecutor* mpi_executor = nullptr;
+#endif
+int mpi_rank = 0;
+
+// Under MPI a run that fails cannot go on: every rank prints what it saw (the executor told the
+// others first), then the job ends with MPI_Abort, a moment later so that they have printed.
+[[noreturn]] void mpi_fail(const std::string& why) {
+  std::fprintf(stderr, "xpipe-train: rank %d: %s\n", mpi_rank, why.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+#if defined(XPIPE_WITH_MPI)
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  std::_Exit(1);
+}
+
+template <class P>
+constexpr bool runs_on_mpi() {
+#if defined(XPIPE_WITH_MPI)
+  return std::is_same_v<typename P::queue_policy, MpiChannel>;
+#else
+  return false;
+#endif
+}
+
+// Replica r's share of the epoch's rows (replica_rows), copied out, for --dp > 1.
+struct ReplicaRows {
+  HostBuffer<float> x;
+  HostBuffer<std::int32_t> y;
+  index_t rows = 0;
+};
+
 // Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
 // epoch, comes back marked so, with the epochs it finished.
-template <class P>
+template <class P, class MpiP = P>
 RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+  if constexpr (!std::is_same_v<P, MpiP>)
+    if (c.executor == "mpi") return run_pipeline<MpiP>(c, data, check);
+  constexpr bool on_mpi = runs_on_mpi<P>();
+  const bool root = mpi_rank == 0;
+  // Each of the dp replicas trains on its share of every mini-batch of c.batch rows.
+  const index_t replica_batch = c.batch / c.dp;
   P pipe(make_optimizer(c.optimizer, c.lr),
-         PipelineOptions{.batch = c.batch,
+         PipelineOptions{.batch = replica_batch,
                          .micro_batches = c.micro_batches,
                          .seed = c.seed,
                          .measure_prediction = c.measure_prediction});
@@ -188,7 +248,18 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   HostBuffer<float> x(data.train.count * data.train.width);
   HostBuffer<std::int32_t> y(data.train.count);
   const Matrix xm{x.data(), data.train.count, data.train.width};
-  const index_t n = pipe.mini_batches_for(data.train.count);
+  ReplicaRows share;
+  std::vector<index_t> share_rows;
+  if (c.dp > 1) {
+#if defined(XPIPE_WITH_MPI)
+    share_rows = replica_rows(data.train.count, c.batch, c.micro_batches, c.dp,
+                              mpi_executor ? mpi_executor->replica() : 0);
+#endif
+    share.rows = static_cast<index_t>(share_rows.size());
+    share.x = HostBuffer<float>(share.rows * data.train.width);
+    share.y = HostBuffer<std::int32_t>(share.rows);
+  }
+  const index_t n = pipe.mini_batches_for(c.dp > 1 ? share.rows : data.train.count);
   const Schedule schedule =
       make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
   RunRecord rec;
@@ -236,16 +307,34 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   };
   ReferenceExecutor reference;
   ThreadedExecutor threaded;
+  threaded.wait_timeout = std::chrono::duration<double>(c.wait_timeout);
   for (int e = first_epoch; e <= c.epochs; ++e) {
     batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
-    const EpochData epoch{xm, y.data()};
+    EpochData epoch{xm, y.data()};
+    if (c.dp > 1) {  // this replica's rows of the epoch, in order
+      for (std::size_t i = 0; i < share_rows.size(); ++i) {
+        const index_t r = share_rows[i];
+        std::copy_n(x.data() + r * data.train.width, data.train.width,
+                    share.x.data() + static_cast<index_t>(i) * data.train.width);
+        share.y.data()[i] = y.data()[r];
+      }
+      epoch = EpochData{Matrix{share.x.data(), share.rows, data.train.width}, share.y.data()};
+    }
     EpochResult r;
     std::exception_ptr failure;
     std::atomic<bool> finished{false};
     std::thread worker([&] {
       try {
-        r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
-                                      : pipe.train(schedule, epoch, threaded);
+        if constexpr (on_mpi) {
+#if defined(XPIPE_WITH_MPI)
+          r = pipe.train(schedule, epoch, *mpi_executor);
+          // Every rank gets every stage's trained state: rank 0 evaluates and checkpoints it.
+          mpi_executor->share_stage_states(pipe);
+#endif
+        } else {
+          r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
+                                        : pipe.train(schedule, epoch, threaded);
+        }
       } catch (...) {
         failure = std::current_exception();
       }
@@ -255,15 +344,21 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     while (!finished) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       check(rec, e);
-      if (interactive()) {
-        const auto p = pipe.progress();
-        show_progress(c.label(), e, c.epochs, p.samples, data.train.count,
-                      p.samples > 0 ? p.loss_sum / p.samples : 0.0,
+      if (interactive() && root) {
+        auto p = pipe.progress();
+        double loss = p.samples > 0 ? p.loss_sum / p.samples : 0.0;
+#if defined(XPIPE_WITH_MPI)
+        if (on_mpi && P::stage_count > 1) {  // rank 0 runs stage 0: its share of its list
+          p.samples = static_cast<long>(mpi_executor->progress() * data.train.count);
+          loss = std::nan("");
+        }
+#endif
+        show_progress(c.label(), e, c.epochs, p.samples, data.train.count, loss,
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     }
     worker.join();
-    if (interactive()) std::printf("\r\033[K");
+    if (interactive() && root) std::printf("\r\033[K");
     if (failure) {
       try {
         std::rethrow_exception(failure);
@@ -278,22 +373,31 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
         // The library throws on a NaN or infinite loss; any other error is a failure, and so
         // is a non-finite loss it blames on the data ("bad data"), not on divergence.
         const std::string what = err.what();
+        if (on_mpi) mpi_fail("epoch " + std::to_string(e) + ": " + what);
         const bool numeric = (what.find("loss is NaN") != std::string::npos ||
                               what.find("loss is infinite") != std::string::npos) &&
                              what.find("bad data") == std::string::npos;
         rec.status = numeric ? RunStatus::diverged : RunStatus::failed;
         rec.why = "epoch " + std::to_string(e) + ": " + what;
         return rec;
+      } catch (const std::exception& err) {  // under MPI the ranks cannot go on together
+        if (on_mpi) mpi_fail("epoch " + std::to_string(e) + ": " + err.what());
+        throw;
       }
     }
     const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
+#if defined(XPIPE_WITH_MPI)
+    const ExecutionTrace& trace = on_mpi ? mpi_executor->trace() : tr;
+#else
+    const ExecutionTrace& trace = tr;
+#endif
     EpochRecord er;
     er.epoch = e;
     er.loss = r.loss;
     er.seconds = r.seconds;
-    er.samples_per_second = static_cast<double>(r.samples) / r.seconds;
-    er.test_accuracy = pipe.evaluate(data.test);
-    for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(tr.bubble_fraction(k));
+    er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
+    er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
+    for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
     er.prediction_error = pipe.prediction_errors();
     std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(), e,
                 er.loss, 100 * er.test_accuracy, er.samples_per_second);
@@ -307,10 +411,11 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       return rec;
     }
     if (e == c.epochs) {
-      rec.trace = tr;
+      rec.trace = trace;
       rec.schedule = schedule;
     }
-    if (!ckpt_dir.empty() && (e % c.checkpoint_every == 0 || e == c.epochs || stop_signal != 0))
+    if (!ckpt_dir.empty() && root &&
+        (e % c.checkpoint_every == 0 || e == c.epochs || stop_signal != 0))
       save(e);
     if (e < c.epochs) check(rec, 0);  // after the last, the run is done: recorded whole
   }
@@ -329,7 +434,12 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
 template <class... Stages>
 RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return with_predictor(c.predictor, [&]<class P>(std::type_identity<P>) {
+#if defined(XPIPE_WITH_MPI)
+    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>,
+                        Pipeline<Stages..., P, AnyOptimizer, MpiChannel>>(c, data, check);
+#else
     return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data, check);
+#endif
   });
 }
 
@@ -432,7 +542,8 @@ class StudyFiles {
     if (rec.ok() && !rec.trace.stages.empty()) {  // (a run resumed after its last epoch has none)
       const RunConfig& c = rec.config;
       TimelineOptions to;
-      to.title = c.label() + ": first mini-batches of the last epoch (threaded run, real times)";
+      to.title =
+          c.label() + ": first mini-batches of the last epoch (" + c.executor + " run, real times)";
       try {
         tools::write_file_atomically(dir_ / timeline_name(c),
                                      timeline_svg(rec.trace, rec.schedule, to));
@@ -598,6 +709,11 @@ class StudyFiles {
 // abandoned epoch, and nothing of it is to be kept.
 [[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
   const int sig = stop_signal;
+  if (mpi_rank != 0) {  // under mpirun: rank 0 reports; the others' files were private scratch
+    std::error_code ignored;
+    fs::remove_all(files.dir(), ignored);
+    std::_Exit(128 + sig);
+  }
   print_table(files.records());
   std::size_t done = 0;
   for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
@@ -797,8 +913,23 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", c.epochs, "Epochs")->check(CLI::Range(1, 1000));
   app.add_option("--seed", c.seed, "Seed of initialisation and shuffling")
       ->check(CLI::Validator(check_seed, "0 to 2^64-1"));
-  app.add_option("--executor", c.executor, "threaded (a thread per stage) or reference")
+#if defined(XPIPE_WITH_MPI)
+  app.add_option("--executor", c.executor,
+                 "threaded (a thread per stage), reference, or mpi (a rank per stage, under "
+                 "mpirun -np dp x K)")
+      ->check(CLI::IsMember({"threaded", "reference", "mpi"}));
+#else
+  app.add_option("--executor", c.executor,
+                 "threaded (a thread per stage) or reference (built without MPI: no mpi)")
       ->check(CLI::IsMember({"threaded", "reference"}));
+#endif
+  app.add_option("--dp", c.dp,
+                 "Data-parallel replicas of the pipeline (--executor mpi; ranks = dp x K)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--wait-timeout", c.wait_timeout,
+                 "Seconds a stage may wait on another (a stopped or hung one) before the run "
+                 "fails")
+      ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--data-dir", data_dir, "Directory of the four Fashion-MNIST .gz files");
   app.add_option("--out", out_dir,
                  "Output directory (CSV, JSON, plots, timelines), made before training and "
@@ -955,6 +1086,66 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "xpipe-train: --out '%s': %s\n", out_dir.c_str(), why.c_str());
     return 2;
   }
+  // --executor mpi: the launch must match the flags (usage errors, exit 2, named on rank 0).
+  if (c.dp > 1 && c.executor != "mpi") {
+    std::fprintf(stderr, "xpipe-train: --dp %d needs --executor mpi\n", c.dp);
+    return 2;
+  }
+  struct MpiSession {  // finalizes MPI on every normal return from main
+    bool on = false;
+    ~MpiSession() {
+#if defined(XPIPE_WITH_MPI)
+      if (on) MPI_Finalize();
+#endif
+    }
+  } mpi_session;
+  fs::path private_out;  // ranks other than 0 write their (unused) study files here
+#if defined(XPIPE_WITH_MPI)
+  std::optional<MpiExecutor> mpi_exec;
+  if (c.executor == "mpi") {
+    int provided = 0, ranks = 0;
+    mpi_default_tuning();
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // a worker thread trains
+    mpi_session.on = true;
+    under_mpi = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    std::string why;
+    if (ranks != c.dp * c.stages)
+      why = std::to_string(ranks) + " ranks were launched, but --dp " + std::to_string(c.dp) +
+            " x --stages " + std::to_string(c.stages) + " needs " +
+            std::to_string(c.dp * c.stages) + " (mpirun -np " + std::to_string(c.dp * c.stages) +
+            ")";
+    else if (c.batch % c.dp != 0)
+      why = "--dp " + std::to_string(c.dp) + " does not divide --batch " + std::to_string(c.batch) +
+            " (each replica trains on batch / dp rows)";
+    else if (c.micro_batches > c.batch / c.dp)
+      why = "--micro-batches (" + std::to_string(c.micro_batches) +
+            ") exceeds a replica's batch (" + std::to_string(c.batch / c.dp) + ")";
+    else if (provided < MPI_THREAD_SERIALIZED)
+      why = "this MPI library does not support MPI_THREAD_SERIALIZED";
+    if (!why.empty()) {
+      if (mpi_rank == 0) std::fprintf(stderr, "xpipe-train: --executor mpi: %s\n", why.c_str());
+      return 2;
+    }
+    mpi_exec.emplace(MPI_COMM_WORLD, c.dp);
+    mpi_exec->wait_timeout = std::chrono::duration<double>(c.wait_timeout);
+    mpi_executor = &*mpi_exec;
+    if (mpi_rank != 0) {  // rank 0 prints and writes; the others stay quiet but for errors
+      if (!std::freopen("/dev/null", "w", stdout)) return 1;
+      char tmpl[] = "/tmp/xpipe-train-rank-XXXXXX";
+      if (const char* made = mkdtemp(tmpl)) private_out = made;
+      out_dir = private_out.string();
+    }
+  }
+#endif
+  struct RemoveOnExit {
+    fs::path dir;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      if (!dir.empty()) fs::remove_all(dir, ignored);
+    }
+  } remove_private_out{private_out};
   install_signal_handlers();
   try {
     DatasetPair data = load_fashion_mnist(data_dir);
@@ -1051,7 +1242,7 @@ int main(int argc, char** argv) {
     }
     if (stop_signal != 0) stop_for_signal(files, "after the last run");
     print_table(files.records());
-    const bool plotted = files.plot();
+    const bool plotted = mpi_rank == 0 && files.plot();
     if (stop_signal != 0) stop_for_signal(files, "while plotting");
     std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"};
     if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png"});
@@ -1072,6 +1263,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
+    if (c.executor == "mpi") mpi_fail(e.what());
     std::fprintf(stderr, "xpipe-train: %s\n", e.what());
     return 1;
   }

@@ -61,6 +61,9 @@
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/exec/reference.hpp"
 #include "xpipe/exec/threaded.hpp"
+#include "xpipe/sim/cost_model.hpp"
+#include "xpipe/sim/planner.hpp"
+#include "xpipe/sim/simulate.hpp"
 #include "xpipe/trace/chrome_trace.hpp"
 #include "xpipe/trace/svg_timeline.hpp"
 
@@ -68,6 +71,7 @@
 #include "xpipe/pipeline/checkpoint.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 #include "xpipe/pipeline/pipeline.hpp"
+#include "xpipe/pipeline/replicas.hpp"
 #include "xpipe/pipeline/sequential.hpp"
 #include "xpipe/pipeline/stage_program.hpp"
 #include "xpipe/pipeline/stage_runtime.hpp"

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -299,6 +300,16 @@ class Pipeline {
         StageProgram<I, stage_count>::execute(rt, p->run_, a);
       });
     }
+    // What executors of several processes reach for (exec/mpi.hpp): the links, to wire this
+    // process's ends; stage k's flat gradient, to all-reduce it over replicas; each
+    // micro-batch's loss, which only the last stage computes, to share it.
+    Links<queue>& links() { return p->run_.links; }
+    std::span<float> gradients(int k) {
+      return detail::visit_stage(p->runtimes_, k, [](auto& rt, auto) {
+        return std::span<float>(rt.opt.grads(), static_cast<std::size_t>(rt.opt.size()));
+      });
+    }
+    std::span<double> micro_losses() { return p->run_.micro_loss; }
   };
   static_assert(Program<RunProgram>);
 

@@ -1,0 +1,217 @@
+// Micro-batch queues between MPI ranks (the MpiChannel QueuePolicy): one end of a stage
+// boundary per rank, receives posted ahead into the pre-allocated slots, sends non-blocking, a
+// tag per (micro-batch, direction). Needs <mpi.h>: link xpipe::mpi (Debian: libopenmpi-dev).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xpipe/backend/host.hpp"
+#include "xpipe/comm/queue.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/core/tensor.hpp"
+
+namespace xpipe {
+
+//! An MPI call that failed (communicators use MPI_ERRORS_RETURN), with MPI's own text.
+class MpiError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+inline void mpi_check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  MPI_Error_string(rc, text, &n);
+  throw MpiError(std::string("xpipe: ") + call + " failed: " + std::string(text, n));
+}
+}  // namespace detail
+
+//! Checks an MPI call's return code; throws MpiError naming the call and MPI's reason.
+#define XPIPE_MPI_CHECK(call) ::xpipe::detail::mpi_check((call), #call)
+
+//! Which end of a link this rank holds: it sends (Producer), receives (Consumer), or neither.
+enum class LinkRole : unsigned char { None, Producer, Consumer };
+
+//! How a rank's end of one link is wired: the communicator, the peer's rank in it, the
+//! direction (0: activations, 1: gradients; part of every tag), and for a consumer the
+//! micro-batch numbers in the order its actions pop them (receives are posted in that order).
+struct MpiLinkEnd {
+  MPI_Comm comm = MPI_COMM_NULL;
+  LinkRole role = LinkRole::None;
+  int peer = -1;
+  int direction = 0;
+  std::vector<int> order;
+};
+
+//! The tag of micro-batch g's message in `direction`: 2g + direction, wrapped below tag_ub (the
+//! receives in flight on one link are a few apart, never 2^20, so a wrapped tag is never
+//! ambiguous).
+inline int mpi_link_tag(int g, int direction, int tag_ub) {
+  const int wrap = tag_ub < (1 << 21) ? (tag_ub + 1) / 2 : (1 << 20);
+  return 2 * (g % wrap) + direction;
+}
+
+//! One end of a link between two ranks: a Queue of `capacity` pre-allocated slots of up to
+//! rows x cols floats in host memory. Unconnected (constructed only), it holds no memory; a
+//! rank connects the ends it owns (connect) and never touches the others. A consumer keeps one
+//! receive posted per slot for the next micro-batches of its order, so `can_pop()` is an
+//! MPI_Test of the oldest and `front()` reads the slot the message landed in; a producer fills
+//! `back()` in place and `push()` starts an MPI_Isend from it, and `can_push()` tests whether
+//! that slot's previous send has completed.
+template <class B = Host>
+class MpiLink {
+ public:
+  MpiLink() = default;
+  MpiLink(int capacity, index_t rows, index_t cols)
+      : capacity_(capacity), rows_(rows), cols_(cols) {
+    if (capacity < 1) throw ConfigError("xpipe: MpiLink: capacity must be >= 1");
+  }
+  MpiLink(MpiLink&& o) noexcept { *this = std::move(o); }
+  MpiLink& operator=(MpiLink&& o) noexcept {
+    release();
+    capacity_ = o.capacity_;
+    rows_ = o.rows_;
+    cols_ = o.cols_;
+    end_ = std::move(o.end_);
+    tag_ub_ = o.tag_ub_;
+    storage_ = std::move(o.storage_);
+    slots_ = std::move(o.slots_);
+    requests_ = std::move(o.requests_);
+    arrived_ = std::move(o.arrived_);
+    cursor_ = o.cursor_;
+    posted_ = o.posted_;
+    o.requests_.clear();
+    return *this;
+  }
+  ~MpiLink() { release(); }
+
+  //! Wires this end (see MpiLinkEnd) and, for a consumer, posts the first receives. MPI reads
+  //! and writes the slots directly: on a device backend that needs a CUDA-aware MPI (NCCL is
+  //! the transport meant for GPUs: comm/nccl_link.cuh).
+  void connect(MpiLinkEnd end) {
+    release();
+    end_ = std::move(end);
+    if (end_.role == LinkRole::None) return;
+    int* ub = nullptr;
+    int flag = 0;
+    XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
+    tag_ub_ = flag && ub ? *ub : 32767;
+    storage_ = typename B::template Buffer<float>(capacity_ * rows_ * cols_);
+    slots_.assign(static_cast<std::size_t>(capacity_), {});
+    requests_.assign(static_cast<std::size_t>(capacity_), MPI_REQUEST_NULL);
+    arrived_.assign(static_cast<std::size_t>(capacity_), 0);
+    for (int i = 0; i < capacity_; ++i)
+      slots_[static_cast<std::size_t>(i)].data =
+          Matrix{storage_.data() + i * rows_ * cols_, rows_, cols_};
+    cursor_ = 0;
+    posted_ = 0;
+    if (end_.role == LinkRole::Consumer)
+      for (int i = 0; i < capacity_; ++i) post_receive(i);
+  }
+  const MpiLinkEnd& end() const { return end_; }
+
+  // ---- producer side ----
+  bool can_push() const { return test(cursor_); }
+  MicroBatchMessage& back() { return slots_[static_cast<std::size_t>(cursor_)]; }
+  void push() {
+    MicroBatchMessage& m = back();
+    XPIPE_MPI_CHECK(MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT,
+                              end_.peer, mpi_link_tag(m.micro_batch, end_.direction, tag_ub_),
+                              end_.comm, &requests_[static_cast<std::size_t>(cursor_)]));
+    arrived_[static_cast<std::size_t>(cursor_)] = 0;
+    cursor_ = (cursor_ + 1) % capacity_;
+  }
+
+  // ---- consumer side ----
+  bool can_pop() const { return requests_.empty() ? false : test(cursor_); }
+  const MicroBatchMessage& front() const { return slots_[static_cast<std::size_t>(cursor_)]; }
+  void pop() {
+    post_receive(cursor_);
+    cursor_ = (cursor_ + 1) % capacity_;
+  }
+
+  //! Producer: whether every send has completed (the buffers may be reused or freed).
+  bool sends_done() const {
+    if (end_.role != LinkRole::Producer) return true;
+    for (int i = 0; i < capacity_; ++i)
+      if (!test(i)) return false;
+    return true;
+  }
+
+ private:
+  // Whether slot i's request has completed (a slot with none counts as done). For a receive,
+  // records the message's rows (from its size) and micro-batch (from the order).
+  bool test(int i) const {
+    const auto u = static_cast<std::size_t>(i);
+    if (arrived_[u]) return true;
+    if (requests_[u] == MPI_REQUEST_NULL) return (arrived_[u] = 1) != 0;
+    int done = 0;
+    MPI_Status st;
+    XPIPE_MPI_CHECK(MPI_Test(&requests_[u], &done, &st));
+    if (!done) return false;
+    if (end_.role == LinkRole::Consumer) {
+      int count = 0;
+      XPIPE_MPI_CHECK(MPI_Get_count(&st, MPI_FLOAT, &count));
+      slots_[u].data.rows = count / cols_;
+    }
+    return (arrived_[u] = 1) != 0;
+  }
+
+  // Posts slot i's receive for the next micro-batch of the order (none when all are posted: the
+  // slot then stays empty and can_pop() would report its old message, but no action asks).
+  void post_receive(int i) {
+    const auto u = static_cast<std::size_t>(i);
+    arrived_[u] = 0;
+    if (posted_ >= end_.order.size()) {
+      slots_[u].micro_batch = -1;
+      return;
+    }
+    const int g = end_.order[posted_++];
+    slots_[u].micro_batch = g;
+    XPIPE_MPI_CHECK(MPI_Irecv(slots_[u].data.data, static_cast<int>(rows_ * cols_), MPI_FLOAT,
+                              end_.peer, mpi_link_tag(g, end_.direction, tag_ub_), end_.comm,
+                              &requests_[u]));
+  }
+
+  // Cancels receives still posted and lets go of sends still in flight (only after a failed
+  // run: a complete run consumes every receive and drains every send first).
+  void release() noexcept {
+    for (MPI_Request& r : requests_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      if (end_.role == LinkRole::Consumer) MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    requests_.clear();
+  }
+
+  int capacity_ = 1;
+  index_t rows_ = 0, cols_ = 0;
+  MpiLinkEnd end_;
+  int tag_ub_ = 32767;
+  typename B::template Buffer<float> storage_;
+  mutable std::vector<MicroBatchMessage> slots_;
+  mutable std::vector<MPI_Request> requests_;
+  mutable std::vector<char> arrived_;
+  int cursor_ = 0;
+  std::size_t posted_ = 0;
+};
+
+//! The QueuePolicy of pipelines whose stages run on different MPI ranks (MpiExecutor). Usage:
+//! `Pipeline<S0, S1, XPipe, MpiChannel> p; MpiExecutor e; p.train(schedule, data, e);`
+struct MpiChannel {
+  template <class B>
+  using queue = MpiLink<B>;
+  static constexpr const char* name = "mpi";
+};
+
+static_assert(Queue<MpiLink<Host>>);
+static_assert(QueuePolicy<MpiChannel>);
+
+}  // namespace xpipe

@@ -1,0 +1,310 @@
+// The MPI executor under mpirun: bitwise equality with the threaded executor for every schedule
+// x predictor (dp = 1), data parallelism (replicas bitwise equal; dp = 2 x K = 2 against one
+// process at the same global batch), and the faults (a killed, a stopped, a NaN rank), which
+// fault_case.sh times. Usage: mpirun -np N xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
+#include <mpi.h>
+#include <signal.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "../support/support.hpp"
+#include "xpipe/exec/mpi.hpp"
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+using A = Stage<Linear<12, 16>, ReLU>;
+using B = Stage<Linear<16, 16>, GELU>;
+using C = Stage<Linear<16, 16>, ReLU>;
+using D = Stage<Linear<16, 4>>;
+
+// The optimizer each predictor is meant for (SpecTrain: SGD momentum; XPipe: AdamW).
+AnyOptimizer optimizer_for(const std::string& predictor) {
+  if (predictor == "spectrain") return make_optimizer("sgd", 0.05f);
+  if (predictor == "xpipe") return make_optimizer("adamw", 1e-2f);
+  return make_optimizer("adam", 1e-2f);
+}
+
+// A 64-bit FNV-1a hash of the bytes of `w`: replicas compare it instead of whole buffers.
+std::uint64_t hash_of(const std::vector<float>& w) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(w.data());
+  for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// Failures on this rank; the test fails when any rank counts one.
+int failures = 0;
+void fail(const std::string& what) {
+  ++failures;
+  std::fprintf(stderr, "FAIL rank %d: %s\n", world_rank(), what.c_str());
+}
+
+struct Outcome {
+  std::vector<float> weights;
+  std::vector<double> losses;  // per epoch
+  std::string error;           // what train() threw, if it threw
+};
+
+// Trains `epochs` epochs of `d` with the threaded executor in this process.
+template <class P>
+Outcome train_threaded(const std::string& sched, const std::string& pred, int M, index_t batch,
+                       const test::LabelledData& d, int epochs) {
+  Outcome o;
+  try {
+    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7});
+    const Schedule s =
+        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
+    ThreadedExecutor exec;
+    for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
+    o.weights = pipe.weights();
+  } catch (const std::exception& e) {
+    o.error = e.what();
+  }
+  return o;
+}
+
+// The same on the ranks: each runs its stage; afterwards every rank holds every stage's state.
+template <class P>
+Outcome train_mpi(MpiExecutor& exec, const std::string& sched, const std::string& pred, int M,
+                  index_t batch, const test::LabelledData& d, int epochs) {
+  Outcome o;
+  try {
+    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7});
+    const Schedule s =
+        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
+    for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
+    exec.share_stage_states(pipe);
+    o.weights = pipe.weights();
+    // World rank 0 holds a row per stage, every action timed after the common start.
+    if (exec.rank() == 0)
+      for (const auto& row : exec.trace().stages)
+        for (const ActionTiming& t : row)
+          if (!(t.end >= t.start && t.start >= 0 && t.end > 0))
+            fail(sched + " x " + pred + ": rank 0's gathered trace has an untimed action");
+  } catch (const std::exception& e) {
+    o.error = e.what();
+  }
+  return o;
+}
+
+template <class... S>
+void bitwise_for_model() {
+  const int K = static_cast<int>(sizeof...(S));
+  const int M = K;  // 2bw needs M >= K
+  // 5 full mini-batches of 16 rows and a tail of 8; two epochs (the links are wired again).
+  const test::LabelledData d = test::random_classification(88, 12, 4, 11);
+  MpiExecutor exec;
+  int combos = 0;
+  for (const char* sched : schedule_names)
+    for (const char* pred : predictor_names)
+      with_predictor(pred, [&]<class P>(std::type_identity<P>) {
+        const std::string what = std::string(sched) + " x " + pred;
+        const Outcome thr =
+            train_threaded<Pipeline<S..., P, AnyOptimizer>>(sched, pred, M, 16, d, 2);
+        const Outcome mpi =
+            train_mpi<Pipeline<S..., P, AnyOptimizer, MpiChannel>>(exec, sched, pred, M, 16, d, 2);
+        ++combos;
+        if (!thr.error.empty() || !mpi.error.empty()) {
+          if (thr.error != mpi.error)
+            fail(what + ": threaded says '" + thr.error + "', mpi says '" + mpi.error + "'");
+          return;
+        }
+        if (thr.weights.size() != mpi.weights.size() ||
+            std::memcmp(thr.weights.data(), mpi.weights.data(), thr.weights.size() * 4) != 0)
+          fail(what + ": weights differ from the threaded executor's");
+        if (thr.losses != mpi.losses) fail(what + ": losses differ from the threaded executor's");
+      });
+  if (world_rank() == 0)
+    std::printf("bitwise: %d schedule x predictor runs on %d ranks compared\n", combos, K);
+}
+
+void bitwise() {
+  const int n = world_size();
+  if (n == 2)
+    bitwise_for_model<A, D>();
+  else if (n == 4)
+    bitwise_for_model<A, B, C, D>();
+  else
+    throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(n) + ")");
+}
+
+// Replica r's rows of d (replica_rows), gathered into a contiguous copy.
+test::LabelledData replica_data(const test::LabelledData& d, index_t batch, int M, int R, int r) {
+  const std::vector<index_t> rows = replica_rows(d.rows, batch, M, R, r);
+  test::LabelledData out{{}, {}, static_cast<index_t>(rows.size()), d.cols};
+  for (index_t i : rows) {
+    out.x.insert(out.x.end(), d.x.begin() + i * d.cols, d.x.begin() + (i + 1) * d.cols);
+    out.y.push_back(d.y[static_cast<std::size_t>(i)]);
+  }
+  return out;
+}
+
+// dp = 2 replicas of a 2-stage pipeline on 4 ranks.
+void data_parallel() {
+  if (world_size() != 4) throw ConfigError("dp: run on 4 ranks");
+  const int R = 2, M = 2;
+  const index_t B = 16;
+  const test::LabelledData d = test::random_classification(96, 12, 4, 5);  // 6 mini-batches
+  MpiExecutor exec(MPI_COMM_WORLD, R);
+  const test::LabelledData mine = replica_data(d, B, M, R, exec.replica());
+  double worst = 0, worst_abs = 0;
+  for (const char* sched : schedule_names)
+    for (const char* pred : predictor_names)
+      with_predictor(pred, [&]<class P>(std::type_identity<P>) {
+        const std::string what = std::string(sched) + " x " + pred;
+        const Outcome mpi = train_mpi<Pipeline<A, D, P, AnyOptimizer, MpiChannel>>(
+            exec, sched, pred, M, B / R, mine, 2);
+        if (!mpi.error.empty()) {
+          if (std::string(sched) == "2bw" || std::string(pred) == "2bw") return;  // M < K etc.
+          fail(what + ": " + mpi.error);
+          return;
+        }
+        // Replicas: bitwise the same weights (hashes gathered over each stage's replicas).
+        std::uint64_t h = hash_of(mpi.weights), other = 0;  // (2 replicas: XOR 0 iff equal)
+        MPI_Allreduce(&h, &other, 1, MPI_UINT64_T, MPI_BXOR, exec.replicas_comm());
+        if (other != 0) fail(what + ": replicas hold different weights");
+        // One process at the global batch with the same M runs the same schedule (the same
+        // weight versions for every micro-batch, async ones included); only the rows of each
+        // micro-batch's gradient are summed in another grouping (each replica's half, then the
+        // two halves). Float32 sums of 8 rows regrouped differ by a few ulps (~1e-7 relative);
+        // 12 steps at lr 1e-2 (Adam's step is bounded by lr; SGD's by lr x gradient) carry
+        // that to ~1e-8 in a weight. tol = 1e-6 + 1e-5 |ref| leaves 10x to 100x room and would
+        // still catch a missing 1 / R or a replica's rows counted twice (~1e-2).
+        const Outcome one =
+            train_threaded<Pipeline<A, D, P, AnyOptimizer>>(sched, pred, M, B, d, 2);
+        for (std::size_t i = 0; i < one.weights.size(); ++i) {
+          const double ref = one.weights[i], got = mpi.weights[i];
+          const double tol = 1e-6 + 1e-5 * std::fabs(ref);
+          worst = std::max(worst, std::fabs(got - ref) / tol);
+          worst_abs = std::max(worst_abs, std::fabs(got - ref));
+          if (!(std::fabs(got - ref) <= tol)) {
+            fail(what + ": weight " + std::to_string(i) + " is " + std::to_string(got) +
+                 ", one process has " + std::to_string(ref));
+            break;
+          }
+        }
+        for (std::size_t e = 0; e < one.losses.size(); ++e)
+          if (!(std::fabs(one.losses[e] - mpi.losses[e]) <= 1e-6 + 1e-5 * one.losses[e]))
+            fail(what + ": epoch loss " + std::to_string(mpi.losses[e]) + ", one process " +
+                 std::to_string(one.losses[e]));
+      });
+  if (world_rank() == 0)
+    std::printf(
+        "dp: 2 replicas x 2 stages: replicas bitwise equal; worst |dp - one| = %.3g (%.3f of "
+        "tol)\n",
+        worst_abs, worst);
+}
+
+// ---- faults ----
+
+// A Program that runs another and does `kind` to itself at stage 1's F of micro-batch 6.
+template <class Inner>
+struct Faulty {
+  Inner inner;
+  std::string kind;
+  const Schedule& schedule() const { return inner.schedule(); }
+  bool ready(int k, const Action& a) { return inner.ready(k, a); }
+  bool input_ready(int k, const Action& a) { return inner.input_ready(k, a); }
+  void execute(int k, const Action& a) {
+    if (k == 1 && a.kind == ActionKind::Forward && a.index == 6) {
+      std::fprintf(stderr, "rank %d: %s at %s\n", world_rank(), kind.c_str(), to_string(a).c_str());
+      std::fflush(stderr);
+      if (kind == "kill") raise(SIGKILL);
+      if (kind == "stop") raise(SIGSTOP);
+    }
+    inner.execute(k, a);
+  }
+  auto& links() { return inner.links(); }
+  std::span<double> micro_losses() { return inner.micro_losses(); }
+};
+
+// An executor that hands the pipeline's Program to the MPI executor wrapped in Faulty.
+struct FaultyExecutor {
+  static constexpr const char* name = "faulty-mpi";
+  MpiExecutor* mpi;
+  std::string kind;
+  template <Program P>
+  void run(P& program) {
+    Faulty<P&> f{program, kind};
+    mpi->run(f);
+  }
+  const ExecutionTrace& trace() const { return mpi->trace(); }
+};
+
+// mpirun ends the job when a rank dies: SIGTERM to the others, which say what they waited for.
+extern "C" void on_sigterm(int) {
+  static const char prefix[] = "xpipe_test_mpi: terminated by SIGTERM; ";
+  if (::write(2, prefix, sizeof prefix - 1) < 0) _exit(143);
+  mpi_write_wait_state(2);
+  _exit(143);
+}
+
+void fault(const std::string& kind, double timeout) {
+  std::signal(SIGTERM, on_sigterm);
+  using P = Pipeline<A, B, C, D, Latest, AnyOptimizer, MpiChannel>;
+  if (world_size() != 4) throw ConfigError("fault: run on 4 ranks");
+  test::LabelledData d = test::random_classification(16 * 40, 12, 4, 3);
+  // NaN: one feature of a row in mini-batch 3 (micro-batch 13): the last stage's loss is NaN.
+  if (kind == "nan") d.x[static_cast<std::size_t>((3 * 16 + 5) * 12)] = std::nanf("");
+  MpiExecutor exec;
+  exec.wait_timeout = std::chrono::duration<double>(timeout);
+  FaultyExecutor f{&exec, kind};
+  P pipe(optimizer_for("latest"), PipelineOptions{.batch = 16, .micro_batches = 4, .seed = 7});
+  const Schedule s = make_schedule("async-1f1b", 4, 4, 40);
+  for (int e = 0; e < 3; ++e) pipe.train(s, d.epoch(), f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi_default_tuning();
+  MPI_Init(&argc, &argv);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "bitwise")
+      bitwise();
+    else if (mode == "dp")
+      data_parallel();
+    else if (mode == "fault" && argc > 2)
+      fault(argv[2], argc > 3 ? std::stod(argv[3]) : 60);
+    else
+      throw ConfigError("usage: xpipe_test_mpi bitwise|dp|fault <kill|stop|nan> [timeout s]");
+  } catch (const std::exception& e) {
+    // A failed run leaves the ranks unable to go on together: end the job, a moment after the
+    // other ranks (told by the executor) have printed where they were.
+    std::fprintf(stderr, "xpipe_test_mpi: rank %d: %s\n", world_rank(), e.what());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank() == 0) std::printf("%s: %s\n", mode.c_str(), total == 0 ? "ok" : "FAILED");
+  MPI_Finalize();
+  return total == 0 ? 0 : 1;
+}

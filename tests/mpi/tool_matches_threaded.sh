@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# xpipe-train --executor mpi against the threaded executor on the same flags: the per-epoch loss
+# and test accuracy of runs.csv must be the same text (the same bits, printed to 6 digits), and
+# rank 0 alone must write (the files exist once, in --out). With --dp 2, the loss must agree to
+# 3 digits (the gradient sums run in another order; see README).
+# Usage: tool_matches_threaded.sh XPIPE_TRAIN WORKDIR mpirun [flags...]
+set -euo pipefail
+train=$1 work=$2
+shift 2
+rm -rf "$work" && mkdir -p "$work"
+common=(--train-samples 1024 --test-samples 500 --epochs 2 --batch 64 -M 2)
+"$train" -K 2 "${common[@]}" --out "$work/threaded" >"$work/threaded.log" 2>&1
+"$@" -np 2 "$train" --executor mpi -K 2 "${common[@]}" --out "$work/mpi" >"$work/mpi.log" 2>&1
+"$@" -np 4 "$train" --executor mpi --dp 2 -K 2 --schedule gpipe --predictor latest \
+  "${common[@]}" --out "$work/dp" >"$work/dp.log" 2>&1
+"$train" -K 2 --schedule gpipe --predictor latest "${common[@]}" --out "$work/one" \
+  >"$work/one.log" 2>&1
+fields() { cut -d, -f9-11 "$1/runs.csv" | tail -n +2; }  # epoch,loss,test_accuracy
+echo "threaded: $(fields "$work/threaded" | tr '\n' ' ')"
+echo "mpi:      $(fields "$work/mpi" | tr '\n' ' ')"
+if [[ "$(fields "$work/threaded")" != "$(fields "$work/mpi")" ]]; then
+  echo "FAIL: --executor mpi differs from threaded"; exit 1
+fi
+loss3() { cut -d, -f10 "$1/runs.csv" | tail -n +2 | xargs printf '%.3f\n'; }
+echo "dp 2:     $(loss3 "$work/dp" | tr '\n' ' ')  one process: $(loss3 "$work/one" | tr '\n' ' ')"
+if [[ "$(loss3 "$work/dp")" != "$(loss3 "$work/one")" ]]; then
+  echo "FAIL: --dp 2 loss differs from one process at the same global batch"; exit 1
+fi
+if ls /tmp/xpipe-train-rank-* >/dev/null 2>&1 && [[ -n "$(find /tmp -maxdepth 1 -name 'xpipe-train-rank-*' -newer "$work/threaded.log")" ]]; then
+  echo "FAIL: a rank left its private output folder behind"; exit 1
+fi
+echo "tool_matches_threaded: ok"

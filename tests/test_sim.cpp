@@ -1,0 +1,360 @@
+// The simulator and planner: hand-checked makespans and bubbles, queue capacities and shared
+// cores on cases worked out on paper, a property test that every dependency of the IR holds in
+// the simulated order, bubble filling, and the planner's pieces (partition, Young/Daly, E(B)).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using namespace xpipe::sim;
+using Catch::Contains;
+
+namespace {
+CostModel uniform(int K, double f, double b, double s = 0) {
+  CostModel m;
+  m.stages.assign(K, StageCost{.forward = f, .backward = b, .step = s});
+  return m;
+}
+double start_of(const SimResult& r, int k, const Action& a) {
+  for (const ActionTiming& t : r.trace.stages[k])
+    if (t.action == a) return t.start;
+  FAIL("no action " << to_string(a) << " at stage " << k);
+  return 0;
+}
+double end_of(const SimResult& r, int k, const Action& a) {
+  for (const ActionTiming& t : r.trace.stages[k])
+    if (t.action == a) return t.end;
+  FAIL("no action " << to_string(a) << " at stage " << k);
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("Simulated GPipe on unit costs has the bubble (K-1)/(M+K-1)", "[sim]") {
+  for (int K : {1, 2, 3, 4, 8})
+    for (int M : {1, 2, 4, 8}) {
+      const SimResult r = simulate(gpipe(K, M, 1), uniform(K, 1, 1));
+      INFO("K=" << K << " M=" << M);
+      // Fill-drain: the last stage starts at K-1, runs 2M actions back to back, and the last
+      // backward walks back K-1 stages.
+      REQUIRE(r.seconds == Approx(2.0 * (M + K - 1)));
+      for (int k = 0; k < K; ++k)
+        REQUIRE(r.bubble_fraction(k) == Approx(double(K - 1) / (M + K - 1)));
+      // 1F1B-flush has the same bubble.
+      REQUIRE(simulate(one_f_one_b_flush(K, M, 1), uniform(K, 1, 1)).seconds ==
+              Approx(2.0 * (M + K - 1)));
+    }
+}
+
+TEST_CASE("Simulated async 1F1B on unit costs has the makespan 2NM + 2(K-1)", "[sim]") {
+  for (int K : {2, 3, 4})
+    for (int M : {1, 2, 4})
+      for (int N : {1, 3, 5}) {
+        INFO("K=" << K << " M=" << M << " N=" << N);
+        const SimResult r = simulate(async_1f1b(K, M, N), uniform(K, 1, 1));
+        REQUIRE(r.seconds == Approx(2.0 * N * M + 2.0 * (K - 1)));
+        REQUIRE(r.per_mini_batch == Approx(r.seconds / N));
+      }
+}
+
+TEST_CASE("Simulation without limits equals the dry run under the same costs", "[sim]") {
+  Rng rng{7};
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw"})
+    for (int K : {2, 3, 4})
+      for (int M : {K, K + 1}) {
+        const Schedule s = make_schedule(name, K, M, 3);
+        CostModel m;
+        for (int k = 0; k < K; ++k)
+          m.stages.push_back({.forward = rng.uniform(0.5f, 2.f),
+                              .backward = rng.uniform(1.f, 3.f),
+                              .step = rng.uniform(0.f, 0.5f)});
+        const SimResult r = simulate(s, m);
+        const ExecutionTrace d =
+            dry_run(s, [&](int k, const Action& a) { return m.seconds(k, a); });
+        INFO(name << " K=" << K << " M=" << M);
+        REQUIRE(r.seconds == Approx(d.seconds));
+        for (int k = 0; k < K; ++k)
+          for (std::size_t p = 0; p < s.actions[k].size(); ++p) {
+            REQUIRE(r.trace.at(k, p).start == Approx(d.at(k, p).start));
+            REQUIRE(r.trace.at(k, p).end == Approx(d.at(k, p).end));
+          }
+      }
+}
+
+TEST_CASE("Simulated order respects every dependency of the IR, links and capacities", "[sim]") {
+  Rng rng{11};
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw"})
+    for (int K : {2, 3, 4, 5})
+      for (int M : {K, 2 * K})
+        for (int cores : {0, 1, 2})
+          for (int cap : {0, 1, 2}) {
+            const Schedule s = make_schedule(name, K, M, 3);
+            CostModel m;
+            m.cores = cores;
+            m.link = {.latency = rng.uniform(0.f, 0.3f), .bandwidth = 1000};
+            for (int k = 0; k < K; ++k)
+              m.stages.push_back({.forward = rng.uniform(0.2f, 2.f),
+                                  .backward = rng.uniform(0.2f, 3.f),
+                                  .step = rng.uniform(0.f, 0.5f),
+                                  .out_bytes = rng.uniform(0.f, 200.f),
+                                  .in_bytes = rng.uniform(0.f, 200.f)});
+            SimOptions opt;
+            if (cap > 0) opt.capacity.assign(K - 1, cap);
+            const SimResult r = simulate(s, m, opt);
+            INFO(name << " K=" << K << " M=" << M << " cores=" << cores << " cap=" << cap);
+            const double eps = 1e-9;
+            for (int k = 0; k < K; ++k) {
+              double t = 0;
+              for (std::size_t p = 0; p < s.actions[k].size(); ++p) {
+                const ActionTiming& at = r.trace.at(k, p);
+                REQUIRE(at.action == s.actions[k][p]);
+                REQUIRE(at.start >= t - eps);  // in list order, one at a time
+                REQUIRE(at.end >= at.start);
+                if (cores == 0)
+                  REQUIRE(at.end - at.start == Approx(m.seconds(k, at.action)));
+                else
+                  REQUIRE(at.end - at.start >= m.seconds(k, at.action) - eps);
+                t = at.end;
+                const int from = producer_stage(K, k, at.action);
+                if (from >= 0) {
+                  const double sent = end_of(r, from, at.action);
+                  const double delay =
+                      m.link_at(std::min(from, k)).seconds(m.message_bytes(from, at.action));
+                  REQUIRE(at.start >= sent + delay - eps);
+                }
+              }
+            }
+            // Capacities: messages on a channel are pushed at the producer's end and popped at
+            // the consumer's start (forward) or end (backward); when a producer starts, fewer
+            // than `capacity` may be queued.
+            if (cap > 0)
+              for (int k = 0; k < K; ++k)
+                for (const ActionTiming& at : r.trace.stages[k]) {
+                  const ActionChannels io = channels_of(K, k, at.action);
+                  if (!io.out.exists()) continue;
+                  const int to = consumer_stage(K, k, at.action);
+                  int queued = 0;
+                  for (const ActionTiming& other : r.trace.stages[k]) {
+                    if (other.action.kind != at.action.kind) continue;
+                    const double pushed = other.end;
+                    const double popped = other.action.kind == ActionKind::Forward
+                                              ? start_of(r, to, other.action)
+                                              : end_of(r, to, other.action);
+                    if (pushed <= at.start + eps && popped > at.start + eps) ++queued;
+                  }
+                  REQUIRE(queued < cap);
+                }
+          }
+}
+
+TEST_CASE("A queue of capacity 1 holds the producer back, as counted by hand", "[sim]") {
+  // GPipe, K = 2, M = 3: stage 1's forward takes 3, everything else 1, steps 0.
+  CostModel m = uniform(2, 1, 1);
+  m.stages[1].forward = 3;
+  const Schedule s = gpipe(2, 3, 1);
+  // Default capacity (3, the micro-batches in flight): stage 0 forwards at 0, 1, 2; stage 1 at
+  // 1, 4, 7, backward 10..13; stage 0's backwards 11..14.
+  const SimResult free_run = simulate(s, m);
+  REQUIRE(start_of(free_run, 0, fwd(2)) == Approx(2));
+  REQUIRE(free_run.seconds == Approx(14));
+  // Capacity 1: F2 at stage 0 waits for stage 1 to pop F1 (at 4); the gradients queue makes
+  // stage 1's B1 wait for stage 0's B0 to finish with B0's message (12), B2 for B1's (14).
+  const SimResult tight = simulate(s, m, {.capacity = {1}});
+  REQUIRE(start_of(tight, 0, fwd(1)) == Approx(1));
+  REQUIRE(start_of(tight, 0, fwd(2)) == Approx(4));
+  REQUIRE(start_of(tight, 1, bwd(1)) == Approx(12));
+  REQUIRE(start_of(tight, 1, bwd(2)) == Approx(14));
+  REQUIRE(tight.seconds == Approx(16));
+  REQUIRE_THROWS_WITH(simulate(s, m, {.capacity = {0}}), Contains("capacity must be >= 1"));
+  REQUIRE_THROWS_WITH(simulate(s, m, {.capacity = {1, 1}}),
+                      Contains("one entry per stage boundary"));
+}
+
+TEST_CASE("Stage threads sharing cores slow down as counted by hand", "[sim]") {
+  // GPipe K = 2, M = 2, unit costs, one core: F0@0 alone [0,1]; F1@0 and F0@1 share [1,3];
+  // F1@1 [3,4]; B0@1 [4,5]; B1@1 and B0@0 share [5,7]; B1@0 [7,8].
+  CostModel m = uniform(2, 1, 1);
+  m.cores = 1;
+  const SimResult r = simulate(gpipe(2, 2, 1), m);
+  REQUIRE(end_of(r, 0, fwd(1)) == Approx(3));
+  REQUIRE(end_of(r, 1, fwd(0)) == Approx(3));
+  REQUIRE(end_of(r, 1, bwd(1)) == Approx(7));
+  REQUIRE(r.seconds == Approx(8));
+  // Never idle with one core: the makespan is all the work, 2 stages x 2 actions x N M.
+  const SimResult a = simulate(async_1f1b(2, 2, 4), m);
+  REQUIRE(a.seconds == Approx(2 * 2 * 8));
+  // Half a core (a shared machine): one stage's F + B take 4 instead of 2; with 1.5 cores a
+  // lone action still runs at the speed of one core.
+  CostModel shared = uniform(1, 1, 1);
+  shared.cores = 0.5;
+  REQUIRE(simulate(gpipe(1, 1, 1), shared).seconds == Approx(4));
+  shared.cores = 1.5;
+  REQUIRE(simulate(gpipe(1, 1, 1), shared).seconds == Approx(2));
+  // Measured sharing: one action alone gets 0.5 of a core, two together 0.6 (0.3 each).
+  // GPipe K = 2, M = 2, F = B = 1: F0@0 alone at 0.5 [0,2]; F1@0 and F0@1 at 0.3 [2,5.33];
+  // F1@1 alone [5.33,7.33]; B0@1 [7.33,9.33]; B1@1 and B0@0 together [9.33,12.67]; B1@0 alone
+  // [12.67,14.67].
+  CostModel measured = uniform(2, 1, 1);
+  measured.cores_with = {0.5, 0.6};
+  REQUIRE(simulate(gpipe(2, 2, 1), measured).seconds == Approx(2 + 1 / 0.3 + 2 + 2 + 1 / 0.3 + 2));
+  // As many cores as stages: as if unshared.
+  m.cores = 2;
+  REQUIRE(simulate(async_1f1b(2, 2, 4), m).seconds ==
+          Approx(simulate(async_1f1b(2, 2, 4), uniform(2, 1, 1)).seconds));
+}
+
+TEST_CASE("Simulated peak memory counts weight copies, state and activations in flight", "[sim]") {
+  CostModel m = uniform(4, 1, 1);
+  for (auto& c : m.stages)
+    c = {.forward = 1,
+         .backward = 1,
+         .weight_bytes = 100,
+         .state_bytes = 300,
+         .activation_bytes = 10,
+         .weight_copies = 2};
+  const SimResult g = simulate(gpipe(4, 6, 2), m);
+  const SimResult f = simulate(one_f_one_b_flush(4, 6, 2), m);
+  for (int k = 0; k < 4; ++k) {
+    REQUIRE(g.peak_in_flight[k] == 6);      // GPipe holds all M
+    REQUIRE(f.peak_in_flight[k] == 4 - k);  // 1F1B at most K - k
+    REQUIRE(f.peak_memory_bytes[k] == Approx(2 * 100 + 300 + 10 * (4 - k)));
+  }
+}
+
+TEST_CASE("Simulator errors name what is wrong", "[sim]") {
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), uniform(3, 1, 1)),
+                      Contains("cost model has 3 stages"));
+  CostModel bad = uniform(2, 1, 1);
+  bad.stages[1].backward = -1;
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("stage 1: backward"));
+  bad = uniform(2, 1, 1);
+  bad.stages[0].forward = std::nan("");
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("stage 0: forward"));
+}
+
+TEST_CASE("Simulated runs write the same trace formats as measured ones", "[sim]") {
+  const Schedule s = async_1f1b(3, 2, 2);
+  const SimResult r = simulate(s, uniform(3, 1e-3, 2e-3));
+  const std::string json = chrome_trace_json(r.trace, s, "simulated");
+  REQUIRE_THAT(json, Contains("\"name\":\"B3\""));
+  REQUIRE_THAT(timeline_svg(r.trace, s), Contains("<svg"));
+}
+
+TEST_CASE("Bubble filling packs work into idle periods, split along the batch", "[sim]") {
+  // GPipe K = 2, M = 1, unit costs: stage 0 idles [1,3]; stage 1 idles [0,1] and [3,4].
+  const SimResult r = simulate(gpipe(2, 1, 1), uniform(2, 1, 1));
+  const FillResult f = fill_bubbles(r.trace, {{3, 0.5}, {5, 0.5}});
+  REQUIRE(f.filled_samples[0] == 3);  // 1.5 s into the 2 s gap
+  REQUIRE(f.filled_samples[1] == 4);  // 2 + 2, one sample left over
+  REQUIRE(f.outside_seconds == Approx(4 + 2.5));
+  REQUIRE(f.filled_seconds == Approx(4.5));
+  REQUIRE(f.saved_seconds() == Approx(2));
+  REQUIRE_THROWS_WITH(fill_bubbles(r.trace, {{1, 1}}), Contains("one FillWork per stage"));
+}
+
+TEST_CASE("Planner pieces: partition, all-reduce, Young/Daly, E(B)", "[sim][plan]") {
+  REQUIRE(balanced_partition({1, 2, 3, 4, 5}, 2) == std::vector<std::size_t>{0, 3});
+  REQUIRE(balanced_partition({1, 2, 3, 4, 5}, 3) == std::vector<std::size_t>{0, 3, 4});
+  REQUIRE(balanced_partition({5, 1, 1, 1}, 2) == std::vector<std::size_t>{0, 1});
+  REQUIRE_THROWS_WITH(balanced_partition({1, 2}, 3), Contains("cannot split 2 layers into 3"));
+  REQUIRE(ring_allreduce_seconds(1e9, 4, {.latency = 0, .bandwidth = 1e9}) == Approx(1.5));
+  REQUIRE(ring_allreduce_seconds(1e9, 1, {.latency = 1, .bandwidth = 1}) == 0);
+  REQUIRE(young_daly_interval(60, 3600) == Approx(std::sqrt(2.0 * 60 * 3600)));
+  EfficiencyCurve e{{{400, 8}, {100, 2}}, "t"};
+  e.check();
+  REQUIRE(e.epochs(100) == Approx(2));
+  REQUIRE(e.epochs(200) == Approx(4));  // log-log line through (100, 2) and (400, 8)
+  REQUIRE_THROWS_WITH(e.epochs(800), Contains("outside the measured range"));
+  EfficiencyCurve empty;
+  REQUIRE_THROWS_WITH(empty.check(), Contains("points is empty"));
+}
+
+TEST_CASE("Planner on an analytic one-layer model, checked by hand", "[sim][plan]") {
+  PlanRequest r;
+  // One layer: 1e9 FLOPs per sample forward, 2e9 backward; 1e6 parameters.
+  r.layers = {LayerSpec{.name = "l",
+                        .params = 1e6,
+                        .in_width = 10,
+                        .out_width = 10,
+                        .activation_floats = 10,
+                        .forward_flops = 1e9,
+                        .backward_flops = 2e9}};
+  r.cluster.devices = 1;
+  r.cluster.device = {
+      .name = "d", .peak_flops = 1e12, .memory_bandwidth = 1e11, .memory_bytes = 1e9};
+  r.cluster.price_per_hour = 3.6;
+  r.efficiency = {{{100, 2}}, "t"};
+  r.dataset_samples = 1000;
+  r.batch_per_replica = {100};
+  r.micro_batches = {1};
+  const PlanResult out = make_plans(r);
+  REQUIRE(out.plans.size() == 1);
+  const Plan& p = out.plans[0];
+  // Step: forward 100 x 1e9 / 1e12 = 0.1 s, backward 0.2 s, Adam 28 x 1e6 / 1e11 = 0.28 ms.
+  const double step = 0.1 + 0.2 + 28e6 / 1e11;
+  REQUIRE(p.step_seconds == Approx(step));
+  REQUIRE(p.time_to_accuracy == Approx(2 * (1000 / 100.0) * step));
+  REQUIRE(p.cost == Approx(3.6 * p.time_to_accuracy / 3600));
+  REQUIRE(p.expected_seconds == p.time_to_accuracy);
+  // Transient: one revocation an hour, 10 s checkpoints (fixed), 30 s restart.
+  r.cluster.transient = true;
+  r.cluster.revocations_per_hour = 1;
+  r.cluster.checkpoint_fixed = 10;
+  r.cluster.restart_seconds = 30;
+  const Plan t = make_plans(r).plans[0];
+  const double tau = std::sqrt(2 * 10 * 3600.0);
+  REQUIRE(t.checkpoint_interval == Approx(tau));
+  REQUIRE(t.expected_seconds ==
+          Approx(p.time_to_accuracy * (1 + 10 / tau) / (1 - (tau / 2 + 30) / 3600)));
+  // Nothing fits: the error names the field and the smallest need.
+  r.cluster.device.memory_bytes = 1e6;
+  REQUIRE_THROWS_WITH(
+      make_plans(r), Contains("no plan fits in memory") && Contains("cluster.device.memory_bytes"));
+  r.cluster.device.memory_bytes = 1e9;
+  r.efficiency.points.clear();
+  REQUIRE_THROWS_WITH(make_plans(r), Contains("efficiency curve: points is empty"));
+}
+
+TEST_CASE("Planner ranks by time, keeps only fitting plans, and its Pareto front is undominated",
+          "[sim][plan]") {
+  PlanRequest r;
+  // Three analytic layers; a device that holds two of them with Adam state (16 bytes
+  // a parameter, plus activations), so pp = 1 cannot fit and is dropped.
+  for (int i = 0; i < 3; ++i)
+    r.layers.push_back(LayerSpec{.name = "l",
+                                 .params = 1e6,
+                                 .in_width = 100,
+                                 .out_width = 100,
+                                 .activation_floats = 100,
+                                 .forward_flops = 2e8,
+                                 .backward_flops = 4e8});
+  r.cluster.devices = 8;
+  r.cluster.device = {
+      .name = "d", .peak_flops = 1e12, .memory_bandwidth = 1e11, .memory_bytes = 4e7};
+  r.cluster.allreduce_link = {.latency = 1e-5, .bandwidth = 1e9};
+  r.cluster.price_per_hour = 1;
+  r.efficiency = {{{32, 1}, {4096, 8}}, "t"};
+  r.dataset_samples = 1e5;
+  r.batch_per_replica = {32, 128};
+  const PlanResult out = make_plans(r);
+  REQUIRE(out.dropped_memory > 0);
+  for (std::size_t i = 0; i < out.plans.size(); ++i) {
+    const Plan& p = out.plans[i];
+    REQUIRE(p.pp >= 2);  // one stage of three layers needs 3 x 16 MB > 40 MB
+    REQUIRE(p.peak_memory_bytes <= r.cluster.device.memory_bytes);
+    REQUIRE(p.dp * p.pp == p.devices);
+    REQUIRE(p.global_batch == p.dp * p.batch_per_replica);
+    if (i > 0) REQUIRE(out.plans[i - 1].expected_seconds <= p.expected_seconds);
+  }
+  const auto front = pareto_front(out.plans);
+  REQUIRE(!front.empty());
+  for (const Plan& f : front)
+    for (const Plan& p : out.plans) {
+      const bool dominates =
+          (p.expected_seconds < f.expected_seconds && p.expected_cost <= f.expected_cost) ||
+          (p.expected_seconds <= f.expected_seconds && p.expected_cost < f.expected_cost);
+      REQUIRE_FALSE(dominates);
+    }
+}

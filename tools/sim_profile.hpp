@@ -1,0 +1,358 @@
+// xpipe-plan's measurements on the host backend: each stage's forward, backward and step timed
+// in the reference executor's order by the CPU time its thread spends (so what else the machine
+// runs does not inflate it), the cores the process gets measured, the
+// built-in MLP's layers fitted as fixed + rows x per-sample, and the validation of the simulator
+// against the threaded executor's measured run of the same Pipeline and schedule.
+#pragma once
+
+#include <time.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models.hpp"
+#include "xpipe/xpipe.hpp"
+
+namespace xpipe::tools {
+
+//! Random inputs in [-1, 1) and labels in [0, 10): timing does not depend on the values.
+struct SyntheticData {
+  index_t rows, width;
+  HostBuffer<float> x;
+  HostBuffer<std::int32_t> y;
+  SyntheticData(index_t r, index_t w) : rows(r), width(w), x(r * w), y(r) {
+    Rng rng{12345};
+    for (index_t i = 0; i < r * w; ++i) x[i] = rng.uniform(-1.f, 1.f);
+    for (index_t i = 0; i < r; ++i) y[i] = static_cast<std::int32_t>(rng.below(10));
+  }
+  EpochData epoch() const { return {ConstMatrix{x.data(), rows, width}, y.data()}; }
+};
+
+//! Seconds of CPU the calling thread has used.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+//! The reference executor's order (one action at a time, on the calling thread), timing each
+//! action by the CPU time the thread spent in it rather than wall time: what an action costs,
+//! whatever else the machine runs meanwhile. Trace times are cumulative CPU seconds.
+class CpuTimeExecutor {
+ public:
+  static constexpr const char* name = "cpu-time";
+  template <Program P>
+  void run(P& program) {
+    const Schedule& s = program.schedule();
+    ScopedFlushDenormals ftz;
+    trace_ = ExecutionTrace::sized_for(s);
+    std::vector<std::size_t> next(static_cast<std::size_t>(s.stages), 0);
+    const double t0 = thread_cpu_seconds();
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int k = 0; k < s.stages; ++k)
+        while (next[k] < s.actions[k].size() && program.ready(k, s.actions[k][next[k]])) {
+          const Action& a = s.actions[k][next[k]];
+          const double start = thread_cpu_seconds() - t0;
+          program.execute(k, a);
+          trace_.stages[k][next[k]] = {a, start, thread_cpu_seconds() - t0};
+          ++next[k];
+          progress = true;
+        }
+    }
+    trace_.seconds = thread_cpu_seconds() - t0;
+    for (int k = 0; k < s.stages; ++k)
+      if (next[k] < s.actions[k].size())
+        throw StageError(k, to_string(s.actions[k][next[k]]), "no stage can make progress");
+  }
+  const ExecutionTrace& trace() const { return trace_; }
+
+ private:
+  ExecutionTrace trace_;
+};
+static_assert(Executor<CpuTimeExecutor>);
+
+//! Cores this process's threads get now, measured: `cores` threads spin for `seconds` and the
+//! CPU time they got is summed over the wall time (on a quiet machine about `cores`; less while
+//! other processes compete, as the scheduler shares the machine between process groups).
+inline double measure_available_cores(int cores, double seconds = 0.1) {
+  std::vector<double> share(static_cast<std::size_t>(cores));
+  std::vector<std::thread> spin;
+  for (int i = 0; i < cores; ++i)
+    spin.emplace_back([&share, i, seconds] {
+      const auto w0 = std::chrono::steady_clock::now();
+      const double c0 = thread_cpu_seconds();
+      volatile double sink = 0;
+      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < seconds)
+        for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
+      share[static_cast<std::size_t>(i)] =
+          (thread_cpu_seconds() - c0) /
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    });
+  for (auto& t : spin) t.join();
+  double sum = 0;
+  for (double s : share) sum += std::min(1.0, s);
+  return std::max(sum, 1e-3);
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+//! One cell of the validation: the cost model profiled for it, the measured and the simulated
+//! run, and their traces (to draw side by side).
+struct Cell {
+  std::string schedule, predictor;
+  int stages = 0, micro_batches = 0, mini_batches = 0;
+  sim::CostModel model;
+  double measured = 0, simulated = 0;  // seconds per mini-batch
+  double simulated_quiet = 0;          // the same, given all `cores` (a quiet machine)
+  double available_cores = 0;          // what `cores` busy threads got around each run (median)
+  Schedule plan;
+  ExecutionTrace measured_trace, simulated_trace;
+  double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
+};
+
+//! Per-stage medians of F, B and S from a reference-executor trace set.
+struct StageSamples {
+  std::vector<std::vector<double>> f, b, s;
+  explicit StageSamples(int K) : f(K), b(K), s(K) {}
+  void add(const ExecutionTrace& t) {
+    for (std::size_t k = 0; k < t.stages.size(); ++k)
+      for (const ActionTiming& a : t.stages[k]) {
+        auto& into = a.action.kind == ActionKind::Forward    ? f[k]
+                     : a.action.kind == ActionKind::Backward ? b[k]
+                                                             : s[k];
+        into.push_back(a.end - a.start);
+      }
+  }
+};
+
+//! Profiles and measures Pipeline type P on schedule `name` with M micro-batches of a `batch`
+//! row mini-batch over N mini-batches: `repeats` rounds of (reference run, threaded run), after
+//! one warm-up of each; the cost model takes the medians of every action's time per stage and
+//! kind, the measurement the median of the threaded runs' seconds per mini-batch.
+template <class P>
+Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
+              int repeats, int cores, double hop = 0) {
+  constexpr int K = P::stage_count;
+  P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M});
+  const SyntheticData data(batch * N, P::in_width);
+  Cell c;
+  c.schedule = name, c.predictor = predictor;
+  c.stages = K, c.micro_batches = M, c.mini_batches = N;
+  c.plan = make_schedule(name, K, M, N);
+  CpuTimeExecutor ref;
+  ThreadedExecutor thr;
+  pipe.train(c.plan, data.epoch(), ref);
+  pipe.train(c.plan, data.epoch(), thr);
+  StageSamples samples(K);
+  std::vector<double> measured;
+  std::vector<std::vector<double>> with(static_cast<std::size_t>(K));  // [n - 1]: samples
+  std::vector<ExecutionTrace> traces;
+  auto sample_cores = [&] {
+    std::vector<double> v;
+    for (int n = 1; n <= K; ++n) v.push_back(measure_available_cores(n, 0.05));
+    return v;
+  };
+  for (int r = 0; r < repeats; ++r) {
+    pipe.train(c.plan, data.epoch(), ref);
+    samples.add(ref.trace());
+    const std::vector<double> before = sample_cores();
+    pipe.train(c.plan, data.epoch(), thr);
+    const std::vector<double> after = sample_cores();
+    for (int n = 0; n < K; ++n)
+      with[static_cast<std::size_t>(n)].push_back(0.5 * (before[n] + after[n]));
+    measured.push_back(thr.trace().seconds / N);
+    traces.push_back(thr.trace());
+  }
+  c.measured = median(measured);
+  for (const ExecutionTrace& t : traces)
+    if (t.seconds / N == c.measured) c.measured_trace = t;
+  if (c.measured_trace.stages.empty()) c.measured_trace = traces.front();
+  const StalenessAnalysis a = analyze_staleness(c.plan);
+  std::array<index_t, K> params{}, in_w{}, out_w{};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((params[I] = P::template stage<I>::param_count, in_w[I] = P::template stage<I>::in_width,
+      out_w[I] = P::template stage<I>::out_width),
+     ...);
+  }
+  (std::make_index_sequence<K>{});
+  const double rows = static_cast<double>(batch) / M;
+  for (int k = 0; k < K; ++k) {
+    sim::StageCost s;
+    s.forward = median(samples.f[k]);
+    s.backward = median(samples.b[k]);
+    s.step = median(samples.s[k]);
+    s.out_bytes = 4 * rows * out_w[k];
+    s.in_bytes = 4 * rows * in_w[k];
+    s.weight_bytes = 4.0 * params[k];
+    s.state_bytes = 4.0 * sim::adam_state_floats_per_param * params[k];
+    s.activation_bytes = 4.0 * pipe.activation_floats(k) / std::max(1, a.max_in_flight[k]);
+    s.weight_copies = pipe.weight_copies(k);
+    c.model.stages.push_back(s);
+  }
+  c.model.cores = cores;
+  c.model.link.latency = hop;  // the copies into and out of the ring are inside F and B
+  c.model.source = "per-action thread CPU time, medians, host backend";
+  c.simulated_quiet = sim::simulate(c.plan, c.model).per_mini_batch;
+  for (const auto& w : with) c.model.cores_with.push_back(median(w));
+  c.available_cores = c.model.cores_with[std::min(K, cores) - 1];
+  const sim::SimResult sr = sim::simulate(c.plan, c.model);
+  c.simulated = sr.per_mini_batch;
+  c.simulated_trace = sr.trace;
+  return c;
+}
+
+//! The predictor a validation cell runs each schedule with: 2BW needs its two weight versions;
+//! the others run with the live weights (no prediction pass to time).
+inline std::string validation_predictor(const std::string& schedule) {
+  return schedule == "2bw" ? "2bw" : "latest";
+}
+
+//! Runs one validation cell of the reference MLP at K = 2 or 4.
+inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                            int repeats, int cores, double hop = 0) {
+  const std::string predictor = validation_predictor(schedule);
+  return with_predictor(predictor, [&]<class Pr>(std::type_identity<Pr>) {
+    if (K == 2)
+      return run_cell<Pipeline<mlp::K2a, mlp::K2b, Pr, AnyOptimizer>>(schedule, predictor, M, batch,
+                                                                      N, repeats, cores, hop);
+    if (K == 4)
+      return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Pr, AnyOptimizer>>(
+          schedule, predictor, M, batch, N, repeats, cores, hop);
+    throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
+  });
+}
+
+//! The reference MLP's four layers (each with its ReLU; the last with the loss), measured: the
+//! 4-stage split runs GPipe on the CPU-time executor at micro-batches of `small` and `large`
+//! rows, and each stage's median forward and backward are fitted as fixed + rows x per-sample.
+inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
+                                                      int repeats) {
+  using P = Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Latest, AnyOptimizer>;
+  constexpr int K = P::stage_count;
+  std::array<StageSamples, 2> at{StageSamples(K), StageSamples(K)};
+  const std::array<index_t, 2> rows{small, large};
+  for (int i = 0; i < 2; ++i) {
+    P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = rows[i], .micro_batches = 1});
+    const SyntheticData data(rows[i] * N, P::in_width);
+    const Schedule s = gpipe(K, 1, N);
+    CpuTimeExecutor ref;
+    pipe.train(s, data.epoch(), ref);
+    for (int r = 0; r < repeats; ++r) {
+      pipe.train(s, data.epoch(), ref);
+      at[i].add(ref.trace());
+    }
+  }
+  std::vector<sim::LayerSpec> layers;
+  auto add = [&]<class S>(std::type_identity<S>, int k, const char* name) {
+    sim::LayerSpec l;
+    l.name = name;
+    l.params = S::param_count;
+    l.in_width = S::in_width;
+    l.out_width = S::out_width;
+    l.activation_floats = static_cast<double>(S::activation_floats(large)) / large;
+    l.forward_flops = 2.0 * S::in_width * S::out_width;
+    l.backward_flops = 4.0 * S::in_width * S::out_width;
+    const double span = static_cast<double>(large - small);
+    const double f0 = median(at[0].f[k]), f1 = median(at[1].f[k]);
+    const double b0 = median(at[0].b[k]), b1 = median(at[1].b[k]);
+    l.forward_per_sample = std::max(0.0, (f1 - f0) / span);
+    l.forward_fixed = std::max(0.0, f0 - small * l.forward_per_sample);
+    l.backward_per_sample = std::max(0.0, (b1 - b0) / span);
+    l.backward_fixed = std::max(0.0, b0 - small * l.backward_per_sample);
+    l.step_seconds = 0.5 * (median(at[0].s[k]) + median(at[1].s[k]));
+    layers.push_back(l);
+  };
+  add(std::type_identity<mlp::A>{}, 0, "linear 784x1024 + relu");
+  add(std::type_identity<mlp::B>{}, 1, "linear 1024x1024 + relu");
+  add(std::type_identity<mlp::C>{}, 2, "linear 1024x1024 + relu");
+  add(std::type_identity<mlp::D>{}, 3, "linear 1024x10 + softmax xent");
+  return layers;
+}
+
+//! Seconds per training step of the reference MLP trained sequentially at batch b (one thread),
+//! with `replicas` such trainers running side by side on their own threads (what data
+//! parallelism's compute looks like on this machine; the gradient all-reduce is not run here).
+//! The median over replicas of each one's mean step time, after `warmup` steps.
+inline double measure_sequential_step(index_t b, int steps, int replicas, int warmup = 3) {
+  using Model = models::FashionMlp;
+  std::vector<double> per_step(static_cast<std::size_t>(replicas));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < replicas; ++r)
+    threads.emplace_back([&, r] {
+      ScopedFlushDenormals ftz;
+      SequentialTrainer<Model, Adam> t(Adam{.lr = 1e-4f}, b, 1 + r);
+      const SyntheticData data(b, Model::in_width);
+      const HostContext ctx{.threads = 1};
+      const ConstMatrix x{data.x.data(), b, Model::in_width};
+      for (int i = 0; i < warmup; ++i) t.train_step(ctx, x, data.y.data());
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) t.train_step(ctx, x, data.y.data());
+      per_step[static_cast<std::size_t>(r)] = xpipe::detail::seconds_since(t0) / steps;
+    });
+  for (auto& t : threads) t.join();
+  return median(per_step);
+}
+
+//! The in-process ring (SpscRing, the default link) per message: `latency` is half the round
+//! trip of a one-float message between two threads (the waits yield, as the executor's do, so
+//! on a shared core this is a reschedule); `bandwidth` is what a message of `floats` floats
+//! costs to copy into a slot and out of it again (as the stage programs do). Medians of
+//! `repeats` rounds.
+inline sim::LinkCost measure_ring(int repeats, index_t floats = 1 << 16, int messages = 200) {
+  auto wait = [](auto ready) {
+    for (int spins = 0; !ready(); ++spins)
+      if (spins > 64) std::this_thread::yield();
+  };
+  std::vector<double> hop, per_message;
+  for (int r = 0; r < repeats; ++r) {
+    {  // ping-pong of one float
+      SpscRing<> there(1, 1, 1), back(1, 1, 1);
+      std::thread echo([&] {
+        for (int i = 0; i < messages; ++i) {
+          wait([&] { return there.can_pop(); });
+          there.pop();
+          wait([&] { return back.can_push(); });
+          back.push();
+        }
+      });
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < messages; ++i) {
+        wait([&] { return there.can_push(); });
+        there.push();
+        wait([&] { return back.can_pop(); });
+        back.pop();
+      }
+      hop.push_back(xpipe::detail::seconds_since(t0) / (2.0 * messages));
+      echo.join();
+    }
+    {  // a large message copied into a slot and out of it again (one thread: no waiting)
+      SpscRing<> ring(1, 1, floats);
+      std::vector<float> src(static_cast<std::size_t>(floats), 1.f),
+          dst(static_cast<std::size_t>(floats));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < messages; ++i) {
+        std::copy_n(src.data(), floats, ring.back().data.data);
+        ring.push();
+        std::copy_n(ring.front().data.data, floats, dst.data());
+        ring.pop();
+      }
+      per_message.push_back(xpipe::detail::seconds_since(t0) / messages);
+    }
+  }
+  sim::LinkCost l;
+  l.latency = median(hop);
+  l.bandwidth = 4.0 * floats / std::max(median(per_message), 1e-12);
+  return l;
+}
+
+}  // namespace xpipe::tools
