@@ -321,6 +321,15 @@ case $case in
     [ "$(grep -c '^# index' out/sweep-prediction.csv)" -eq 1 ] || fail "not one block (xpipe)"
     grep -q '"relative_error"' out/sweep.json || fail "sweep.json lacks prediction_error"
     ;;
+  sweep_refused_is_not_run)  # 2BW and 2BW + EF (both on the 2bw schedule) refuse M < K: "not run"
+    # cells, not failures
+    run 0 --sweep --sweep-stages 4 --sweep-micro-batches 1 --sweep-predictors 2bw,2bw-ef \
+      --sweep-optimizers adam --seeds 1 --train-samples 256 --test-samples 100 --epochs 1 --out out
+    says "^ +4 +2bw\\+2bw-ef\\(adam\\) +1 not run: .*micro_batches >= stages"
+    says "^ +4 +2bw\\+2bw\\(adam\\) +1 not run: "
+    [ "$(grep -c ',not-run,0,' out/sweep-runs.csv)" -eq 2 ] || fail "sweep-runs.csv: not 2 not-run"
+    never_says "failed"
+    ;;
   sweep_bad_flags)  # exit 2 naming the flag and what it allows, before any data is read
     run 2 --sweep --sweep-stages 2,3
     says "--sweep-stages: '3' is not one of 2, 4, 8 \\(the splits of model deep\\)"

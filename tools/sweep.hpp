@@ -42,7 +42,8 @@ struct SweepPlan {
 };
 
 //! The schedule a predictor runs on in the sweep, as in --compare: "2bw" for the 2BW predictors
-//! (2bw and 2bw-ef: their double buffer is the schedule's premise), async-1f1b for every other remedy.
+//! (2bw and 2bw-ef: their double buffer is the schedule's premise), async-1f1b for every other
+//! remedy.
 std::string sweep_schedule_for(const std::string& predictor);
 
 //! The configurations of `plan` in the order they run: per optimizer, M and K, GPipe + Latest

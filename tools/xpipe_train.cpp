@@ -362,6 +362,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     if (failure) {
       try {
         std::rethrow_exception(failure);
+      } catch (const ConfigError& err) {
+        // A configuration a predictor refuses as training starts (2BW + EF with M < K) cannot
+        // run, as one refused at construction: the caller says so (a sweep's "not run" cell).
+        if (e == first_epoch) throw;
+        rec.status = RunStatus::failed;
+        rec.why = "epoch " + std::to_string(e) + ": " + err.what();
+        return rec;
       } catch (const Error& err) {
         // The library throws on a NaN or infinite loss; any other error is a failure, and so
         // is a non-finite loss it blames on the data ("bad data"), not on divergence.
