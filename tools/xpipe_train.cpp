@@ -229,6 +229,26 @@ struct ReplicaRows {
   index_t rows = 0;
 };
 
+// Why a run that a signal stopped is incomplete: the epoch it abandoned, or the last it kept.
+std::string stop_reason(int epoch_running, std::size_t epochs_done) {
+  return epoch_running > 0
+             ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
+             : "stopped after epoch " + std::to_string(epochs_done);
+}
+
+// Records a stopped run in its files from the signal check; a failed write ends the process at
+// once (exit 1, naming the file), as nothing more can be kept.
+template <class Files, class Run>
+void add_or_exit(Files& files, Run&& run) {
+  try {
+    files.add(std::forward<Run>(run));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xpipe-train: %s\n", e.what());
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+}
+
 // Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
 // epoch, comes back marked so, with the epochs it finished.
 template <class P, class MpiP = P>
@@ -819,17 +839,8 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
       if (stop_signal == 0) return;
       tools::SweepRun partial = to_sweep_run(so_far, point, seed);
       partial.status = tools::SweepStatus::interrupted;
-      partial.why =
-          epoch_running > 0
-              ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
-              : "stopped after epoch " + std::to_string(so_far.epochs.size());
-      try {
-        files.add(std::move(partial));
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "xpipe-train: %s\n", e.what());
-        std::fflush(stdout);
-        std::_Exit(1);
-      }
+      partial.why = stop_reason(epoch_running, so_far.epochs.size());
+      add_or_exit(files, std::move(partial));
       stop("during " + which);
     };
     tools::SweepRun r;
@@ -1207,17 +1218,8 @@ int main(int argc, char** argv) {
       if (stop_signal == 0) return;
       RunRecord partial = so_far;
       partial.status = RunStatus::interrupted;
-      partial.why =
-          epoch_running > 0
-              ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
-              : "stopped after epoch " + std::to_string(so_far.epochs.size());
-      try {
-        files.add(std::move(partial));
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "xpipe-train: %s\n", e.what());
-        std::fflush(stdout);
-        std::_Exit(1);
-      }
+      partial.why = stop_reason(epoch_running, so_far.epochs.size());
+      add_or_exit(files, std::move(partial));
       stop_for_signal(files, "during run " + std::to_string(current + 1) + " of " +
                                  std::to_string(runs.size()) + " (" + so_far.config.label() + ")");
     };
