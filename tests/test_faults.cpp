@@ -1,6 +1,7 @@
 // Every input checked (issue 13): bad labels, lying or odd data files, short epochs under
 // weight stashing, and layers that throw what is not a std::exception.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -784,4 +785,60 @@ TEST_CASE("A process stopped by SIGSTOP for longer than the timeout goes on afte
   exec.max_clock_step = std::chrono::hours(1);
   REQUIRE_THAT(stopped_run(), Contains("is late"));
   reset_slow();
+}
+
+namespace {
+
+// The CPU each stage's last forward ran on (pinning moves a thread just after it starts).
+inline std::atomic<int> last_cpu[4] = {-1, -1, -1, -1};
+template <int K>
+struct CpuHook {
+  static void on_forward() { last_cpu[K].store(sched_getcpu()); }
+};
+template <int K>
+using CpuAt = test::HookedIdentity<CpuHook<K>>;
+using CpuPipeline = Pipeline<Stage<Linear<8, 8>, CpuAt<0>>, Stage<Linear<8, 8>, CpuAt<1>>,
+                             Stage<Linear<8, 8>, CpuAt<2>>, Stage<Linear<8, 4>, CpuAt<3>>, Latest>;
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+}  // namespace
+
+TEST_CASE("Pinned stage threads run on their CPUs with the same bits; a bad CPU is named",
+          "[faults][executor]") {
+  const auto d = test::random_classification(8 * 20, 8, 4, 5);
+  std::vector<int> cpus = allowed_cpus();
+  REQUIRE(!cpus.empty());
+  if (cpus.size() > 2) cpus.resize(2);
+  CpuPipeline ref(Adam{}, {.batch = 8, .micro_batches = 2});
+  ReferenceExecutor reference;
+  ref.train(async_1f1b(4, 2, 20), d.epoch(), reference);
+  CpuPipeline pinned(Adam{}, {.batch = 8, .micro_batches = 2});
+  ThreadedExecutor exec;
+  exec.cpus = cpus;
+  pinned.train(async_1f1b(4, 2, 20), d.epoch(), exec);
+  REQUIRE(pinned.weights() == ref.weights());
+  for (int k = 0; k < 4; ++k) {
+    INFO("stage " << k);
+    REQUIRE(last_cpu[k].load() == cpus[static_cast<std::size_t>(k) % cpus.size()]);
+  }
+  const int threads_before = thread_count();
+  for (int bad : {-1, CPU_SETSIZE + 5}) {
+    exec.cpus = {cpus[0], bad};
+    const auto before = pinned.weights();
+    REQUIRE_THROWS_MATCHES(
+        pinned.train(async_1f1b(4, 2, 20), d.epoch(), exec), ConfigError,
+        Catch::Matchers::Message("xpipe: ThreadedExecutor: cannot pin stage 1 to CPU " +
+                                 std::to_string(bad) + " (not a CPU this process may run on)"));
+    REQUIRE(pinned.weights() == before);  // refused before any stage started
+  }
+  REQUIRE(thread_count() == threads_before);
 }

@@ -205,6 +205,42 @@ TEST_CASE("Stage threads sharing cores slow down as counted by hand", "[sim]") {
           Approx(simulate(async_1f1b(2, 2, 4), uniform(2, 1, 1)).seconds));
 }
 
+TEST_CASE("Stages pinned to cores share only their own core, as counted by hand", "[sim]") {
+  // Both stages on core 0 (GPipe K = 2, M = 2, unit costs): the same as one shared core, 8.
+  CostModel one = uniform(2, 1, 1);
+  one.core_of = {0, 0};
+  REQUIRE(simulate(gpipe(2, 2, 1), one).seconds == Approx(8));
+  // One core each: as if unshared, whatever `cores` says (pinning decides).
+  CostModel apart = uniform(2, 1, 1);
+  apart.core_of = {0, 1};
+  apart.cores = 1;
+  REQUIRE(simulate(async_1f1b(2, 2, 4), apart).seconds ==
+          Approx(simulate(async_1f1b(2, 2, 4), uniform(2, 1, 1)).seconds));
+  // Async 1F1B K = 2, M = 1 on one core: never idle, so all the work, 2 x 2 x N.
+  REQUIRE(simulate(async_1f1b(2, 1, 5), one).seconds == Approx(2 * 2 * 5));
+  // GPipe K = 3, M = 3, unit costs, stages 0 and 2 on core 0, stage 1 on core 1: F0@0 [0,1];
+  // F1@0 and F0@1 [1,2] on different cores; from 2, F2@0, F1@1 and F0@2 run together: F1@1
+  // alone on core 1 ends at 3, the two on core 0 at half speed end at 4. One pool of 2 cores
+  // would instead give each of the three 2/3 and end all three at 3.5.
+  CostModel pinned = uniform(3, 1, 1);
+  pinned.core_of = {0, 1, 0};
+  const SimResult p = simulate(gpipe(3, 3, 1), pinned);
+  REQUIRE(end_of(p, 1, fwd(1)) == Approx(3));
+  REQUIRE(end_of(p, 0, fwd(2)) == Approx(4));
+  REQUIRE(end_of(p, 2, fwd(0)) == Approx(4));
+  CostModel pool = uniform(3, 1, 1);
+  pool.cores = 2;
+  const SimResult q = simulate(gpipe(3, 3, 1), pool);
+  REQUIRE(end_of(q, 1, fwd(1)) == Approx(3.5));
+  REQUIRE(end_of(q, 0, fwd(2)) == Approx(3.5));
+  REQUIRE(end_of(q, 2, fwd(0)) == Approx(3.5));
+  CostModel bad = uniform(2, 1, 1);
+  bad.core_of = {0};
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("core_of needs one core per stage"));
+  bad.core_of = {0, -1};
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("core_of entries must be >= 0"));
+}
+
 TEST_CASE("Simulated peak memory counts weight copies, state and activations in flight", "[sim]") {
   CostModel m = uniform(4, 1, 1);
   for (auto& c : m.stages)

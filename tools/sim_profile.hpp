@@ -1,15 +1,18 @@
 // xpipe-plan's measurements on the host backend: each stage's forward, backward and step timed
-// in the reference executor's order by the CPU time its thread spends (so what else the machine
-// runs does not inflate it), the cores the process gets measured, the
+// one action at a time on the stage threads (for the validation), or in the reference
+// executor's order by the CPU time its thread spends (for the layer profile: what else the
+// machine runs does not inflate it), the cores the process gets measured, the
 // built-in MLP's layers fitted as fixed + rows x per-sample, and the validation of the simulator
 // against the threaded executor's measured run of the same Pipeline and schedule.
 #pragma once
 
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +79,52 @@ class CpuTimeExecutor {
 };
 static_assert(Executor<CpuTimeExecutor>);
 
+//! One action at a time, each on its own stage's thread (pinned to `cpus` as the threaded
+//! executor's are): what an action costs where the threaded executor runs it (its thread, its
+//! core, its input written by another core) but without sharing a core. Each action holds one
+//! lock while it runs; the trace keeps each action's wall time inside the lock, so the
+//! waiting is not counted. Trace times are wall seconds from the run's start.
+class SerialThreadedExecutor {
+ public:
+  static constexpr const char* name = "serial-threaded";
+  std::vector<int> cpus;
+  template <Program P>
+  void run(P& program) {
+    Serialized<P> one{program, ExecutionTrace::sized_for(program.schedule()),
+                      std::vector<std::size_t>(program.schedule().actions.size(), 0),
+                      std::chrono::steady_clock::now()};
+    ThreadedExecutor inner;
+    inner.cpus = cpus;
+    inner.run(one);
+    trace_ = std::move(one.trace);
+    trace_.seconds = inner.trace().seconds;
+  }
+  const ExecutionTrace& trace() const { return trace_; }
+
+ private:
+  template <class P>
+  struct Serialized {
+    P& program;
+    ExecutionTrace trace;
+    std::vector<std::size_t> done;  // per stage: actions run (its list runs in order)
+    std::chrono::steady_clock::time_point t0;
+    std::mutex one_at_a_time;
+    const Schedule& schedule() const { return program.schedule(); }
+    bool ready(int k, const Action& a) { return program.ready(k, a); }
+    bool input_ready(int k, const Action& a) requires requires { program.input_ready(k, a); }
+    { return program.input_ready(k, a); }
+    void execute(int k, const Action& a) {
+      std::lock_guard<std::mutex> lock(one_at_a_time);
+      const double start = xpipe::detail::seconds_since(t0);
+      program.execute(k, a);
+      trace.stages[static_cast<std::size_t>(k)][done[static_cast<std::size_t>(k)]++] = {
+          a, start, xpipe::detail::seconds_since(t0)};
+    }
+  };
+  ExecutionTrace trace_;
+};
+static_assert(Executor<SerialThreadedExecutor>);
+
 //! Cores this process's threads get now, measured: `cores` threads spin for `seconds` and the
 //! CPU time they got is summed over the wall time (on a quiet machine about `cores`; less while
 //! other processes compete, as the scheduler shares the machine between process groups).
@@ -97,6 +146,17 @@ inline double measure_available_cores(int cores, double seconds = 0.1) {
   double sum = 0;
   for (double s : share) sum += std::min(1.0, s);
   return std::max(sum, 1e-3);
+}
+
+//! The CPUs this process may run on (its affinity mask), in order.
+inline std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
 }
 
 inline double median(std::vector<double> v) {
@@ -136,12 +196,17 @@ struct StageSamples {
 };
 
 //! Profiles and measures Pipeline type P on schedule `name` with M micro-batches of a `batch`
-//! row mini-batch over N mini-batches: `repeats` rounds of (reference run, threaded run), after
-//! one warm-up of each; the cost model takes the medians of every action's time per stage and
-//! kind, the measurement the median of the threaded runs' seconds per mini-batch.
+//! row mini-batch over N mini-batches: `repeats` rounds of (serial profile, threaded run), after
+//! one warm-up of each, on the same Pipeline. The profile runs the schedule one action at a time
+//! on the stages' own threads (SerialThreadedExecutor): an action costs more on its own thread
+//! than in one thread that runs everything (its input comes from another core's cache, its core
+//! may have idled): 5-25% on the 2-core VM we measured. The cost model takes the medians of every
+//! action's time per stage and kind; the measurement is the median of the threaded runs' seconds
+//! per mini-batch. `pin`: stage k on the (k mod cores)-th CPU this process may use in both runs,
+//! and the simulator shares each core between its own stages; otherwise one pool of measured cores.
 template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
-              int repeats, int cores, double hop = 0) {
+              int repeats, int cores, double hop = 0, bool pin = false) {
   constexpr int K = P::stage_count;
   P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M});
   const SyntheticData data(batch * N, P::in_width);
@@ -149,8 +214,18 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   c.schedule = name, c.predictor = predictor;
   c.stages = K, c.micro_batches = M, c.mini_batches = N;
   c.plan = make_schedule(name, K, M, N);
-  CpuTimeExecutor ref;
+  SerialThreadedExecutor ref;
   ThreadedExecutor thr;
+  // Pinned: stage k on the (k mod cores)-th CPU this process may use, and the simulator told so.
+  const std::vector<int> cpus = allowed_cpus();
+  if (pin && !cpus.empty()) {
+    for (int k = 0; k < K; ++k) {
+      const int core = k % std::min(cores, static_cast<int>(cpus.size()));
+      thr.cpus.push_back(cpus[static_cast<std::size_t>(core)]);
+      c.model.core_of.push_back(core);
+    }
+  }
+  ref.cpus = thr.cpus;
   pipe.train(c.plan, data.epoch(), ref);
   pipe.train(c.plan, data.epoch(), thr);
   StageSamples samples(K);
@@ -219,15 +294,15 @@ inline std::string validation_predictor(const std::string& schedule) {
 
 //! Runs one validation cell of the reference MLP at K = 2 or 4.
 inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
-                            int repeats, int cores, double hop = 0) {
+                            int repeats, int cores, double hop = 0, bool pin = false) {
   const std::string predictor = validation_predictor(schedule);
   return with_predictor(predictor, [&]<class Pr>(std::type_identity<Pr>) {
     if (K == 2)
       return run_cell<Pipeline<mlp::K2a, mlp::K2b, Pr, AnyOptimizer>>(schedule, predictor, M, batch,
-                                                                      N, repeats, cores, hop);
+                                                                      N, repeats, cores, hop, pin);
     if (K == 4)
       return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Pr, AnyOptimizer>>(
-          schedule, predictor, M, batch, N, repeats, cores, hop);
+          schedule, predictor, M, batch, N, repeats, cores, hop, pin);
     throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
   });
 }

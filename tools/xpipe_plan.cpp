@@ -258,16 +258,19 @@ int cmd_profile(const fs::path& out, int repeats) {
 
 int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vector<int>& Ms,
                  const std::vector<std::string>& schedules, int N, int repeats, double max_error,
-                 int cores) {
+                 int cores, bool pin) {
   std::printf(
       "validation: simulated vs measured seconds per mini-batch, reference MLP, batch 128, "
-      "%d mini-batches, median of %d; the simulator is told the compute that 1..K busy threads of "
-      "this process get, measured before and after each run ('cores free' column, for 1/2/../K "
-      "threads); 'quiet' assumes %d whole cores (%s)\n\n",
-      N, repeats, cores, machine_note().c_str());
-  std::printf(
-      "| K | schedule | M | measured ms | simulated ms | error | cores free | "
-      "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
+      "%d mini-batches, median of %d. Cost model: each action's median wall time with the "
+      "stages run one action at a time on their own threads (SerialThreadedExecutor), on the "
+      "same Pipeline. %s (%s)\n\n",
+      N, repeats,
+      pin ? "Stage k pinned to CPU k mod cores; the simulator shares each core between its own "
+            "stages ('quiet' column: the same)"
+          : "Threads placed by the OS (--no-pin); the simulator shares one pool: the compute "
+            "1..K busy threads got, measured before and after each run ('cores free'); 'quiet' "
+            "assumes whole cores",
+      machine_note().c_str());
   for (int K : Ks)
     if (K != 2 && K != 4)
       throw UsageError("--stages: " + std::to_string(K) +
@@ -275,6 +278,9 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
   const sim::LinkCost ring = tools::measure_ring(3);
   std::printf("in-process ring hop (the simulator's link latency): %.2f us\n\n",
               ring.latency * 1e6);
+  std::printf(
+      "| K | schedule | M | measured ms | simulated ms | error | cores free | "
+      "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
   json cells = json::array();
   std::string csv =
       "stages,schedule,predictor,micro_batches,measured_ms,simulated_ms,error,available_cores,"
@@ -287,7 +293,8 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
           std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | |\n", K, s.c_str(), M);
           continue;
         }
-        const tools::Cell c = tools::validation_cell(K, s, M, 128, N, repeats, cores, ring.latency);
+        const tools::Cell c =
+            tools::validation_cell(K, s, M, 128, N, repeats, cores, ring.latency, pin);
         worst = std::max(worst, std::abs(c.error()));
         std::string free;
         for (double w : c.model.cores_with) {
@@ -342,6 +349,7 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
                    {"mini_batches", N},
                    {"repeats", repeats},
                    {"cores", cores},
+                   {"pinned", pin},
                    {"cells", cells}}
                       .dump(2) +
                   "\n");
@@ -731,6 +739,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   validate->add_option("--cores", v_cores, "cores the simulator gives the stage threads")
       ->check(CLI::Range(0, 4096));
+  bool v_no_pin = false;
+  validate->add_flag("--no-pin", v_no_pin,
+                     "leave the stage threads where the OS puts them (default: stage k pinned to "
+                     "CPU k mod cores, ThreadedExecutor::cpus, each core simulated as shared by "
+                     "its own stages)");
   validate->add_option("--max-error", max_error, "exit 3 if any |error| exceeds this fraction")
       ->check(CLI::Range(0.0, 100.0));
   validate->add_option("--out", out, "folder for validation.csv/json and traces");
@@ -817,7 +830,7 @@ int main(int argc, char** argv) {
     if (*validate)
       return cmd_validate(out, parse_ints("--stages", v_stages, 2),
                           parse_ints("--micro-batches", v_micro, 1), v_schedules, v_n, v_repeats,
-                          max_error, v_cores);
+                          max_error, v_cores, !v_no_pin);
     if (*eff)
       return cmd_efficiency(e_out, parse_ints("--batches", e_batches, 1), target, max_epochs, evals,
                             lr, data_dir);

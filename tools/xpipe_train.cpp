@@ -54,6 +54,7 @@ struct RunConfig {
   std::string executor = "threaded";
   int dp = 1;                  // --executor mpi: data-parallel replicas of the pipeline
   double wait_timeout = 60;    // seconds a stage may wait on another before giving up
+  std::vector<int> pin_cpus;   // --executor threaded: stage k on CPU pin_cpus[k % size]
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 1;    // epochs
   bool resume = false;
@@ -328,6 +329,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   ReferenceExecutor reference;
   ThreadedExecutor threaded;
   threaded.wait_timeout = std::chrono::duration<double>(c.wait_timeout);
+  threaded.cpus = c.pin_cpus;
   for (int e = first_epoch; e <= c.epochs; ++e) {
     batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
     EpochData epoch{xm, y.data()};
@@ -941,6 +943,10 @@ int main(int argc, char** argv) {
                  "Seconds a stage may wait on another (a stopped or hung one) before the run "
                  "fails")
       ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--pin-cpus", c.pin_cpus,
+                 "Pin stage k's thread to the (k mod n)-th of these CPUs (--executor threaded; "
+                 "e.g. 0,1: with more stages than cores, each core then shares its own stages)")
+      ->delimiter(',');
   app.add_option("--data-dir", data_dir, "Directory of the four Fashion-MNIST .gz files");
   app.add_option("--out", out_dir,
                  "Output directory (CSV, JSON, plots, timelines), made before training and "
@@ -1101,6 +1107,20 @@ int main(int argc, char** argv) {
   if (c.dp > 1 && c.executor != "mpi") {
     std::fprintf(stderr, "xpipe-train: --dp %d needs --executor mpi\n", c.dp);
     return 2;
+  }
+  if (!c.pin_cpus.empty()) {
+    if (c.executor != "threaded") {
+      std::fprintf(stderr, "xpipe-train: --pin-cpus needs --executor threaded\n");
+      return 2;
+    }
+    try {
+      ThreadedExecutor probe;
+      probe.cpus = c.pin_cpus;
+      probe.check_cpus();
+    } catch (const ConfigError& e) {
+      std::fprintf(stderr, "xpipe-train: --pin-cpus: %s\n", e.what());
+      return 2;
+    }
   }
   struct MpiSession {  // finalizes MPI on every normal return from main
     bool on = false;

@@ -14,6 +14,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -52,12 +56,20 @@ class ThreadedExecutor {
   std::chrono::duration<double> wait_timeout = std::chrono::seconds(60);
   //! The most one reading of the clock adds to a wait: a larger jump is the process stopped.
   std::chrono::duration<double> max_clock_step = std::chrono::milliseconds(100);
+  //! CPUs to pin the stage threads to: stage k runs on CPU `cpus[k % cpus.size()]` (Linux; a
+  //! CPU this process may not run on is a ConfigError naming it, before any stage starts). Empty:
+  //! wherever the OS puts them. Pinning makes a run with more stages than cores repeatable (each
+  //! core time-shares its own stages, which is what the simulator models with
+  //! `CostModel::core_of`); left to itself the OS keeps threads where it put them for long
+  //! stretches, unevenly.
+  std::vector<int> cpus;
   //! The clock waits read; a hook for tests, which jump it as a stopped process would see.
   clock_type::time_point (*clock)() = [] { return clock_type::now(); };
 
   template <Program P>
   void run(P& program) {
     const Schedule& s = program.schedule();
+    check_cpus();  // before any stage starts: a bad CPU fails the run with nothing changed
     trace_ = ExecutionTrace::sized_for(s);
     stop_.store(false);
     error_ = nullptr;
@@ -74,6 +86,25 @@ class ThreadedExecutor {
 
   const ExecutionTrace& trace() const { return trace_; }
 
+  //! Throws a ConfigError naming the first CPU in `cpus` this process may not run on (run()
+  //! calls it before any stage starts; tools call it to check a flag up front).
+  void check_cpus() const {
+    if (cpus.empty()) return;
+#if defined(__linux__)
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    const bool known = sched_getaffinity(0, sizeof(allowed), &allowed) == 0;
+    for (std::size_t k = 0; k < cpus.size(); ++k) {
+      const int cpu = cpus[k];
+      if (cpu >= 0 && cpu < CPU_SETSIZE && (!known || CPU_ISSET(cpu, &allowed))) continue;
+      throw ConfigError("xpipe: ThreadedExecutor: cannot pin stage " + std::to_string(k) +
+                        " to CPU " + std::to_string(cpu) + " (not a CPU this process may run on)");
+    }
+#else
+    throw ConfigError("xpipe: ThreadedExecutor: pinning stage threads (cpus) needs Linux");
+#endif
+  }
+
  private:
   // Where a stage is: 2i while waiting for (or before) its action i, 2i + 1 while running it (2n
   // when its n actions are done). Its own cache line: stages store to theirs on every action.
@@ -82,6 +113,21 @@ class ThreadedExecutor {
     std::atomic<int> waits_on{-1};  // the stage its current wait waits on, once it yields
   };
 
+  // Pins the calling stage thread to its CPU, before its first action.
+  void pin_self(int k) const {
+#if defined(__linux__)
+    const int cpu = cpus[static_cast<std::size_t>(k) % cpus.size()];
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
+      throw ConfigError("xpipe: ThreadedExecutor: cannot pin stage " + std::to_string(k) +
+                        " to CPU " + std::to_string(cpu));
+#else
+    (void)k;
+#endif
+  }
+
   template <class P>
   void stage_loop(P& program, const Schedule& s, int k, std::chrono::steady_clock::time_point t0) {
     ScopedFlushDenormals ftz;
@@ -89,6 +135,7 @@ class ThreadedExecutor {
     std::atomic<std::uint64_t>& at = positions_[static_cast<std::size_t>(k)].at;
     std::size_t i = 0;
     try {
+      if (!cpus.empty()) pin_self(k);
       for (; i < list.size(); ++i) {
         const Action& a = list[i];
         if (!wait_ready(program, s, k, a)) return;  // another stage failed

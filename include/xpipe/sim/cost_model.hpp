@@ -40,7 +40,10 @@ struct LinkCost {
 //! sharing: what a fair OS scheduler gives busy threads). On a shared machine what n busy
 //! threads get need not be n / running of a fixed number: `cores_with[n - 1]`, where given,
 //! is the compute n running actions get together (measured), the last entry for larger n.
-//! Usage:
+//! `core_of`, where given (one entry per stage), pins stage k to core `core_of[k]` instead:
+//! each core is shared only by the running actions of its own stages, each at 1 / running (what
+//! `ThreadedExecutor::cpus` does; an OS that places threads itself does not balance them as
+//! evenly as one shared pool would, and pinning makes that placement known). Usage:
 //! `CostModel m; m.stages = {{.forward = 1e-3, .backward = 2e-3}}; m.cores = 2;`
 struct CostModel {
   std::vector<StageCost> stages;
@@ -48,6 +51,7 @@ struct CostModel {
   LinkCost link;
   double cores = 0;
   std::vector<double> cores_with;
+  std::vector<int> core_of;
   std::string source = "unspecified";  // where the numbers come from, for reports
 
   int stage_count() const { return static_cast<int>(stages.size()); }
@@ -124,6 +128,11 @@ struct CostModel {
     for (double c : cores_with)
       if (bad(c) || c <= 0)
         throw ConfigError("xpipe: cost model: cores_with entries must be finite numbers > 0");
+    if (!core_of.empty() && static_cast<int>(core_of.size()) != stage_count())
+      throw ConfigError("xpipe: cost model: core_of needs one core per stage (" +
+                        std::to_string(stage_count()) + "), got " + std::to_string(core_of.size()));
+    for (int c : core_of)
+      if (c < 0) throw ConfigError("xpipe: cost model: core_of entries must be >= 0");
   }
 };
 

@@ -78,7 +78,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   };
   std::vector<std::size_t> next(K, 0);
   std::vector<bool> running(K, false);
-  std::vector<double> remaining(K, 0);
+  std::vector<double> remaining(K, 0), rate(K, 1.0);
   std::vector<int> in_flight(K, 0);
   std::size_t total = 0, done = 0;
   for (const auto& l : s.actions) total += l.size();
@@ -142,14 +142,24 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       now = arrival;
       continue;
     }
-    // Processor sharing: with more actions running than cores, each gets cores / n.
-    const double rate = cost.speed(n);
+    // Processor sharing: with more actions running than cores, each gets cores / n; with the
+    // stages pinned, each running action gets 1 / (the actions running on its core).
+    for (int k = 0; k < K; ++k) {
+      if (!running[k]) continue;
+      if (cost.core_of.empty()) {
+        rate[k] = cost.speed(n);
+        continue;
+      }
+      int sharing = 0;
+      for (int j = 0; j < K; ++j) sharing += running[j] && cost.core_of[j] == cost.core_of[k];
+      rate[k] = 1.0 / sharing;
+    }
     double finish = std::numeric_limits<double>::infinity();
     for (int k = 0; k < K; ++k)
-      if (running[k]) finish = std::min(finish, now + remaining[k] / rate);
+      if (running[k]) finish = std::min(finish, now + remaining[k] / rate[k]);
     const double until = std::min(finish, arrival);
     for (int k = 0; k < K; ++k)
-      if (running[k]) remaining[k] -= (until - now) * rate;
+      if (running[k]) remaining[k] -= (until - now) * rate[k];
     now = until;
     if (until < finish) continue;  // a message arrived first
     for (int k = 0; k < K; ++k) {
