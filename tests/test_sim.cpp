@@ -234,7 +234,24 @@ TEST_CASE("Stages pinned to cores share only their own core, as counted by hand"
   REQUIRE(end_of(q, 1, fwd(1)) == Approx(3.5));
   REQUIRE(end_of(q, 0, fwd(2)) == Approx(3.5));
   REQUIRE(end_of(q, 2, fwd(0)) == Approx(3.5));
+  // A core this process gets half of (other processes run there) takes twice as long: 16.
+  one.core_speed = {0.5};
+  REQUIRE(simulate(gpipe(2, 2, 1), one).seconds == Approx(16));
+  // Speeds per core, the K = 3 case with core 1 at half speed: F0@0 [0,1]; F1@0 [1,2] on core
+  // 0 while F0@1 runs on core 1 at half speed, [1,3]; F2@0 alone on core 0, [2,3]; F1@1 from 3
+  // alone on core 1 at half speed ends at 5.
+  pinned.core_speed = {1.0, 0.5};
+  const SimResult slow = simulate(gpipe(3, 3, 1), pinned);
+  REQUIRE(end_of(slow, 1, fwd(0)) == Approx(3));
+  REQUIRE(end_of(slow, 1, fwd(1)) == Approx(5));
+  REQUIRE(end_of(slow, 0, fwd(2)) == Approx(3));
   CostModel bad = uniform(2, 1, 1);
+  bad.core_of = {0, 1};
+  bad.core_speed = {1.0};
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("core_of names core 1"));
+  bad.core_speed = {1.0, 0.0};
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("core_speed entries must be"));
+  bad.core_speed.clear();
   bad.core_of = {0};
   REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("core_of needs one core per stage"));
   bad.core_of = {0, -1};

@@ -6,6 +6,7 @@
 // against the threaded executor's measured run of the same Pipeline and schedule.
 #pragma once
 
+#include <pthread.h>
 #include <sched.h>
 #include <time.h>
 
@@ -159,6 +160,38 @@ inline std::vector<int> allowed_cpus() {
   return cpus;
 }
 
+//! The share of each CPU in `cpus` a thread of this process pinned there gets now (1: all of it;
+//! less while other processes run there): a thread spins on each for `seconds`, all at once
+//! (`together`: as the stage threads of a run on every core) or one after another (as the
+//! one-action-at-a-time profile runs), and its CPU time is divided by the wall time.
+inline std::vector<double> measure_core_shares(const std::vector<int>& cpus, bool together,
+                                               double seconds = 0.05) {
+  std::vector<double> share(cpus.size());
+  auto spin = [&](std::size_t i) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[i], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    const auto w0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_seconds();
+    volatile double sink = 0;
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < seconds)
+      for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
+    share[i] =
+        std::clamp((thread_cpu_seconds() - c0) /
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count(),
+                   1e-3, 1.0);
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < cpus.size(); ++i) {
+    threads.emplace_back(spin, i);
+    if (!together) threads.back().join();
+  }
+  for (auto& t : threads)
+    if (t.joinable()) t.join();
+  return share;
+}
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -217,14 +250,27 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   SerialThreadedExecutor ref;
   ThreadedExecutor thr;
   // Pinned: stage k on the (k mod cores)-th CPU this process may use, and the simulator told so.
-  const std::vector<int> cpus = allowed_cpus();
-  if (pin && !cpus.empty()) {
+  const std::vector<int> allowed = allowed_cpus();
+  std::vector<int> used;  // the CPUs the stages are pinned to, core c = used[c]
+  if (pin && !allowed.empty()) {
+    const int n = std::max(1, std::min({cores, K, static_cast<int>(allowed.size())}));
+    used.assign(allowed.begin(), allowed.begin() + n);
     for (int k = 0; k < K; ++k) {
-      const int core = k % std::min(cores, static_cast<int>(cpus.size()));
-      thr.cpus.push_back(cpus[static_cast<std::size_t>(core)]);
-      c.model.core_of.push_back(core);
+      thr.cpus.push_back(used[static_cast<std::size_t>(k % n)]);
+      c.model.core_of.push_back(k % n);
     }
   }
+  // [c]: core c's share during a run (all cores busy) over its share during the profile (one
+  // at a time): 1 on a quiet machine; what other processes take from a run, relative to what
+  // they took from the profile, elsewhere.
+  std::vector<std::vector<double>> core_ratio(used.size());
+  auto sample_core_ratio = [&] {
+    const std::vector<double> alone = measure_core_shares(used, false);
+    const std::vector<double> together = measure_core_shares(used, true);
+    std::vector<double> r(used.size());
+    for (std::size_t i = 0; i < used.size(); ++i) r[i] = std::min(1.0, together[i] / alone[i]);
+    return r;
+  };
   ref.cpus = thr.cpus;
   pipe.train(c.plan, data.epoch(), ref);
   pipe.train(c.plan, data.epoch(), thr);
@@ -240,11 +286,19 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   for (int r = 0; r < repeats; ++r) {
     pipe.train(c.plan, data.epoch(), ref);
     samples.add(ref.trace());
-    const std::vector<double> before = sample_cores();
-    pipe.train(c.plan, data.epoch(), thr);
-    const std::vector<double> after = sample_cores();
-    for (int n = 0; n < K; ++n)
-      with[static_cast<std::size_t>(n)].push_back(0.5 * (before[n] + after[n]));
+    if (!used.empty()) {
+      const std::vector<double> before = sample_core_ratio();
+      pipe.train(c.plan, data.epoch(), thr);
+      const std::vector<double> after = sample_core_ratio();
+      for (std::size_t i = 0; i < used.size(); ++i)
+        core_ratio[i].push_back(0.5 * (before[i] + after[i]));
+    } else {
+      const std::vector<double> before = sample_cores();
+      pipe.train(c.plan, data.epoch(), thr);
+      const std::vector<double> after = sample_cores();
+      for (int n = 0; n < K; ++n)
+        with[static_cast<std::size_t>(n)].push_back(0.5 * (before[n] + after[n]));
+    }
     measured.push_back(thr.trace().seconds / N);
     traces.push_back(thr.trace());
   }
@@ -278,8 +332,14 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   c.model.link.latency = hop;  // the copies into and out of the ring are inside F and B
   c.model.source = "per-action thread CPU time, medians, host backend";
   c.simulated_quiet = sim::simulate(c.plan, c.model).per_mini_batch;
-  for (const auto& w : with) c.model.cores_with.push_back(median(w));
-  c.available_cores = c.model.cores_with[std::min(K, cores) - 1];
+  if (!used.empty()) {
+    for (const auto& r : core_ratio) c.model.core_speed.push_back(median(r));
+    c.available_cores = 0;
+    for (double v : c.model.core_speed) c.available_cores += v;
+  } else {
+    for (const auto& w : with) c.model.cores_with.push_back(median(w));
+    c.available_cores = c.model.cores_with[std::min(K, cores) - 1];
+  }
   const sim::SimResult sr = sim::simulate(c.plan, c.model);
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;

@@ -266,7 +266,9 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
       "same Pipeline. %s (%s)\n\n",
       N, repeats,
       pin ? "Stage k pinned to CPU k mod cores; the simulator shares each core between its own "
-            "stages ('quiet' column: the same)"
+            "stages, each core at the share a run gets of it relative to the profile, measured "
+            "before and after each run ('cores free' column, per core: 1 when quiet); 'quiet' "
+            "assumes whole cores"
           : "Threads placed by the OS (--no-pin); the simulator shares one pool: the compute "
             "1..K busy threads got, measured before and after each run ('cores free'); 'quiet' "
             "assumes whole cores",
@@ -297,7 +299,7 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
             tools::validation_cell(K, s, M, 128, N, repeats, cores, ring.latency, pin);
         worst = std::max(worst, std::abs(c.error()));
         std::string free;
-        for (double w : c.model.cores_with) {
+        for (double w : c.model.core_of.empty() ? c.model.cores_with : c.model.core_speed) {
           char b[16];
           std::snprintf(b, sizeof b, "%s%.2f", free.empty() ? "" : "/", w);
           free += b;
@@ -321,6 +323,7 @@ int cmd_validate(const fs::path& out, const std::vector<int>& Ks, const std::vec
                   {"error", c.error()},
                   {"available_cores", c.available_cores},
                   {"cores_with", c.model.cores_with},
+                  {"core_speed", c.model.core_speed},
                   {"simulated_quiet_ms", c.simulated_quiet * 1e3}};
         for (const auto& st : c.model.stages)
           cell["stage_costs_ms"].push_back({{"forward", st.forward * 1e3},

@@ -43,7 +43,9 @@ struct LinkCost {
 //! `core_of`, where given (one entry per stage), pins stage k to core `core_of[k]` instead:
 //! each core is shared only by the running actions of its own stages, each at 1 / running (what
 //! `ThreadedExecutor::cpus` does; an OS that places threads itself does not balance them as
-//! evenly as one shared pool would, and pinning makes that placement known). Usage:
+//! evenly as one shared pool would, and pinning makes that placement known). `core_speed[c]`,
+//! where given, is the share of core c this process gets (1: the whole core; less when other
+//! processes run there), and each action on core c then runs at core_speed[c] / running. Usage:
 //! `CostModel m; m.stages = {{.forward = 1e-3, .backward = 2e-3}}; m.cores = 2;`
 struct CostModel {
   std::vector<StageCost> stages;
@@ -52,6 +54,7 @@ struct CostModel {
   double cores = 0;
   std::vector<double> cores_with;
   std::vector<int> core_of;
+  std::vector<double> core_speed;
   std::string source = "unspecified";  // where the numbers come from, for reports
 
   int stage_count() const { return static_cast<int>(stages.size()); }
@@ -131,8 +134,15 @@ struct CostModel {
     if (!core_of.empty() && static_cast<int>(core_of.size()) != stage_count())
       throw ConfigError("xpipe: cost model: core_of needs one core per stage (" +
                         std::to_string(stage_count()) + "), got " + std::to_string(core_of.size()));
-    for (int c : core_of)
+    for (int c : core_of) {
       if (c < 0) throw ConfigError("xpipe: cost model: core_of entries must be >= 0");
+      if (!core_speed.empty() && c >= static_cast<int>(core_speed.size()))
+        throw ConfigError("xpipe: cost model: core_of names core " + std::to_string(c) +
+                          ", core_speed has " + std::to_string(core_speed.size()) + " entries");
+    }
+    for (double v : core_speed)
+      if (!(v > 0) || !std::isfinite(v))
+        throw ConfigError("xpipe: cost model: core_speed entries must be finite numbers > 0");
   }
 };
 

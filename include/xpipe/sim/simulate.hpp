@@ -143,16 +143,19 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       continue;
     }
     // Processor sharing: with more actions running than cores, each gets cores / n; with the
-    // stages pinned, each running action gets 1 / (the actions running on its core).
+    // stages pinned, each running action gets its core's speed / (the actions running there).
     for (int k = 0; k < K; ++k) {
       if (!running[k]) continue;
       if (cost.core_of.empty()) {
         rate[k] = cost.speed(n);
         continue;
       }
+      const int core = cost.core_of[k];
       int sharing = 0;
-      for (int j = 0; j < K; ++j) sharing += running[j] && cost.core_of[j] == cost.core_of[k];
-      rate[k] = 1.0 / sharing;
+      for (int j = 0; j < K; ++j) sharing += running[j] && cost.core_of[j] == core;
+      const double speed =
+          cost.core_speed.empty() ? 1.0 : cost.core_speed[static_cast<std::size_t>(core)];
+      rate[k] = speed / sharing;
     }
     double finish = std::numeric_limits<double>::infinity();
     for (int k = 0; k < K; ++k)
