@@ -1,0 +1,442 @@
+// xpipe-train's runs, shared by its translation units: a run's configuration and record, the
+// signal and MPI state, and run_pipeline / run_stages, which train one configuration on one
+// compiled Pipeline type. The model table's instantiations are spread over train_models_*.cpp
+// so that they compile in parallel; main() is in xpipe_train.cpp.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "divergence.hpp"
+#include "models.hpp"
+#include "output_files.hpp"
+#include "run_checkpoints.hpp"
+#include "xpipe/xpipe.hpp"
+#if defined(XPIPE_WITH_MPI)
+#include "xpipe/exec/mpi.hpp"
+#endif
+
+namespace xpipe::tools::train {
+
+namespace fs = std::filesystem;
+using tools::EpochRecord;
+using tools::OutputError;
+
+struct RunConfig {
+  std::string model = "mlp";
+  int stages = 4;
+  int micro_batches = 4;
+  std::string schedule = "async-1f1b";
+  std::string predictor = "xpipe";
+  std::string optimizer = "adam";
+  float lr = 1e-3f;
+  long batch = 128;
+  int epochs = 3;
+  std::uint64_t seed = 1;
+  std::string executor = "threaded";
+  int dp = 1;                  // --executor mpi: data-parallel replicas of the pipeline
+  double wait_timeout = 60;    // seconds a stage may wait on another before giving up
+  std::vector<int> pin_cpus;   // --executor threaded: stage k on CPU pin_cpus[k % size]
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 1;    // epochs
+  bool resume = false;
+  bool measure_prediction = false;  // record each predictor's error (pipeline/prediction_probe.hpp)
+  std::string label() const { return schedule + "+" + predictor + "(" + optimizer + ")"; }
+};
+
+// ok: trained every epoch. diverged: its loss ran away (tools::divergence), so it was stopped.
+// failed: it could not run (2BW with M < K) or stopped on another error. interrupted: a signal
+// stopped the study during it.
+enum class RunStatus { ok, diverged, failed, interrupted };
+
+inline const char* to_string(RunStatus s) {
+  switch (s) {
+    case RunStatus::ok:
+      return "ok";
+    case RunStatus::diverged:
+      return "diverged";
+    case RunStatus::failed:
+      return "failed";
+    case RunStatus::interrupted:
+      return "interrupted";
+  }
+  return "?";
+}
+
+struct RunRecord {
+  RunConfig config;
+  RunStatus status = RunStatus::ok;
+  std::string why;                  // what stopped it, unless ok
+  std::vector<EpochRecord> epochs;  // those it finished
+  std::vector<int> weight_copies;
+  std::vector<double> activation_kib;  // peak per stage
+  ExecutionTrace trace;                // of the last epoch
+  Schedule schedule;                   // that the trace ran
+  bool trace_files = false;            // its timeline and trace are written
+  bool ok() const { return status == RunStatus::ok; }
+};
+
+// SIGINT and SIGTERM set this and nothing else; the study checks it at its check points (every
+// 100 ms while an epoch trains, after each epoch and each run), so no write is ever cut short.
+inline volatile std::sig_atomic_t stop_signal = 0;
+
+inline bool interactive() {
+  return isatty(fileno(stdout)) != 0;
+}
+
+// One line redrawn in place: [#####.....] 45%  loss 0.5312  12034 samples/s  ETA 3 s.
+inline void show_progress(const std::string& label, int epoch, int epochs, long done, long total,
+                          double loss, double seconds) {
+  constexpr int width = 30;
+  const double f = total > 0 ? std::min(1.0, static_cast<double>(done) / total) : 0.0;
+  const int filled = static_cast<int>(f * width);
+  const double rate = seconds > 0 ? done / seconds : 0.0;
+  const double eta = rate > 0 ? (total - done) / rate : 0.0;
+  char loss_text[32] = "   -  ";  // a NaN loss: not known here (an MPI rank before the last stage)
+  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+  std::printf("\r\033[K  %-30s epoch %d/%d [%s%s] %3.0f%%  loss %s  %6.0f samples/s  ETA %.0f s",
+              label.c_str(), epoch, epochs, std::string(filled, '#').c_str(),
+              std::string(width - filled, '.').c_str(), 100 * f, loss_text, rate, eta);
+  std::fflush(stdout);
+}
+
+// A file-name form of a run label: async-1f1b+xpipe(adam) -> async-1f1b_xpipe_adam.
+inline std::string file_stem(const std::string& label) {
+  std::string out;
+  for (char ch : label)
+    if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')
+      out += ch;
+    else if (!out.empty() && out.back() != '_')
+      out += '_';
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
+
+// Called by a run at its check points with what it has finished: every 100 ms while an epoch
+// trains (epoch_running is that epoch, which a stop abandons: a Pipeline cannot stop train()
+// part-way) and after each epoch (epoch_running 0). It does not return when a signal arrived.
+using CheckPoint = std::function<void(const RunRecord& so_far, int epoch_running)>;
+
+// The run's checkpoint folder under --checkpoint-dir (empty when checkpoints are off).
+inline fs::path run_checkpoint_dir(const RunConfig& c) {
+  return c.checkpoint_dir.empty() ? fs::path{} : fs::path(c.checkpoint_dir) / file_stem(c.label());
+}
+
+// A float's shortest text that reads back to the same float (%.9g always does).
+inline std::string float_text(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// What a checkpoint records of the run: everything that changes what it computes (not the
+// executor, which gives the same bits, nor --epochs, which a resumed run may extend).
+inline std::map<std::string, std::string> run_fields(const RunConfig& c, const DatasetPair& data) {
+  return {{"run.model", c.model},
+          {"run.stages", std::to_string(c.stages)},
+          {"run.micro_batches", std::to_string(c.micro_batches)},
+          {"run.schedule", c.schedule},
+          {"run.predictor", c.predictor},
+          {"run.optimizer", c.optimizer},
+          {"run.lr", float_text(c.lr)},
+          {"run.batch", std::to_string(c.batch)},
+          {"run.seed", std::to_string(c.seed)},
+          {"run.train_samples", std::to_string(data.train.count)},
+          {"run.test_samples", std::to_string(data.test.count)}};
+}
+
+// --executor mpi: this process's rank and the executor every run uses (made once, collectively,
+// in main). Only rank 0 prints and writes; a failed run ends the whole job (mpi_fail).
+#if defined(XPIPE_WITH_MPI)
+inline MpiExecutor* mpi_executor = nullptr;
+#endif
+inline int mpi_rank = 0;
+
+// Under MPI a run that fails cannot go on: every rank prints what it saw (the executor told the
+// others first), then the job ends with MPI_Abort, a moment later so that they have printed.
+[[noreturn]] inline void mpi_fail(const std::string& why) {
+  std::fprintf(stderr, "xpipe-train: rank %d: %s\n", mpi_rank, why.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+#if defined(XPIPE_WITH_MPI)
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  std::_Exit(1);
+}
+
+template <class P>
+constexpr bool runs_on_mpi() {
+#if defined(XPIPE_WITH_MPI)
+  return std::is_same_v<typename P::queue_policy, MpiChannel>;
+#else
+  return false;
+#endif
+}
+
+// Replica r's share of the epoch's rows (replica_rows), copied out, for --dp > 1.
+struct ReplicaRows {
+  HostBuffer<float> x;
+  HostBuffer<std::int32_t> y;
+  index_t rows = 0;
+};
+
+// Why a run that a signal stopped is incomplete: the epoch it abandoned, or the last it kept.
+inline std::string stop_reason(int epoch_running, std::size_t epochs_done) {
+  return epoch_running > 0
+             ? "stopped in epoch " + std::to_string(epoch_running) + " (that epoch is not kept)"
+             : "stopped after epoch " + std::to_string(epochs_done);
+}
+
+// Records a stopped run in its files from the signal check; a failed write ends the process at
+// once (exit 1, naming the file), as nothing more can be kept.
+template <class Files, class Run>
+void add_or_exit(Files& files, Run&& run) {
+  try {
+    files.add(std::forward<Run>(run));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xpipe-train: %s\n", e.what());
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+}
+
+// Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
+// epoch, comes back marked so, with the epochs it finished.
+template <class P, class MpiP = P>
+RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+  if constexpr (!std::is_same_v<P, MpiP>)
+    if (c.executor == "mpi") return run_pipeline<MpiP>(c, data, check);
+  constexpr bool on_mpi = runs_on_mpi<P>();
+  const bool root = mpi_rank == 0;
+  // Each of the dp replicas trains on its share of every mini-batch of c.batch rows.
+  const index_t replica_batch = c.batch / c.dp;
+  P pipe(make_optimizer(c.optimizer, c.lr),
+         PipelineOptions{.batch = replica_batch,
+                         .micro_batches = c.micro_batches,
+                         .seed = c.seed,
+                         .measure_prediction = c.measure_prediction});
+  Batcher batcher(data.train, c.batch, c.seed);
+  HostBuffer<float> x(data.train.count * data.train.width);
+  HostBuffer<std::int32_t> y(data.train.count);
+  const Matrix xm{x.data(), data.train.count, data.train.width};
+  ReplicaRows share;
+  std::vector<index_t> share_rows;
+  if (c.dp > 1) {
+#if defined(XPIPE_WITH_MPI)
+    share_rows = replica_rows(data.train.count, c.batch, c.micro_batches, c.dp,
+                              mpi_executor ? mpi_executor->replica() : 0);
+#endif
+    share.rows = static_cast<index_t>(share_rows.size());
+    share.x = HostBuffer<float>(share.rows * data.train.width);
+    share.y = HostBuffer<std::int32_t>(share.rows);
+  }
+  const index_t n = pipe.mini_batches_for(c.dp > 1 ? share.rows : data.train.count);
+  const Schedule schedule =
+      make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
+  RunRecord rec;
+  rec.config = c;
+  // Checkpoints: one folder per run, a checkpoint every --checkpoint-every epochs and after
+  // the last (and at a stop), resumed from the newest that verifies.
+  const fs::path ckpt_dir = run_checkpoint_dir(c);
+  const auto fields = run_fields(c, data);
+  int first_epoch = 1;
+  std::vector<int> restored_copies;
+  std::vector<double> restored_kib;
+  if (!ckpt_dir.empty() && c.resume) {
+    if (const auto found = find_latest_checkpoint(ckpt_dir)) {
+      for (const std::string& why : found->skipped)
+        std::fprintf(stderr, "  %s: passed over %s\n", c.label().c_str(), why.c_str());
+      const std::string where = found->contents.folder.string();
+      tools::check_run_fields(found->contents.fields, fields, where);
+      load_checkpoint(pipe, found->contents);
+      const auto& bytes = found->contents.file("records.tsv");
+      rec.epochs = tools::parse_records(std::string(bytes.begin(), bytes.end()),
+                                        where + "/records.tsv", P::stage_count);
+      first_epoch = static_cast<int>(rec.epochs.size()) + 1;
+      for (int k = 0; k < P::stage_count; ++k) {
+        const std::string at = std::to_string(k);
+        restored_copies.push_back(std::stoi(found->contents.field("result.weight_copies." + at)));
+        restored_kib.push_back(std::stod(found->contents.field("result.activation_kib." + at)));
+      }
+      std::printf("  %-34s resumed from %s (%d epochs done)\n", c.label().c_str(), where.c_str(),
+                  first_epoch - 1);
+    }
+  }
+  auto save = [&](int e) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%06d", e);
+    auto with_epoch = fields;
+    with_epoch["epoch"] = std::to_string(e);
+    for (int k = 0; k < P::stage_count; ++k) {  // what the outputs report of the run
+      const std::string at = std::to_string(k);
+      with_epoch["result.weight_copies." + at] = std::to_string(pipe.weight_copies(k));
+      with_epoch["result.activation_kib." + at] =
+          tools::exact(static_cast<double>(pipe.activation_floats(k)) * 4 / 1024);
+    }
+    save_checkpoint(pipe, ckpt_dir, name, with_epoch,
+                    {{"records.tsv", tools::records_text(rec.epochs)}});
+  };
+  ReferenceExecutor reference;
+  ThreadedExecutor threaded;
+  threaded.wait_timeout = std::chrono::duration<double>(c.wait_timeout);
+  threaded.cpus = c.pin_cpus;
+  for (int e = first_epoch; e <= c.epochs; ++e) {
+    batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
+    EpochData epoch{xm, y.data()};
+    if (c.dp > 1) {  // this replica's rows of the epoch, in order
+      for (std::size_t i = 0; i < share_rows.size(); ++i) {
+        const index_t r = share_rows[i];
+        std::copy_n(x.data() + r * data.train.width, data.train.width,
+                    share.x.data() + static_cast<index_t>(i) * data.train.width);
+        share.y.data()[i] = y.data()[r];
+      }
+      epoch = EpochData{Matrix{share.x.data(), share.rows, data.train.width}, share.y.data()};
+    }
+    EpochResult r;
+    std::exception_ptr failure;
+    std::atomic<bool> finished{false};
+    std::thread worker([&] {
+      try {
+        if constexpr (on_mpi) {
+#if defined(XPIPE_WITH_MPI)
+          r = pipe.train(schedule, epoch, *mpi_executor);
+          // Every rank gets every stage's trained state: rank 0 evaluates and checkpoints it.
+          mpi_executor->share_stage_states(pipe);
+#endif
+        } else {
+          r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
+                                        : pipe.train(schedule, epoch, threaded);
+        }
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      finished = true;
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!finished) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      check(rec, e);
+      if (interactive() && root) {
+        auto p = pipe.progress();
+        double loss = p.samples > 0 ? p.loss_sum / p.samples : 0.0;
+#if defined(XPIPE_WITH_MPI)
+        if (on_mpi && P::stage_count > 1) {  // rank 0 runs stage 0: its share of its list
+          p.samples = static_cast<long>(mpi_executor->progress() * data.train.count);
+          loss = std::nan("");
+        }
+#endif
+        show_progress(c.label(), e, c.epochs, p.samples, data.train.count, loss,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+    worker.join();
+    if (interactive() && root) std::printf("\r\033[K");
+    if (failure) {
+      try {
+        std::rethrow_exception(failure);
+      } catch (const ConfigError& err) {
+        // A configuration a predictor refuses as training starts (2BW + EF with M < K) cannot
+        // run, as one refused at construction: the caller says so (a sweep's "not run" cell).
+        if (e == first_epoch) throw;
+        rec.status = RunStatus::failed;
+        rec.why = "epoch " + std::to_string(e) + ": " + err.what();
+        return rec;
+      } catch (const Error& err) {
+        // The library throws on a NaN or infinite loss; any other error is a failure, and so
+        // is a non-finite loss it blames on the data ("bad data"), not on divergence.
+        const std::string what = err.what();
+        if (on_mpi) mpi_fail("epoch " + std::to_string(e) + ": " + what);
+        const bool numeric = (what.find("loss is NaN") != std::string::npos ||
+                              what.find("loss is infinite") != std::string::npos) &&
+                             what.find("bad data") == std::string::npos;
+        rec.status = numeric ? RunStatus::diverged : RunStatus::failed;
+        rec.why = "epoch " + std::to_string(e) + ": " + what;
+        return rec;
+      } catch (const std::exception& err) {  // under MPI the ranks cannot go on together
+        if (on_mpi) mpi_fail("epoch " + std::to_string(e) + ": " + err.what());
+        throw;
+      }
+    }
+    const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
+#if defined(XPIPE_WITH_MPI)
+    const ExecutionTrace& trace = on_mpi ? mpi_executor->trace() : tr;
+#else
+    const ExecutionTrace& trace = tr;
+#endif
+    EpochRecord er;
+    er.epoch = e;
+    er.loss = r.loss;
+    er.seconds = r.seconds;
+    er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
+    er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
+    for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
+    er.prediction_error = pipe.prediction_errors();
+    std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(), e,
+                er.loss, 100 * er.test_accuracy, er.samples_per_second);
+    std::fflush(stdout);
+    rec.epochs.push_back(er);
+    std::vector<double> losses;
+    for (const EpochRecord& done : rec.epochs) losses.push_back(done.loss);
+    if (std::string why = tools::divergence(losses); !why.empty()) {
+      rec.status = RunStatus::diverged;
+      rec.why = why;
+      return rec;
+    }
+    if (e == c.epochs) {
+      rec.trace = trace;
+      rec.schedule = schedule;
+    }
+    if (!ckpt_dir.empty() && root &&
+        (e % c.checkpoint_every == 0 || e == c.epochs || stop_signal != 0))
+      save(e);
+    if (e < c.epochs) check(rec, 0);  // after the last, the run is done: recorded whole
+  }
+  if (first_epoch > c.epochs) {  // resumed after its last epoch: what that epoch measured
+    rec.weight_copies = restored_copies;
+    rec.activation_kib = restored_kib;
+    return rec;
+  }
+  for (int k = 0; k < P::stage_count; ++k) {
+    rec.weight_copies.push_back(pipe.weight_copies(k));
+    rec.activation_kib.push_back(static_cast<double>(pipe.activation_floats(k)) * 4 / 1024);
+  }
+  return rec;
+}
+
+template <class... Stages>
+RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+  return with_predictor(c.predictor, [&]<class P>(std::type_identity<P>) {
+#if defined(XPIPE_WITH_MPI)
+    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>,
+                        Pipeline<Stages..., P, AnyOptimizer, MpiChannel>>(c, data, check);
+#else
+    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data, check);
+#endif
+  });
+}
+
+// The model table's runners, one per compiled model (train_models_mlp.cpp, train_models_deep.cpp).
+RunRecord run_mlp1(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_mlp2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_mlp4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_deep2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_deep4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_deep8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+
+}  // namespace xpipe::tools::train
