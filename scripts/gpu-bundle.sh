@@ -171,4 +171,4 @@ else
     exit 1
   fi
 fi
-echo "gpu-bundle: done; carry 'gpu-bundle' and run scripts/gpu-check.sh on the GPU machine"
+echo "gpu-bundle: done: $out (on the GPU machine: scripts/gpu-check.sh)"
