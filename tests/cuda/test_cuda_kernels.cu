@@ -3,6 +3,7 @@
 // tol + |ref| * eps (llm.c's rule), printing the first mismatches. Exits 77 (CTest: skipped) when
 // no CUDA device is present.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>

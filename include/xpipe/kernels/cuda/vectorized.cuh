@@ -180,6 +180,16 @@ __global__ void __launch_bounds__(block_threads)
   if (i < n) f(i);
 }
 
+//! The scalar loop of backend/cuda.cuh for the same function object: the reference the
+//! vectorised kernel must match bit for bit (tests, benchmarks).
+template <class F>
+void launch_scalar(const CudaContext& ctx, index_t n, const F& f) {
+  if (n <= 0) return;
+  cuda_detail::for_each_index_kernel<<<cuda_detail::grid_for(n), cuda_detail::block_threads, 0,
+                                       ctx.stream>>>(n, f);
+  XPIPE_CUDA_CHECK(cudaGetLastError());
+}
+
 //! Runs f over [0, n) on ctx's stream: 128-bit accesses where the pointers allow, else the scalar
 //! loop. Returns whether the vectorised kernel ran (tests and benchmarks report it).
 template <class F>
@@ -190,9 +200,7 @@ bool launch(const CudaContext& ctx, index_t n, const F& f) {
   Vectorized<F>::pointers(f, p);
   const Split s = split_for(p, n);
   if (s.quads == 0) {
-    cuda_detail::for_each_index_kernel<<<cuda_detail::grid_for(n), cuda_detail::block_threads, 0,
-                                         ctx.stream>>>(n, f);
-    XPIPE_CUDA_CHECK(cudaGetLastError());
+    launch_scalar(ctx, n, f);
     return false;
   }
   const index_t threads = s.quads + (n - 4 * s.quads);  // quads + scalar head and tail
@@ -200,16 +208,6 @@ bool launch(const CudaContext& ctx, index_t n, const F& f) {
   vectorized_kernel<<<blocks, block_threads, 0, ctx.stream>>>(n, s.head, s.quads, f);
   XPIPE_CUDA_CHECK(cudaGetLastError());
   return true;
-}
-
-//! The scalar loop of backend/cuda.cuh for the same function object: the reference the
-//! vectorised kernel must match bit for bit (tests, benchmarks).
-template <class F>
-void launch_scalar(const CudaContext& ctx, index_t n, const F& f) {
-  if (n <= 0) return;
-  cuda_detail::for_each_index_kernel<<<cuda_detail::grid_for(n), cuda_detail::block_threads, 0,
-                                       ctx.stream>>>(n, f);
-  XPIPE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace cuda_vec
