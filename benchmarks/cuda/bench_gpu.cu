@@ -96,6 +96,11 @@ void optimizer_passes(const xpipe::CudaContext& ctx, index_t n, const char* labe
   const auto gbs = [&](index_t floats_moved, double ms) {
     return static_cast<double>(floats_moved) * f / (ms * 1e-3) / 1e9;
   };
+  {  // cudaMalloc'd buffers start 256-byte aligned: the 128-bit path must be the one timed
+    const void* p[5] = {w.data(), g.data(), m.data(), v.data(), out.data()};
+    if (xpipe::cuda_vec::split_for(p, n).quads != n / 4)
+      throw xpipe::Error("bench_gpu: the optimizer buffers would not take the 128-bit path");
+  }
   // Adam step: reads w, g, m, v; writes w, m, v.
   const index_t step_moved = 7 * n;
   const double step_copy = gbs(step_moved, copy_ms(step_moved));
