@@ -3,7 +3,9 @@
 // tol + |ref| * eps (llm.c's rule), printing the first mismatches. Exits 77 (CTest: skipped) when
 // no CUDA device is present.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -161,6 +163,120 @@ void element_ops(const xpipe::CudaContext& cctx) {
   check("softmax xent loss (+-1e4)", hloss, to_host(dloss), 1e-2f, 1e-5f);
 }
 
+// The vectorised loops of kernels/cuda/vectorized.cuh: each pass runs on a copy of the same inputs
+// through the scalar kernel (one float per thread) and through for_each_index on a CudaContext,
+// which picks the vectorised overload. The two must agree bit for bit over the whole buffers
+// (padding included: no write outside [0, n)), and the vectorised result must match the host
+// loop within the tolerances of element_ops. `offset` shifts each array's start by whole floats
+// from a 16-byte aligned allocation; `vectorised` says whether 128-bit accesses must run.
+template <int Arrays, class Make>
+void vectorized_case(const xpipe::CudaContext& cctx, const char* what, xpipe::index_t n,
+                     const int (&offset)[Arrays], unsigned positive, Make make, float tol,
+                     float eps) {
+  constexpr xpipe::index_t pad = 8;
+  const std::size_t len = static_cast<std::size_t>(n + pad);
+  std::vector<std::vector<float>> host(Arrays);
+  std::vector<xpipe::DeviceBuffer<float>> scal, vec;
+  float* hp[Arrays];
+  float* sp[Arrays];
+  float* vp[Arrays];
+  for (int a = 0; a < Arrays; ++a) {
+    const bool pos = (positive >> a) & 1u;  // second moments: v >= 0
+    host[a] =
+        random_vector(len, 100 + 7 * a + static_cast<std::uint64_t>(n), pos ? 1e-4f : -1.f, 1.f);
+    scal.push_back(to_device(host[a]));
+    vec.push_back(to_device(host[a]));
+  }
+  for (int a = 0; a < Arrays; ++a) {
+    hp[a] = host[a].data() + offset[a];
+    sp[a] = scal[a].data() + offset[a];
+    vp[a] = vec[a].data() + offset[a];
+  }
+  const void* vpc[Arrays];
+  for (int a = 0; a < Arrays; ++a) vpc[a] = vp[a];
+  const bool vectorised = xpipe::cuda_vec::split_for(vpc, n).quads > 0;
+  xpipe::cuda_vec::launch_scalar(cctx, n, make(sp));
+  xpipe::for_each_index(cctx, n, make(vp));  // what the launchers call: the vectorised overload
+  xpipe::for_each_index(xpipe::HostContext{}, n, make(hp));
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+  std::string label = std::string(what) + " n=" + std::to_string(n) + " offsets";
+  for (int a = 0; a < Arrays; ++a) label += " " + std::to_string(offset[a]);
+  label += vectorised ? " (128-bit)" : " (scalar)";
+  int differ = 0;
+  for (int a = 0; a < Arrays; ++a) {
+    const auto s = to_host(scal[a]), v = to_host(vec[a]);
+    for (std::size_t i = 0; i < len; ++i)
+      if (std::memcmp(&s[i], &v[i], sizeof(float)) != 0 && differ++ < 5)
+        std::printf("  %s: array %d [%zu]: scalar kernel %.9g, vectorised %.9g\n", label.c_str(), a,
+                    i, s[i], v[i]);
+    check((label + " array " + std::to_string(a) + " vs host").c_str(), host[a], v, tol, eps);
+  }
+  std::printf("%-28s %s (%d floats differ from the scalar kernel)\n", label.c_str(),
+              differ ? "FAIL" : "ok", differ);
+  failures += differ != 0;
+}
+
+void vectorized_ops(const xpipe::CudaContext& cctx) {
+  using xpipe::ops::AdamDirection, xpipe::ops::AdamPredict, xpipe::ops::AdamStep;
+  using xpipe::ops::NadamStep, xpipe::ops::SgdPredict, xpipe::ops::SgdStep;
+  const auto as = xpipe::math::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, true, 7);
+  const auto ns = xpipe::math::nadam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, false, 7);
+  const xpipe::math::SgdScalars ss{0.1f, 0.9f, 0.1f, 1e-4f, true, false};
+  // Sizes: not a multiple of 4, one quad plus a tail, below one quad, a multiple of 4.
+  for (const xpipe::index_t n : {10007L, 7L, 3L, 4096L}) {
+    // All aligned; all one float past a boundary (scalar head of 3); mixed offsets (scalar loop).
+    const int a4[3][4] = {{0, 0, 0, 0}, {1, 1, 1, 1}, {1, 0, 0, 0}};
+    const int a3[3][3] = {{0, 0, 0}, {1, 1, 1}, {0, 0, 2}};
+    for (int k = 0; k < 3; ++k) {
+      vectorized_case<4>(
+          cctx, "adam step", n, a4[k], 0b1000u,
+          [&](float* const* p) {
+            return AdamStep{p[0], p[1], p[2], p[3], as};
+          },
+          1e-6f, 1e-5f);
+      vectorized_case<4>(
+          cctx, "adam predict", n, a4[k], 0b0100u,
+          [&](float* const* p) { return AdamPredict{p[0], p[1], p[2], p[3], 3e-3f, as}; }, 1e-6f,
+          1e-5f);
+      vectorized_case<4>(
+          cctx, "nadam step", n, a4[k], 0b1000u,
+          [&](float* const* p) {
+            return NadamStep{p[0], p[1], p[2], p[3], ns};
+          },
+          1e-6f, 1e-5f);
+      vectorized_case<3>(
+          cctx, "adam direction", n, a3[k], 0b010u,
+          [&](float* const* p) {
+            return AdamDirection{p[0], p[1], p[2], as};
+          },
+          1e-6f, 1e-5f);
+      vectorized_case<3>(
+          cctx, "sgd step", n, a3[k], 0u,
+          [&](float* const* p) {
+            return SgdStep{p[0], p[1], p[2], ss};
+          },
+          1e-6f, 1e-6f);
+      vectorized_case<3>(
+          cctx, "sgd predict", n, a3[k], 0u,
+          [&](float* const* p) {
+            return SgdPredict{p[0], p[1], p[2], 0.3f};
+          },
+          1e-6f, 1e-6f);
+    }
+  }
+  // The cases above must have exercised both paths (else the comparison proves nothing).
+  const auto at = [](std::uintptr_t a) { return reinterpret_cast<const void*>(a); };
+  const void* aligned[2] = {at(0x1000), at(0x2010)};  // 10007 = 2501 quads + 3
+  const void* shifted[2] = {at(0x1004), at(0x2034)};  // head 3, then 10004 = 2501 quads
+  const void* mixed[2] = {at(0x1000), at(0x2014)};
+  const auto sa = xpipe::cuda_vec::split_for(aligned, 10007);
+  const auto ss4 = xpipe::cuda_vec::split_for(shifted, 10007);
+  const bool ok = sa.head == 0 && sa.quads == 2501 && ss4.head == 3 && ss4.quads == 2501 &&
+                  xpipe::cuda_vec::split_for(mixed, 10007).quads == 0;
+  std::printf("%-28s %s\n", "vectorised split", ok ? "ok" : "FAIL");
+  failures += !ok;
+}
+
 }  // namespace
 
 int main() {
@@ -174,6 +290,7 @@ int main() {
   try {
     xpipe::CudaStreamContext stream;
     element_ops(stream.ctx());
+    vectorized_ops(stream.ctx());
     stage_and_optimizer(stream.ctx());
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# The one command to run on a machine with a GPU, from the checkout root: runs every gpu-labelled
+# test, the GPU benchmark (bench_gpu) and, where PyTorch is installed, its baseline
+# (benchmarks/cuda/torch_step.py), and writes gpu-report.md (device, driver, CUDA, each test's
+# result, each ratio, xpipe vs PyTorch samples/s). Uses gpu-bundle/ (scripts/gpu-bundle.sh, run
+# on a build machine) when present, else builds from source for this GPU's architecture.
+#   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs]
+# Exit: 0 all tests passed or skipped; 1 a test or the benchmark failed, or nothing could be
+# built; 2 bad arguments; 77 no GPU here (nothing run, no report written).
+set -uo pipefail
+
+usage() {
+  awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"
+  exit 2
+}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+report="$root/gpu-report.md"
+logs="$root/gpu-logs"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --report) [[ $# -ge 2 ]] || usage; report=$2; shift 2 ;;
+    --logs) [[ $# -ge 2 ]] || usage; logs=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "gpu-check.sh: unknown argument '$1'" >&2; usage ;;
+  esac
+done
+
+# ---- is there a GPU? -------------------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null; then
+  echo "SKIP: no GPU here (no nvidia-smi, so no NVIDIA driver); nothing run, no report written"
+  exit 77
+fi
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -c .)
+if [[ "${gpus:-0}" -eq 0 ]]; then
+  echo "SKIP: no GPU here (nvidia-smi lists none); nothing run, no report written"
+  exit 77
+fi
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
+arch=${cap//./}
+cuda_driver=$(nvidia-smi | grep -o 'CUDA Version: [0-9.]*' | head -1 | cut -d' ' -f3)
+nvcc_version=$(command -v nvcc >/dev/null && nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)
+[[ -z "$nvcc_version" && -x /usr/local/cuda/bin/nvcc ]] &&
+  nvcc_version=$(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)
+echo "gpu-check: $gpus GPU(s); $gpu_name, sm_$arch, driver $driver (CUDA $cuda_driver)"
+
+# ---- the executables: the bundle, else a build from source -----------------------------------
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+bundle="$root/gpu-bundle"
+origin=""
+if [[ -f "$bundle/bundle.tar.xz" ]]; then
+  tar -C "$work" -xJf "$bundle/bundle.tar.xz" || { echo "gpu-check.sh: cannot unpack $bundle/bundle.tar.xz" >&2; exit 1; }
+  bundle="$work"
+  origin="gpu-bundle/bundle.tar.xz"
+elif [[ -f "$bundle/tests.tsv" ]]; then
+  origin="gpu-bundle/"
+else
+  echo "gpu-check: no gpu-bundle/; building from source for sm_$arch"
+  missing=()
+  for tool in cmake python3; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || missing+=("nvcc (CUDA toolkit)")
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    echo "gpu-check.sh: cannot build from source: missing ${missing[*]}; or run scripts/gpu-bundle.sh" \
+      "on a build machine and bring gpu-bundle/ here" >&2
+    exit 1
+  fi
+  if ! "$root/scripts/gpu-bundle.sh" --arch "$arch" --build-dir "$root/build-gpu-sm$arch" \
+    --out "$work/bundle" --no-limit; then
+    echo "gpu-check.sh: cannot build from source here (above: what is missing); run" \
+      "scripts/gpu-bundle.sh on a machine with the dependencies and bring gpu-bundle/ here" >&2
+    exit 1
+  fi
+  bundle="$work/bundle"
+  origin="built here for sm_$arch"
+fi
+built_arch=$(sed -n 's/^arch: sm_//p' "$bundle/manifest.txt")
+built_commit=$(sed -n 's/^commit: //p' "$bundle/manifest.txt")
+if [[ -n "$built_arch" && "$built_arch" != "$arch" ]]; then
+  echo "gpu-check: note: the bundle was built for sm_$built_arch, this GPU is sm_$arch (runs only" \
+    "where the embedded PTX can be JIT-compiled for it)"
+fi
+# The bundled libraries serve the bundled executables only (not python3 / PyTorch).
+# The toolkit's own folders follow, for cudart/cuBLAS/NCCL where the RPATH of the build machine
+# (its toolkit folder) does not exist here.
+libs="$bundle/lib"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d "$d" ]] && libs="$libs:$d"
+done
+run_bundled() { LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+
+# ---- the gpu tests ---------------------------------------------------------------------------
+mkdir -p "$logs"
+results="$work/results.tsv"
+: >"$results"
+failed=0
+while IFS=$'\t' read -r -a row; do
+  [[ ${#row[@]} -ge 4 ]] || continue
+  name=${row[0]} timeout_s=${row[1]} skip=${row[2]}
+  cmd=("$bundle/${row[3]}" "${row[@]:4}")
+  start=$(date +%s.%N)
+  (cd "$work" && run_bundled timeout "$timeout_s" "${cmd[@]}") >"$logs/$name.log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+  if [[ $rc -eq 0 ]]; then
+    verdict=pass
+  elif [[ $rc -eq $skip ]]; then
+    verdict=skip
+  elif [[ $rc -eq 124 ]]; then
+    verdict="FAIL (timed out after ${timeout_s} s)"; failed=1
+  else
+    verdict="FAIL (exit $rc)"; failed=1
+  fi
+  why=$(grep -m1 -iE '^(SKIP|FAIL)' "$logs/$name.log" | cut -c1-160)
+  printf '%s\t%s\t%s\t%s\n' "$name" "$verdict" "$secs" "$why" >>"$results"
+  printf 'gpu-check: %-32s %s (%s s)\n' "$name" "$verdict" "$secs"
+done <"$bundle/tests.tsv"
+
+# ---- the benchmark (full run) and PyTorch's baseline ----------------------------------------
+bench_json="$work/bench.json"
+(cd "$work" && run_bundled "$bundle/bin/bench_gpu" --json "$bench_json") >"$logs/bench_gpu.log" 2>&1
+bench_rc=$?
+echo "gpu-check: bench_gpu exit $bench_rc (log: $logs/bench_gpu.log)"
+[[ $bench_rc -eq 0 || $bench_rc -eq 77 ]] || failed=1
+skipped=$(awk -F'\t' '$2 == "skip"' "$results" | wc -l)
+torch_json="$work/torch.json"
+torch_note=""
+if python3 -c "import torch" >/dev/null 2>&1; then
+  torch_py="$bundle/torch_step.py"
+  [[ -f "$torch_py" ]] || torch_py="$root/benchmarks/cuda/torch_step.py"
+  python3 "$torch_py" --json "$torch_json" >"$logs/torch_step.log" 2>&1
+  torch_rc=$?
+  echo "gpu-check: torch_step.py exit $torch_rc (log: $logs/torch_step.log)"
+  [[ $torch_rc -eq 0 ]] || torch_note="torch_step.py exited $torch_rc: see torch_step.log"
+else
+  torch_note="PyTorch is not installed here (python3 -c 'import torch' fails): no PyTorch baseline"
+fi
+[[ -f "$bench_json" ]] && cp "$bench_json" "$logs/bench_gpu.json"
+[[ -f "$torch_json" ]] && cp "$torch_json" "$logs/torch_step.json"
+
+# ---- the report ------------------------------------------------------------------------------
+{
+  echo "# xpipe GPU check"
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "- device: $gpu_name (sm_$arch), $gpus GPU(s) visible"
+  echo "- driver: $driver, CUDA (driver API) $cuda_driver, nvcc here: ${nvcc_version:-none}"
+  echo "- executables: $origin, built for sm_${built_arch:-?} from commit ${built_commit:-?}"
+  echo "- command: scripts/gpu-check.sh (logs: $logs)"
+  echo
+  echo "## gpu tests"
+  echo
+  echo "| test | result | seconds | first SKIP/FAIL line |"
+  echo "|---|---|---|---|"
+  while IFS=$'\t' read -r name verdict secs why; do
+    echo "| $name | $verdict | $secs | ${why//|/\\|} |"
+  done <"$results"
+  echo
+  if [[ $skipped -gt 0 ]]; then
+    echo "$skipped test(s) skipped although nvidia-smi lists a GPU: their SKIP lines above say why"
+    echo "(e.g. a driver older than the CUDA runtime the executables were built with)."
+    echo
+  fi
+  echo "## benchmarks (ratios measured in one run of bench_gpu)"
+  echo
+  if [[ $bench_rc -ne 0 ]]; then
+    echo "bench_gpu $([[ $bench_rc -eq 77 ]] && echo "skipped" || echo "failed") (exit $bench_rc); its output:"
+    echo
+    echo '```'
+    tail -20 "$logs/bench_gpu.log"
+    echo '```'
+  elif command -v python3 >/dev/null; then
+    python3 - "$bench_json" "$torch_json" <<'EOF'
+import json, os, sys
+bench = json.load(open(sys.argv[1]))
+print("| measurement | value | baseline | ratio | aim |")
+print("|---|---|---|---|---|")
+for r in bench["rows"]:
+    if r["baseline"] > 0:
+        aim = f">= {r['aim']:g}: {'met' if r['ratio'] >= r['aim'] else 'NOT met'}" if r["aim"] > 0 else "report"
+        print(f"| {r['name']} | {r['value']:.4g} {r['unit']} | {r['baseline']:.4g} ({r['against']}) "
+              f"| {r['ratio']:.3f} | {aim} |")
+val = {r["name"]: r["value"] for r in bench["rows"]}
+print()
+print("## training step, K = 1, batch 128, fp32: xpipe vs PyTorch (samples/s)")
+print()
+eager, graph = val.get("train_step_eager_samples_per_s"), val.get("train_step_graph_samples_per_s")
+torch = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else None
+fmt = lambda v: f"{v:,.0f}" if v else "not measured"
+print("| | xpipe | PyTorch | xpipe / PyTorch |")
+print("|---|---|---|---|")
+for label, x, key in (("eager", eager, "eager_samples_per_s"), ("CUDA graph", graph, "graph_samples_per_s")):
+    t = torch.get(key) if torch else None
+    print(f"| {label} | {fmt(x)} | {fmt(t)} | {x / t:.3f} |" if x and t else f"| {label} | {fmt(x)} | {fmt(t)} | - |")
+if torch:
+    print(f"\nPyTorch {torch['torch']} (Adam fused=True, TF32 off; graph: capturable Adam).")
+EOF
+  else
+    echo '```'
+    cat "$logs/bench_gpu.log"
+    echo '```'
+  fi
+  [[ -n "$torch_note" ]] && printf '\n%s\n' "$torch_note"
+  echo
+  echo "xpipe's graph row replays one captured step (Adam's bias corrections of that step);"
+  echo "see benchmarks/cuda/bench_gpu.cu."
+} >"$report"
+echo "gpu-check: wrote $report"
+if [[ $failed -ne 0 ]]; then
+  echo "gpu-check: FAILED (see the report and $logs)"
+  exit 1
+fi
+echo "gpu-check: every gpu test passed or was skipped"
