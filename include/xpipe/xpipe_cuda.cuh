@@ -4,6 +4,8 @@
 #pragma once
 
 #include "xpipe/backend/cuda.cuh"
+#include "xpipe/exec/cuda.cuh"
+#include "xpipe/layers/loss.cuh"
 #include "xpipe/xpipe.hpp"
 
 static_assert(xpipe::Backend<xpipe::Cuda>);
