@@ -82,6 +82,10 @@ class SpscRing {
         storage_(capacity * rows * cols),
         slots_(static_cast<std::size_t>(capacity)) {
     if (capacity < 1) throw ConfigError("xpipe: SpscRing: capacity must be >= 1");
+    if constexpr (detail::HasEvents<B>) {  // both ends on the current device
+      events_.filled = std::vector<typename B::Event>(static_cast<std::size_t>(capacity));
+      events_.drained = std::vector<typename B::Event>(static_cast<std::size_t>(capacity));
+    }
     set_slots(rows, cols);
   }
   //! For a backend with events: slots and `drained` events on the consumer's device, `filled`
