@@ -3,12 +3,16 @@
 // one seed, the reference executor against the CUDA executor, all stages on one device (four
 // streams) and, with two or more GPUs, stage k on device k % count. Also: the device loss sum
 // reports a NaN exactly as the host path does, and bad placements and labels fail before any
-// action. Exits 77 (CTest: skipped) when no CUDA device is present.
+// action, and a checkpoint of a GPU pipeline resumes bitwise. Exits 77 (CTest: skipped) when no
+// CUDA device is present.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "xpipe/xpipe_cuda.cuh"
 
@@ -177,6 +181,32 @@ void non_finite_loss(const Dataset& clean) {
          "mini-batch 3, row " + std::to_string(bad_row));
 }
 
+// A checkpoint of a device pipeline (state copied through the host) resumes bit for bit: ten
+// mini-batches, save, load into a fresh pipeline, ten more, against twenty straight.
+void resume_from_checkpoint(const Dataset& d) {
+  const Schedule half = async_1f1b(K, M, mini_batches / 2);
+  const index_t half_rows = rows / 2;
+  const EpochData first{d.matrix().slice_rows(0, half_rows), d.labels.data()};
+  const EpochData second{d.matrix().slice_rows(half_rows, half_rows), d.labels.data() + half_rows};
+  using P = Pipeline<S0, S1, S2, S3, XPipe, Adam, Cuda>;
+  const PipelineOptions o{.batch = batch, .micro_batches = M, .seed = 11, .devices = {0}};
+  CudaExecutor e;
+  P straight(Adam{.lr = 1e-3f}, o);
+  straight.train(half, first, e);
+  straight.train(half, second, e);
+  P before(Adam{.lr = 1e-3f}, o);
+  before.train(half, first, e);
+  const auto root = std::filesystem::temp_directory_path() /
+                    ("xpipe-cuda-ckpt-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(root);
+  const auto folder = save_checkpoint(before, root, "ckpt-000001");
+  P resumed(Adam{.lr = 1e-3f}, o);
+  load_checkpoint(resumed, read_checkpoint(folder));
+  resumed.train(half, second, e);
+  std::filesystem::remove_all(root);
+  check_same("checkpoint of a GPU pipeline resumes bitwise", straight.weights(), resumed.weights());
+}
+
 void bad_setup(const Dataset& d, int devices) {
   std::string what = "no error";
   try {
@@ -243,6 +273,7 @@ int main() {
     compare_one<XPipe>(async, d, Adam{.lr = 1e-3f}, spread);
     compare_one<SpecTrain>(async, d, SGD{.lr = 0.05f, .momentum = 0.9f}, spread);
     non_finite_loss(d);
+    resume_from_checkpoint(d);
     bad_setup(d, devices);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

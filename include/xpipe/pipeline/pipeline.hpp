@@ -170,8 +170,7 @@ class Pipeline {
 
   //! Calls f(k, state) with stage k's OptimizerState (weights, moments, step count) for each k:
   //! between train() calls, the whole trained state (pipeline/checkpoint.hpp saves it). On a
-  //! device backend its buffers are device memory (checkpoints refuse such a pipeline at
-  //! compile time).
+  //! device backend its buffers are device memory: use for_each_optimizer_state_on to copy.
   template <class F>
   void for_each_optimizer_state(F&& f) {
     int k = 0;
@@ -181,6 +180,25 @@ class Pipeline {
   void for_each_optimizer_state(F&& f) const {
     int k = 0;
     for_each_stage([&](const auto& rt) { f(k++, rt.opt); });
+  }
+  //! As for_each_optimizer_state, with stage k's context as a third argument, made current
+  //! first: what reads or writes a device backend's state between runs copies through it
+  //! (copy_to_host / copy_from_host on that context; checkpoints do).
+  template <class F>
+  void for_each_optimizer_state_on(F&& f) {
+    int k = 0;
+    for_each_stage([&](auto& rt) {
+      detail::activate_context(rt.ctx());
+      f(k++, rt.opt, rt.ctx());
+    });
+  }
+  template <class F>
+  void for_each_optimizer_state_on(F&& f) const {
+    int k = 0;
+    for_each_stage([&](const auto& rt) {
+      detail::activate_context(rt.ctx());
+      f(k++, rt.opt, rt.ctx());
+    });
   }
 
   //! Micro-batches whose loss the running (or last) train() call has computed, their samples
