@@ -148,13 +148,15 @@ class CudaStreamContext {
 };
 
 //! An owning array of T in device memory (on the device current at construction), zero-filled
-//! on creation.
+//! on creation. Freed on that device whatever device is current then (and the current device
+//! left as it was).
 template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(index_t size) : size_(size) {
     if (size_ > 0) {
+      XPIPE_CUDA_CHECK(cudaGetDevice(&device_));
       XPIPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()));
       // cudaMemset runs on the legacy default stream, which the stages' non-blocking streams do
       // not wait for: finish it here, or a stage's first write could land before the zeros.
@@ -165,18 +167,19 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(DeviceBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        device_(o.device_) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-      if (data_ != nullptr) cudaFree(data_);
+      release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      device_ = o.device_;
     }
     return *this;
   }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
+  ~DeviceBuffer() { release(); }
   T* data() noexcept { return data_; }
   const T* data() const noexcept { return data_; }
   index_t size() const noexcept { return size_; }
@@ -192,8 +195,19 @@ class DeviceBuffer {
   }
 
  private:
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    int current = device_;
+    (void)cudaGetDevice(&current);
+    if (current != device_) (void)cudaSetDevice(device_);
+    cudaFree(data_);
+    if (current != device_) (void)cudaSetDevice(current);
+    data_ = nullptr;
+  }
+
   T* data_ = nullptr;
   index_t size_ = 0;
+  int device_ = 0;
 };
 
 //! An owning array of T in page-locked host memory (cudaMallocHost): what an asynchronous copy
