@@ -256,10 +256,21 @@ int main() {
       cudaGetDeviceProperties(&pi, i);
       same = same && std::strcmp(p0.name, pi.name) == 0;
     }
-    if (same)
+    // Adjacent stages need peer access (the pipeline refuses without it, ConfigError).
+    bool peers = true;
+    for (int k = 0; k + 1 < K; ++k) {
+      const int a = k % devices, b = (k + 1) % devices;
+      int ab = 0, ba = 0;
+      if (a != b) {
+        cudaDeviceCanAccessPeer(&ab, a, b);
+        cudaDeviceCanAccessPeer(&ba, b, a);
+        peers = peers && ab && ba;
+      }
+    }
+    if (same && peers)
       for (int k = 0; k < K; ++k) spread.push_back(k % devices);
     else
-      std::printf("devices differ in model: no bitwise check across devices\n");
+      std::printf("devices differ in model or lack peer access: no check across devices\n");
   } else {
     std::printf("one device: the across-devices check needs two\n");
   }
