@@ -35,6 +35,16 @@ concept Backend = requires {
 
 static_assert(Backend<Host>);
 
+namespace detail {
+//! Makes ctx's device current on the calling thread where its backend has devices (an
+//! `activate(ctx)` found by argument-dependent lookup: backend/cuda.cuh); nothing elsewhere.
+//! Pipeline calls it before every action of a stage, so any executor drives any backend.
+template <class Ctx>
+void activate_context(const Ctx& ctx) {
+  if constexpr (requires { activate(ctx); }) activate(ctx);
+}
+}  // namespace detail
+
 //! The backend used where none is named: the host, unless XPIPE_DEFAULT_BACKEND_CUDA is defined
 //! in a CUDA translation unit that has included xpipe/backend/cuda.cuh.
 #if defined(XPIPE_DEFAULT_BACKEND_CUDA) && defined(__CUDACC__)

@@ -9,6 +9,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -41,66 +43,143 @@ namespace xpipe {
 
 struct Cuda;
 
-//! Execution context of the CUDA backend: the stream every kernel and GEMM of a stage runs on,
-//! and the cuBLAS handle bound to it. Not owning; see CudaStreamContext for an owner.
+//! Execution context of the CUDA backend: the device and stream every kernel and GEMM of a
+//! stage runs on, and the cuBLAS handle bound to that stream. Not owning; see CudaStreamContext.
 struct CudaContext {
   using backend = Cuda;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  int device = 0;
 };
 
-//! Owns a stream and a cuBLAS handle bound to it. Usage: `CudaStreamContext owner; owner.ctx()`.
+//! The number of CUDA devices; BackendError when there is none (or no driver), saying so.
+inline int cuda_device_count() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) {
+    if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
+    throw BackendError(std::string("xpipe: no CUDA device (") +
+                       (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
+  }
+  return n;
+}
+
+//! Makes ctx's device the calling thread's current device: every CUDA call a stage makes (a
+//! kernel launch, an allocation, an event) acts on the current device, and a host thread may
+//! drive stages of several devices (the reference executor drives all of them). Pipeline calls
+//! it before each action of a stage and before allocating a stage's buffers; a backend without
+//! devices has no `activate`.
+inline void activate(const CudaContext& ctx) {
+  XPIPE_CUDA_CHECK(cudaSetDevice(ctx.device));
+}
+
+//! Waits on the host until everything enqueued on ctx's stream has run; a failed kernel's error
+//! surfaces here (BackendError).
+inline void synchronize(const CudaContext& ctx) {
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+}
+
+//! Lets the devices of two adjacent stages read and write each other's memory (a stage's
+//! backward writes its input gradient straight into a queue slot on the previous stage's
+//! device). Nothing to do on one device; ConfigError when the pair cannot access each other.
+inline void connect(const CudaContext& a, const CudaContext& b) {
+  if (a.device == b.device) return;
+  for (const auto& [from, to] : {std::pair{a.device, b.device}, std::pair{b.device, a.device}}) {
+    int can = 0;
+    XPIPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
+    if (!can)
+      throw ConfigError("xpipe: devices " + std::to_string(from) + " and " + std::to_string(to) +
+                        " of adjacent stages cannot access each other's memory (no peer "
+                        "access): place both stages on one device (Placement::device)");
+    XPIPE_CUDA_CHECK(cudaSetDevice(from));
+    const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled)
+      (void)cudaGetLastError();  // enabled by an earlier pipeline: fine, clear it
+    else
+      XPIPE_CUDA_CHECK(err);
+  }
+}
+
+//! Owns a stream and a cuBLAS handle bound to it, on one device. Usage:
+//! `CudaStreamContext owner(Placement{.stage = 1}); owner.ctx()`.
 class CudaStreamContext {
  public:
-  //! The stream of pipeline stage `p.stage`, on the current device (placing stages on several
-  //! devices is the CUDA executor's job).
-  explicit CudaStreamContext(const Placement&) : CudaStreamContext() {}
+  //! The stream of pipeline stage `p.stage`: on device `p.device`, or `p.stage % device count`
+  //! when p.device < 0. Leaves that device current (the stage's buffers are allocated next).
+  //! A p.device that names no device is a ConfigError naming it.
+  explicit CudaStreamContext(const Placement& p) {
+    const int count = cuda_device_count();
+    if (p.device >= count)
+      throw ConfigError("xpipe: stage " + std::to_string(p.stage) + " placed on CUDA device " +
+                        std::to_string(p.device) + ", but the machine has " +
+                        std::to_string(count) + " (0.." + std::to_string(count - 1) + ")");
+    create(p.device >= 0 ? p.device : p.stage % count);
+  }
+  //! A stream on the current device.
   CudaStreamContext() {
-    XPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
-    XPIPE_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
-    XPIPE_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
-    // Plain FP32 math: results comparable with the host backend (no TF32 down-conversion).
-    XPIPE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_PEDANTIC_MATH));
+    int device = 0;
+    XPIPE_CUDA_CHECK(cudaGetDevice(&device));
+    create(device);
   }
   CudaStreamContext(const CudaStreamContext&) = delete;
   CudaStreamContext& operator=(const CudaStreamContext&) = delete;
   ~CudaStreamContext() {
-    cublasDestroy(ctx_.blas);
-    cudaStreamDestroy(ctx_.stream);
+    (void)cudaSetDevice(ctx_.device);
+    if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
+    if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
   }
   const CudaContext& ctx() const { return ctx_; }
   void synchronize() const { XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
 
  private:
+  void create(int device) {
+    ctx_.device = device;
+    XPIPE_CUDA_CHECK(cudaSetDevice(ctx_.device));
+    XPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    XPIPE_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
+    XPIPE_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
+    // Plain FP32 math: results comparable with the host backend (no TF32 down-conversion).
+    // One handle per stream and no atomics mode: cuBLAS then gives the same bits on every run
+    // on one GPU model (its documented reproducibility conditions).
+    XPIPE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_PEDANTIC_MATH));
+  }
+
   CudaContext ctx_{};
 };
 
-//! An owning array of T in device memory, zero-filled on creation.
+//! An owning array of T in device memory (on the device current at construction), zero-filled
+//! on creation. Freed on that device whatever device is current then (and the current device
+//! left as it was).
 template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(index_t size) : size_(size) {
     if (size_ > 0) {
+      XPIPE_CUDA_CHECK(cudaGetDevice(&device_));
       XPIPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()));
+      // cudaMemset runs on the legacy default stream, which the stages' non-blocking streams do
+      // not wait for: finish it here, or a stage's first write could land before the zeros.
       XPIPE_CUDA_CHECK(cudaMemset(data_, 0, bytes()));
+      XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(DeviceBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        device_(o.device_) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-      if (data_ != nullptr) cudaFree(data_);
+      release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      device_ = o.device_;
     }
     return *this;
   }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
+  ~DeviceBuffer() { release(); }
   T* data() noexcept { return data_; }
   const T* data() const noexcept { return data_; }
   index_t size() const noexcept { return size_; }
@@ -116,8 +195,84 @@ class DeviceBuffer {
   }
 
  private:
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    int current = device_;
+    (void)cudaGetDevice(&current);
+    if (current != device_) (void)cudaSetDevice(device_);
+    cudaFree(data_);
+    if (current != device_) (void)cudaSetDevice(current);
+    data_ = nullptr;
+  }
+
   T* data_ = nullptr;
   index_t size_ = 0;
+  int device_ = 0;
+};
+
+//! An owning array of T in page-locked host memory (cudaMallocHost): what an asynchronous copy
+//! to the device reads from (a copy from pageable memory is staged and synchronous).
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(index_t size) : size_(size) {
+    if (size_ > 0) XPIPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data_), bytes()));
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      if (data_ != nullptr) cudaFreeHost(data_);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~PinnedBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  index_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
+
+ private:
+  T* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+//! A CUDA event for ordering two streams (no timing: cheaper to record and wait on), created on
+//! the device current at construction; it must be recorded on a stream of that device.
+class CudaEvent {
+ public:
+  CudaEvent() { XPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&& o) noexcept {
+    if (this != &o) {
+      if (event_ != nullptr) cudaEventDestroy(event_);
+      event_ = std::exchange(o.event_, nullptr);
+    }
+    return *this;
+  }
+  ~CudaEvent() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  //! Marks the point in ctx's stream reached by what is enqueued on it so far.
+  void record(const CudaContext& ctx) { XPIPE_CUDA_CHECK(cudaEventRecord(event_, ctx.stream)); }
+  //! Makes ctx's stream wait (on the device, not the host) until the last record() completed;
+  //! an event never recorded is complete. A later record() does not move what this call waits
+  //! for: cudaStreamWaitEvent takes the record current when it is called.
+  void wait(const CudaContext& ctx) const {
+    XPIPE_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, event_, 0));
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
 };
 
 //! CUDA backend tag: device buffers, one stream per context, cuBLAS GEMM.
@@ -126,6 +281,11 @@ struct Cuda {
   using ContextOwner = CudaStreamContext;
   template <class T>
   using Buffer = DeviceBuffer<T>;
+  //! Host memory a stream copies from asynchronously (the epoch's upload).
+  template <class T>
+  using PinnedBuffer = xpipe::PinnedBuffer<T>;
+  //! What orders two streams (the queues' filled and drained marks).
+  using Event = CudaEvent;
   static constexpr const char* name = "cuda";
   //! Columns one step of a column reduction (bias_grad) sums: one per thread, the partial sum
   //! in a register, adjacent threads on adjacent columns so each row's loads coalesce.
@@ -197,10 +357,40 @@ void for_each_element(const CudaContext& ctx, index_t rows, index_t cols, const 
 //! dst = src over n device floats, on ctx's stream. A backend primitive rather than a launcher
 //! in kernels/ops.hpp: there is no math to share, and the driver's device-to-device copy (wide
 //! accesses, any alignment) beats a one-float-per-thread element loop.
+//! src and dst may lie on different devices (a stage's output copied into a queue slot on the
+//! next stage's device): cudaMemcpyDefault lets unified addressing find both.
 inline void copy_buffer(const CudaContext& ctx, const float* src, float* dst, index_t n) {
   if (n <= 0) return;
   XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, ctx.stream));
+                                   cudaMemcpyDefault, ctx.stream));
+}
+
+//! dst (device) = src (host) over n elements, on ctx's stream, and waits for it: for moving
+//! state in and out between runs (weights, evaluation), never inside one.
+template <class T>
+void copy_from_host(const CudaContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                                   cudaMemcpyHostToDevice, ctx.stream));
+  synchronize(ctx);
+}
+
+//! dst (host) = src (device) over n elements, after everything enqueued on ctx's stream before.
+template <class T>
+void copy_to_host(const CudaContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                                   cudaMemcpyDeviceToHost, ctx.stream));
+  synchronize(ctx);
+}
+
+//! dst (device) = src (pinned host memory) over n elements, enqueued on ctx's stream; the host
+//! must not touch src until the stream has passed the copy.
+template <class T>
+void copy_from_pinned_async(const CudaContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                                   cudaMemcpyHostToDevice, ctx.stream));
 }
 
 //! C = alpha op(A) op(B) + beta C in row-major terms, through cuBLAS (column-major): the

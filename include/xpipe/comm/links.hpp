@@ -3,6 +3,7 @@
 // dependency rule (schedule/dependencies.hpp) gives each action.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <vector>
 
@@ -25,6 +26,16 @@ class Links {
     for (int b = 0; b + 1 < stages; ++b) {
       activations_.emplace_back(capacity(b), rows, width(b));
       gradients_.emplace_back(capacity(b), rows, width(b));
+    }
+  }
+
+  //! K - 1 boundaries, each queue made by `make(boundary, flow)` (returning a Q): for queues
+  //! that need more than a size, such as the devices of their two ends.
+  template <class Make>
+  requires std::invocable<Make&, int, Flow> Links(int stages, Make make) {
+    for (int b = 0; b + 1 < stages; ++b) {
+      activations_.push_back(make(b, Flow::Activations));
+      gradients_.push_back(make(b, Flow::Gradients));
     }
   }
 

@@ -32,6 +32,31 @@ concept Queue = std::constructible_from<Q, int, index_t, index_t> && requires(Q&
   q.pop();
 };
 
+//! Optional Queue members, for slots a device writes and reads on its streams, where a host-side
+//! push or pop says nothing about when the device is done: producer `acquire_back(ctx)` before
+//! its stream writes back() (the stream waits until the consumer's stream has finished reading
+//! that slot the last time) and `release_back(ctx)` after enqueueing the last write, before
+//! push(); consumer `acquire_front(ctx)` before its stream reads front() (the stream waits for
+//! the producer's writes) and `release_front(ctx)` after enqueueing the last read, before pop().
+//! The queue_* functions below call them where the queue has them and do nothing otherwise
+//! (host queues: push and pop order the host threads, and host writes are done when issued).
+template <class Q, class Ctx>
+void queue_acquire_back(Q& q, const Ctx& ctx) {
+  if constexpr (requires { q.acquire_back(ctx); }) q.acquire_back(ctx);
+}
+template <class Q, class Ctx>
+void queue_release_back(Q& q, const Ctx& ctx) {
+  if constexpr (requires { q.release_back(ctx); }) q.release_back(ctx);
+}
+template <class Q, class Ctx>
+void queue_acquire_front(Q& q, const Ctx& ctx) {
+  if constexpr (requires { q.acquire_front(ctx); }) q.acquire_front(ctx);
+}
+template <class Q, class Ctx>
+void queue_release_front(Q& q, const Ctx& ctx) {
+  if constexpr (requires { q.release_front(ctx); }) q.release_front(ctx);
+}
+
 //! QueuePolicy: a tag naming the queue type that links stages on backend B.
 //! Required: `template <class B> using queue = ...` (a Queue whose slots live on B),
 //! `static constexpr const char* name`. Usage: `Pipeline<S0, S1, XPipe, InProcessRing>`.

@@ -125,6 +125,15 @@ inline void check_finite_inputs(ConstMatrix x, const char* where) {
       throw DataError(std::string(where) + ": " + detail::bad_input(x, r, c) + ": bad data");
 }
 
+//! One micro-batch's row losses, summed where they were computed (on a GPU: layers/loss.cuh, in
+//! a fixed order), and the first row whose loss is not finite (-1 if none) with that loss.
+//! Pipeline reads them once per train() call.
+struct MicroBatchLoss {
+  double sum = 0;
+  index_t bad_row = -1;
+  float bad_value = 0;
+};
+
 //! Sum of host row losses in row order (a fixed order: same bits on every executor); throws
 //! NumericError when a loss is NaN or infinite ("loss is NaN" / "loss is infinite"), so a bad
 //! run stops with a message instead of silently producing garbage. The message names the row

@@ -35,10 +35,27 @@ std::string optimizer_label(const O& o) {
 template <class P>
 constexpr void check_checkpointable() {
   static_assert(
-      requires { requires P::backend::host_memory; },
-      "xpipe: checkpoints read and write the optimizer state in host memory; this "
-      "pipeline's backend keeps it elsewhere (declare `static constexpr bool "
+      requires { requires P::backend::host_memory; } || P::on_device,
+      "xpipe: checkpoints read and write the optimizer state in host memory, or copy it from a "
+      "device backend; this pipeline's backend is neither (declare `static constexpr bool "
       "host_memory = true` only if its buffers are host memory)");
+}
+
+// n floats of a stage's state to `dst` (host bytes): memcpy on a host backend, a synchronised
+// copy from the device on a device backend (its context is current: for_each_optimizer_state_on).
+template <class P, class Ctx>
+void state_to_host(const Ctx& ctx, const float* src, char* dst, std::size_t bytes) {
+  if constexpr (P::on_device)
+    copy_to_host(ctx, src, reinterpret_cast<float*>(dst), static_cast<index_t>(bytes / 4));
+  else
+    std::memcpy(dst, src, bytes);
+}
+template <class P, class Ctx>
+void state_from_host(const Ctx& ctx, const char* src, float* dst, std::size_t bytes) {
+  if constexpr (P::on_device)
+    copy_from_host(ctx, reinterpret_cast<const float*>(src), dst, static_cast<index_t>(bytes / 4));
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 // The fields that say which pipeline a checkpoint belongs to; load refuses any difference.
@@ -92,14 +109,15 @@ std::filesystem::path save_checkpoint(const P& pipe, const std::filesystem::path
   }
   for (const auto& [key, value] : detail::pipeline_fields(pipe)) w.set_field(key, value);
   std::vector<char> bytes;
-  pipe.for_each_optimizer_state([&](int k, const auto& st) {
+  pipe.for_each_optimizer_state_on([&](int k, const auto& st, const auto& ctx) {
     using State = std::remove_cvref_t<decltype(st)>;
     constexpr int moments = State::moment_buffers;
     const std::size_t n = static_cast<std::size_t>(st.size()) * sizeof(float);
     const std::int64_t steps = st.steps_taken();
     bytes.resize(n * (1 + moments) + sizeof steps);
-    std::memcpy(bytes.data(), st.weights(), n);
-    for (int i = 0; i < moments; ++i) std::memcpy(bytes.data() + n * (1 + i), st.moment(i), n);
+    detail::state_to_host<P>(ctx, st.weights(), bytes.data(), n);
+    for (int i = 0; i < moments; ++i)
+      detail::state_to_host<P>(ctx, st.moment(i), bytes.data() + n * (1 + i), n);
     std::memcpy(bytes.data() + n * (1 + moments), &steps, sizeof steps);
     w.add_file(detail::stage_file(k), bytes);
   });
@@ -123,7 +141,7 @@ std::map<std::string, std::string> load_checkpoint(P& pipe, const CheckpointCont
   };
   compare("pipeline.stages");  // first: with another stage count the rest cannot match
   for (const auto& [key, value] : want) compare(key);
-  pipe.for_each_optimizer_state([&](int k, auto& st) {
+  pipe.for_each_optimizer_state_on([&](int k, auto& st, const auto& ctx) {
     using State = std::remove_cvref_t<decltype(st)>;
     constexpr int moments = State::moment_buffers;
     const std::vector<char>& bytes = c.file(detail::stage_file(k));
@@ -138,8 +156,9 @@ std::map<std::string, std::string> load_checkpoint(P& pipe, const CheckpointCont
     if (steps < 0)
       throw CheckpointError("xpipe: checkpoint " + (c.folder / detail::stage_file(k)).string() +
                             ": negative step count");
-    std::memcpy(st.weights(), bytes.data(), n);
-    for (int i = 0; i < moments; ++i) std::memcpy(st.moment(i), bytes.data() + n * (1 + i), n);
+    detail::state_from_host<P>(ctx, bytes.data(), st.weights(), n);
+    for (int i = 0; i < moments; ++i)
+      detail::state_from_host<P>(ctx, bytes.data() + n * (1 + i), st.moment(i), n);
     st.set_steps_taken(static_cast<long>(steps));
   });
   std::map<std::string, std::string> out;

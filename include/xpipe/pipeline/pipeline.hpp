@@ -7,11 +7,15 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,6 +39,9 @@ struct PipelineOptions {
   //! Measure every weight prediction against the weights it aimed at (prediction_errors());
   //! costs two weight copies per prediction in flight and a pass per step. Host backends only.
   bool measure_prediction = false;
+  //! GPU backends: stage k runs on device `devices[k % devices.size()]`; empty: on device
+  //! k % (number of devices). `{0}` puts every stage on device 0 (one stream each).
+  std::vector<int> devices = {};
 };
 
 //! What one train() call measured.
@@ -76,7 +83,14 @@ class Pipeline {
       throw ConfigError("xpipe: Pipeline: need 1 <= micro_batches <= batch (got " +
                         std::to_string(options.micro_batches) + " and " +
                         std::to_string(options.batch) + ")");
+    // Adjacent stages on different devices read and write each other's queue slots.
+    if constexpr (on_device)
+      for (int k = 0; k + 1 < stage_count; ++k) connect(ctx_of(k), ctx_of(k + 1));
   }
+
+  //! Whether the backend's buffers are device memory (a GPU): weights, slots and queues there,
+  //! the epoch uploaded by train(), the loss summed there and read once per train() call.
+  static constexpr bool on_device = !detail::reads_host_memory<typename backend::Context>;
 
   const PipelineOptions& options() const { return options_; }
 
@@ -93,7 +107,19 @@ class Pipeline {
     prepare(schedule, data);
     RunProgram program{this};
     const auto t0 = std::chrono::steady_clock::now();
-    executor.run(program);
+    if constexpr (on_device) {
+      // The executor's host threads only enqueue; the device may still be running when it
+      // returns. The one synchronisation of the run is here, after it (finish_on_device).
+      try {
+        executor.run(program);
+      } catch (...) {
+        drain_streams();  // nothing may still read the staging buffer or the slots
+        throw;
+      }
+      finish_on_device(schedule, data);
+    } else {
+      executor.run(program);
+    }
     EpochResult r;
     r.seconds = detail::seconds_since(t0);
     double sum = 0;
@@ -108,30 +134,43 @@ class Pipeline {
   //! holding NaN or an infinity (one pass over it first), which would pass for a prediction.
   double evaluate(const Dataset& data) {
     check_finite_inputs(data.matrix(), "xpipe: Pipeline::evaluate");
-    index_t correct = 0;
-    const index_t chunk = options_.batch;
-    eval_predicted_.resize(static_cast<std::size_t>(chunk));
-    for (index_t first = 0; first < data.count; first += chunk) {
-      const index_t rows = std::min(chunk, data.count - first);
-      ConstMatrix x = data.matrix().slice_rows(first, rows);
-      for_each_stage([&](auto& rt) { x = rt.eval_forward(x); });
-      argmax_rows(std::get<stage_count - 1>(runtimes_)->ctx(), x, eval_predicted_.data());
-      for (index_t r = 0; r < rows; ++r) correct += eval_predicted_[r] == data.labels[first + r];
+    if constexpr (on_device) {
+      return evaluate_on_device(data);
+    } else {
+      index_t correct = 0;
+      const index_t chunk = options_.batch;
+      eval_predicted_.resize(static_cast<std::size_t>(chunk));
+      for (index_t first = 0; first < data.count; first += chunk) {
+        const index_t rows = std::min(chunk, data.count - first);
+        ConstMatrix x = data.matrix().slice_rows(first, rows);
+        for_each_stage([&](auto& rt) { x = rt.eval_forward(x); });
+        argmax_rows(std::get<stage_count - 1>(runtimes_)->ctx(), x, eval_predicted_.data());
+        for (index_t r = 0; r < rows; ++r) correct += eval_predicted_[r] == data.labels[first + r];
+      }
+      return static_cast<double>(correct) / static_cast<double>(data.count);
     }
-    return static_cast<double>(correct) / static_cast<double>(data.count);
   }
 
-  //! Live weights of every stage, concatenated (for comparisons and checkpoints).
+  //! Live weights of every stage, concatenated (for comparisons and checkpoints). On a device
+  //! backend copied to the host after each stage's stream has finished its work.
   std::vector<float> weights() const {
     std::vector<float> out;
     for_each_stage([&](const auto& rt) {
-      out.insert(out.end(), rt.opt.weights(), rt.opt.weights() + rt.opt.size());
+      if constexpr (on_device) {
+        const std::size_t at = out.size();
+        out.resize(at + static_cast<std::size_t>(rt.opt.size()));
+        detail::activate_context(rt.ctx());
+        copy_to_host(rt.ctx(), rt.opt.weights(), out.data() + at, rt.opt.size());
+      } else {
+        out.insert(out.end(), rt.opt.weights(), rt.opt.weights() + rt.opt.size());
+      }
     });
     return out;
   }
 
   //! Calls f(k, state) with stage k's OptimizerState (weights, moments, step count) for each k:
-  //! between train() calls, the whole trained state (pipeline/checkpoint.hpp saves it).
+  //! between train() calls, the whole trained state (pipeline/checkpoint.hpp saves it). On a
+  //! device backend its buffers are device memory: use for_each_optimizer_state_on to copy.
   template <class F>
   void for_each_optimizer_state(F&& f) {
     int k = 0;
@@ -141,6 +180,25 @@ class Pipeline {
   void for_each_optimizer_state(F&& f) const {
     int k = 0;
     for_each_stage([&](const auto& rt) { f(k++, rt.opt); });
+  }
+  //! As for_each_optimizer_state, with stage k's context as a third argument, made current
+  //! first: what reads or writes a device backend's state between runs copies through it
+  //! (copy_to_host / copy_from_host on that context; checkpoints do).
+  template <class F>
+  void for_each_optimizer_state_on(F&& f) {
+    int k = 0;
+    for_each_stage([&](auto& rt) {
+      detail::activate_context(rt.ctx());
+      f(k++, rt.opt, rt.ctx());
+    });
+  }
+  template <class F>
+  void for_each_optimizer_state_on(F&& f) const {
+    int k = 0;
+    for_each_stage([&](const auto& rt) {
+      detail::activate_context(rt.ctx());
+      f(k++, rt.opt, rt.ctx());
+    });
   }
 
   //! Micro-batches whose loss the running (or last) train() call has computed, their samples
@@ -180,6 +238,19 @@ class Pipeline {
  private:
   template <std::size_t K>
   using Runtime = StageRuntime<stage<K>, optimizer, predictor, backend>;
+  template <class T>
+  using Buffer = typename backend::template Buffer<T>;
+
+  // What a device backend keeps between train() calls (grown, never shrunk): the epoch's
+  // copies on the devices, the pinned staging buffer they came through, the loss sums.
+  struct DeviceState {
+    typename backend::template PinnedBuffer<float> staging;
+    Buffer<float> inputs, eval_inputs;
+    Buffer<std::int32_t> labels, predicted;
+    Buffer<MicroBatchLoss> losses;
+    std::vector<MicroBatchLoss> host_losses;
+  };
+  struct NoDeviceState {};
 
   template <std::size_t... I>
   static auto make_runtimes(optimizer opt, const PipelineOptions& o, std::index_sequence<I...>) {
@@ -191,7 +262,12 @@ class Pipeline {
       return n;
     };
     return std::tuple<std::unique_ptr<Runtime<I>>...>{std::make_unique<Runtime<I>>(
-        opt, Placement{static_cast<int>(I), o.threads_per_stage}, o.batch, o.seed, first(I))...};
+        opt, placement_of(static_cast<int>(I), o), o.batch, o.seed, first(I))...};
+  }
+  static Placement placement_of(int k, const PipelineOptions& o) {
+    const int device =
+        o.devices.empty() ? -1 : o.devices[static_cast<std::size_t>(k) % o.devices.size()];
+    return Placement{k, o.threads_per_stage, device};
   }
 
   template <class F>
@@ -226,19 +302,19 @@ class Pipeline {
                         std::to_string(options_.batch));
     // Every label the run reads, once, before any action: a bad one fails here, weights
     // untouched, instead of reading outside its logits row in the last stage.
-    if constexpr (detail::reads_host_memory<typename backend::Context>) {
-      const index_t used = std::min(data.inputs.rows, split.mini_batches() * options_.batch);
-      if (const index_t r = first_bad_label(data.labels, used, out_width); r >= 0)
-        throw DataError("xpipe: Pipeline::train: label " + std::to_string(data.labels[r]) +
-                        " at row " + std::to_string(r) + " (mini-batch " +
-                        std::to_string(r / options_.batch) + ") is outside 0.." +
-                        std::to_string(out_width - 1));
-    }
+    // EpochData is host memory on every backend (a device backend uploads it below).
+    const index_t used = std::min(data.inputs.rows, split.mini_batches() * options_.batch);
+    if (const index_t r = first_bad_label(data.labels, used, out_width); r >= 0)
+      throw DataError("xpipe: Pipeline::train: label " + std::to_string(data.labels[r]) +
+                      " at row " + std::to_string(r) + " (mini-batch " +
+                      std::to_string(r / options_.batch) + ") is outside 0.." +
+                      std::to_string(out_width - 1));
     analysis_ = analyze_staleness(schedule);  // validates
     schedule_ = &schedule;
     const index_t rows = split.max_micro_rows();
     run_.split = split;
     run_.data = data;
+    run_.read = data;
     run_.micro_loss.assign(static_cast<std::size_t>(schedule.total_micro_batches()), 0.0);
     run_.progress = &progress_;
     run_.analysis = &analysis_;
@@ -251,9 +327,23 @@ class Pipeline {
       sample_count_ += split.micro_batch(g).rows;
     // Boundary b carries what stage b has in flight, at most; its width is stage b's output.
     constexpr std::array<index_t, stage_count> out_widths = out_widths_of();
-    run_.links = Links<queue>(
-        K, [&](int b) { return analysis_.max_in_flight[b]; }, rows,
-        [&](int b) { return out_widths[static_cast<std::size_t>(b)]; });
+    if constexpr (std::constructible_from<queue, int, index_t, index_t, const Context&,
+                                          const Context&>) {
+      // A queue with device ends: its slots on the consumer's device, its events on the
+      // device of the stream that records each (comm/spsc_ring.hpp).
+      run_.links = Links<queue>(K, [&](int b, Flow f) {
+        const Context& up = ctx_of(b);
+        const Context& down = ctx_of(b + 1);
+        const int capacity = analysis_.max_in_flight[b];
+        const index_t width = out_widths[static_cast<std::size_t>(b)];
+        return f == Flow::Activations ? queue(capacity, rows, width, up, down)
+                                      : queue(capacity, rows, width, down, up);
+      });
+    } else {
+      run_.links = Links<queue>(
+          K, [&](int b) { return analysis_.max_in_flight[b]; }, rows,
+          [&](int b) { return out_widths[static_cast<std::size_t>(b)]; });
+    }
     copies_.assign(K, 0);
     activation_floats_.assign(K, 0);
     PredictorSetup setup;
@@ -262,6 +352,7 @@ class Pipeline {
     for (int k = 0; k < K; ++k)
       detail::visit_stage(runtimes_, k, [&](auto& rt, auto I) {
         using S = stage<I>;
+        detail::activate_context(rt.ctx());  // a GPU stage's slots and copies on its device
         rt.ensure_slots(analysis_.max_in_flight[k], rows, k > 0, k == K - 1);
         rt.slot_of.assign(static_cast<std::size_t>(schedule.total_micro_batches()), -1);
         setup.stage = k;
@@ -276,6 +367,147 @@ class Pipeline {
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] = analysis_.max_in_flight[k] * S::activation_floats(rows);
       });
+    if constexpr (on_device) upload(data, used, schedule.total_micro_batches());
+  }
+
+  using Context = typename backend::Context;
+
+  // Stage k's context (k a run-time number).
+  const Context& ctx_of(int k) const {
+    return *detail::visit_stage(runtimes_, k,
+                                [](const auto& rt, auto) -> const Context* { return &rt.ctx(); });
+  }
+
+  // Device backends: the epoch's first `used` rows to the devices that read them, once per
+  // train() call: inputs to stage 0's, labels to the last stage's, each through the pinned
+  // staging buffer and an asynchronous copy on that stage's stream, so the stage's first read
+  // follows the copy on its own stream. The staging buffer is free to overwrite: the previous
+  // train() call synchronised every stream before returning. Sizes the loss array too.
+  void upload(EpochData data, index_t used, int micro_batches) {
+    auto& d = device_;
+    const index_t in_floats = used * in_width;
+    const index_t staged_floats = in_floats + used;  // inputs, then labels (both 4 bytes)
+    static_assert(sizeof(std::int32_t) == sizeof(float));
+    if (d.staging.size() < staged_floats)
+      d.staging = typename backend::template PinnedBuffer<float>(staged_floats);
+    float* staged_inputs = d.staging.data();
+    auto* staged_labels = reinterpret_cast<std::int32_t*>(d.staging.data() + in_floats);
+    if (data.inputs.ld == in_width) {
+      std::memcpy(staged_inputs, data.inputs.data, static_cast<std::size_t>(in_floats) * 4);
+    } else {
+      for (index_t r = 0; r < used; ++r)
+        std::memcpy(staged_inputs + r * in_width, data.inputs.data + r * data.inputs.ld,
+                    static_cast<std::size_t>(in_width) * 4);
+    }
+    std::memcpy(staged_labels, data.labels, static_cast<std::size_t>(used) * 4);
+
+    const Context& first = ctx_of(0);
+    detail::activate_context(first);
+    if (d.inputs.size() < in_floats) d.inputs = Buffer<float>(in_floats);
+    copy_from_pinned_async(first, staged_inputs, d.inputs.data(), in_floats);
+
+    const Context& last = ctx_of(stage_count - 1);
+    detail::activate_context(last);
+    if (d.labels.size() < used) d.labels = Buffer<std::int32_t>(used);
+    copy_from_pinned_async(last, staged_labels, d.labels.data(), used);
+    if (d.losses.size() < micro_batches) d.losses = Buffer<MicroBatchLoss>(micro_batches);
+
+    run_.read = EpochData{ConstMatrix{d.inputs.data(), used, in_width}, d.labels.data()};
+    run_.losses = d.losses.data();
+  }
+
+  // Device backends, after the executor returned: waits for every stage's stream (the run's one
+  // synchronisation), then reads each micro-batch's loss sum and checks them in micro-batch
+  // order, throwing what the host path throws at the first non-finite one (the loss message,
+  // naming the row and mini-batch, blamed on the inputs if they hold NaN or an infinity, in a
+  // StageError naming the last stage and the forward that computed it).
+  void finish_on_device(const Schedule& schedule, EpochData data) {
+    drain_streams(true);
+    const int G = schedule.total_micro_batches();
+    device_.host_losses.resize(static_cast<std::size_t>(G));
+    const Context& last = ctx_of(stage_count - 1);
+    detail::activate_context(last);
+    copy_to_host(last, run_.losses, device_.host_losses.data(), G);
+    for (int g = 0; g < G; ++g) {
+      const MicroBatchLoss& l = device_.host_losses[static_cast<std::size_t>(g)];
+      const auto [first_row, rows] = run_.split.micro_batch(g);
+      if (l.bad_row >= 0) {
+        const LossSource src{data.inputs, first_row,
+                             g / run_.split.micro_batches * run_.split.batch,
+                             run_.split.mini_batch_rows(g), g / run_.split.micro_batches};
+        try {
+          detail::throw_non_finite_loss(l.bad_value, l.bad_row, src);
+        } catch (const std::exception& e) {
+          throw StageError(stage_count - 1, to_string(fwd(g)), e.what());
+        }
+      }
+      run_.micro_loss[static_cast<std::size_t>(g)] = l.sum;
+      progress_.add(rows, l.sum);
+    }
+  }
+
+  // Waits for every stage's stream. With `report`, the first failure (a kernel's error surfaces
+  // at the synchronisation) is a StageError naming that stage, after all streams were waited for.
+  void drain_streams(bool report = false) const {
+    std::exception_ptr first;
+    int failed = -1;
+    for (int k = 0; k < stage_count; ++k) {
+      try {
+        detail::activate_context(ctx_of(k));
+        synchronize(ctx_of(k));
+      } catch (...) {
+        if (!first) {
+          first = std::current_exception();
+          failed = k;
+        }
+      }
+    }
+    if (!report || !first) return;
+    try {
+      std::rethrow_exception(first);
+    } catch (const std::exception& e) {
+      throw StageError(
+          failed, "end of run",
+          std::string("the device failed while running this stage's actions: ") + e.what());
+    }
+  }
+
+  // Device backends: evaluate() with each chunk uploaded to stage 0's device, each stage's
+  // forward on its own stream and waited for before the next stage reads its output (evaluation
+  // is not the hot path), the predictions computed on the last stage's device and read back.
+  double evaluate_on_device(const Dataset& data) {
+    auto& d = device_;
+    index_t correct = 0;
+    const index_t chunk = options_.batch;
+    eval_predicted_.resize(static_cast<std::size_t>(chunk));
+    const Context& first = ctx_of(0);
+    const Context& last = ctx_of(stage_count - 1);
+    detail::activate_context(first);
+    if (d.eval_inputs.size() < chunk * in_width) d.eval_inputs = Buffer<float>(chunk * in_width);
+    detail::activate_context(last);
+    if (d.predicted.size() < chunk) d.predicted = Buffer<std::int32_t>(chunk);
+    std::vector<float> rows_in(static_cast<std::size_t>(chunk * in_width));
+    for (index_t first_row = 0; first_row < data.count; first_row += chunk) {
+      const index_t rows = std::min(chunk, data.count - first_row);
+      const ConstMatrix host = data.matrix().slice_rows(first_row, rows);
+      for (index_t r = 0; r < rows; ++r)
+        std::memcpy(rows_in.data() + r * in_width, host.data + r * host.ld,
+                    static_cast<std::size_t>(in_width) * 4);
+      detail::activate_context(first);
+      copy_from_host(first, rows_in.data(), d.eval_inputs.data(), rows * in_width);
+      ConstMatrix x{d.eval_inputs.data(), rows, in_width};
+      for_each_stage([&](auto& rt) {
+        detail::activate_context(rt.ctx());
+        x = rt.eval_forward(x);
+        synchronize(rt.ctx());  // the next stage's stream reads x
+      });
+      detail::activate_context(last);
+      argmax_rows(last, x, d.predicted.data());
+      copy_to_host(last, d.predicted.data(), eval_predicted_.data(), rows);
+      for (index_t r = 0; r < rows; ++r)
+        correct += eval_predicted_[r] == data.labels[first_row + r];
+    }
+    return static_cast<double>(correct) / static_cast<double>(data.count);
   }
 
   template <std::size_t... I>
@@ -324,6 +556,7 @@ class Pipeline {
   std::vector<int> copies_ = std::vector<int>(stage_count, 0);
   std::vector<index_t> activation_floats_ = std::vector<index_t>(stage_count, 0);
   std::vector<std::int32_t> eval_predicted_;
+  std::conditional_t<on_device, DeviceState, NoDeviceState> device_;
 };
 
 }  // namespace xpipe

@@ -49,8 +49,12 @@ template <class Q>
 struct SharedRun {
   Links<Q> links;
   MicroBatching split;
-  EpochData data;
-  std::vector<double> micro_loss;  // [g]: summed row losses, written by the last stage
+  EpochData data;  // as the caller passed it (host memory)
+  // What the stages read: `data` itself on host backends; on a device its copy there (inputs
+  // on stage 0's device, labels on the last stage's).
+  EpochData read;
+  MicroBatchLoss* losses = nullptr;  // device backends: [g], summed on the last stage's device
+  std::vector<double> micro_loss;    // [g]: summed row losses, written by the last stage
   RunProgress* progress = nullptr;
   const StalenessAnalysis* analysis = nullptr;  // s of every action (the prediction probe's)
 };
@@ -60,6 +64,7 @@ template <std::size_t I, int K>
 struct StageProgram {
   template <class RT, class Q>
   static void execute(RT& rt, SharedRun<Q>& run, const Action& a) {
+    detail::activate_context(rt.ctx());  // on a GPU: this stage's device, on any host thread
     switch (a.kind) {
       case ActionKind::Forward:
         forward(rt, run, a.index);
@@ -87,7 +92,7 @@ struct StageProgram {
     const auto [first_row, rows] = run.split.micro_batch(g);
     ConstMatrix x;
     if constexpr (I == 0) {
-      x = run.data.inputs.slice_rows(first_row, rows);
+      x = run.read.inputs.slice_rows(first_row, rows);
     } else {
       Q& in = run.links.at(io.in);
       const MicroBatchMessage& m = in.front();
@@ -95,7 +100,11 @@ struct StageProgram {
         throw Error("received activations of micro-batch " + std::to_string(m.micro_batch) +
                     " while running F" + std::to_string(g));
       float* dst = rt.inputs.data() + slot * capacity * S::in_width;
+      // On a device: this stream waits for the producer's writes to the slot, copies it, and
+      // marks the copy as the slot's last read (comm/spsc_ring.hpp). No-ops on the host.
+      queue_acquire_front(in, rt.ctx());
       copy_buffer(rt.ctx(), m.data.data, dst, rows * S::in_width);
+      queue_release_front(in, rt.ctx());
       in.pop();
       x = ConstMatrix{dst, rows, S::in_width};
     }
@@ -110,14 +119,25 @@ struct StageProgram {
       MicroBatchMessage& out = out_q.back();
       out.micro_batch = g;
       out.data.rows = rows;
+      // On a device: the copy waits until the consumer's stream last read the slot, and the
+      // consumer's stream will wait for the copy (`filled`). No-ops on the host.
+      queue_acquire_back(out_q, rt.ctx());
       copy_buffer(rt.ctx(), y.data, out.data.data, rows * S::out_width);
+      queue_release_back(out_q, rt.ctx());
       out_q.push();
     } else {
       const Matrix dl{rt.dlogits.data() + slot * capacity * S::out_width, rows, S::out_width};
       // Labels: checked by Pipeline::train before the run.
       SoftmaxCrossEntropy::forward_backward_unchecked(
-          rt.ctx(), y, run.data.labels + first_row,
+          rt.ctx(), y, run.read.labels + first_row,
           1.f / static_cast<float>(run.split.mini_batch_rows(g)), dl, rt.row_loss.data());
+      if constexpr (!detail::reads_host_memory<std::decay_t<decltype(rt.ctx())>>) {
+        // On a device the rows are summed there, on this stream (after the loss kernel, before
+        // the next micro-batch overwrites row_loss), into run.losses[g]; Pipeline::train reads
+        // the sums and checks them once, after the run. Progress is not updated during the run.
+        sum_row_losses_async(rt.ctx(), rt.row_loss.data(), rows, run.losses + g);
+        return;
+      }
       // A non-finite loss is reported by its row of the data the caller passed, and blamed on
       // that data only if it is readable here (host memory) and holds a NaN or an infinity.
       LossSource src{{},
@@ -161,10 +181,22 @@ struct StageProgram {
       dx = Matrix{out.data.data, rows, S::in_width};
     }
     const float* w = rt.pred->backward_weights(rt.ctx(), rt.opt, g);
+    // The backward reads dy straight from its input slot and writes dx straight into its output
+    // slot: on a device this stream first waits for dy's producer and for the last reader of
+    // the dx slot, and after the backward marks both slots (the predictor's work above need
+    // not wait). No-ops on the host.
+    if constexpr (I + 1 < K) queue_acquire_front(run.links.at(io.in), rt.ctx());
+    if constexpr (I > 0) queue_acquire_back(run.links.at(io.out), rt.ctx());
     S::backward(rt.ctx(), w, rt.opt.grads(), !rt.fresh_grads, rt.acts[slot], dy, dx, rt.scratch);
     rt.fresh_grads = false;
-    if constexpr (I > 0) run.links.at(io.out).push();
-    if constexpr (I + 1 < K) run.links.at(io.in).pop();
+    if constexpr (I > 0) {
+      queue_release_back(run.links.at(io.out), rt.ctx());
+      run.links.at(io.out).push();
+    }
+    if constexpr (I + 1 < K) {
+      queue_release_front(run.links.at(io.in), rt.ctx());
+      run.links.at(io.in).pop();
+    }
     rt.pred->backward_done(g);
     rt.free_slots.push_back(slot);
     rt.slot_of[g] = -1;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "xpipe/backend/backend.hpp"
+#include "xpipe/layers/loss.hpp"
 #include "xpipe/optim/optimizer.hpp"
 #include "xpipe/pipeline/prediction_probe.hpp"
 #include "xpipe/predict/predictor.hpp"
@@ -44,7 +45,15 @@ struct StageRuntime {
   StageRuntime(O o, const Placement& where, index_t batch, std::uint64_t seed,
                std::size_t first_layer)
       : context(where), opt(o, S::param_count), scratch(batch), row_loss(batch), eval_acts(batch) {
-    S::init({opt.weights(), static_cast<std::size_t>(S::param_count)}, seed, first_layer);
+    // The context came first: on a GPU it made the stage's device current, so every buffer
+    // above lives there. Initial weights are drawn on the host (the same bits on any backend).
+    if constexpr (detail::reads_host_memory<Context>) {
+      S::init({opt.weights(), static_cast<std::size_t>(S::param_count)}, seed, first_layer);
+    } else {
+      std::vector<float> w(static_cast<std::size_t>(S::param_count));
+      S::init({w.data(), w.size()}, seed, first_layer);
+      copy_from_host(ctx(), w.data(), opt.weights(), S::param_count);
+    }
   }
 
   const Context& ctx() const { return context.ctx(); }

@@ -1,0 +1,295 @@
+// A whole K = 4 Pipeline<..., Cuda> trained on the GPU against the same pipeline on the host
+// (tol + |ref| * eps, llm.c's rule), and the GPU runs against each other bit for bit: two runs of
+// one seed, the reference executor against the CUDA executor, all stages on one device (four
+// streams) and, with two or more GPUs, stage k on device k % count. Also: the device loss sum
+// reports a NaN exactly as the host path does, and bad placements and labels fail before any
+// action, and a checkpoint of a GPU pipeline resumes bitwise. Exits 77 (CTest: skipped) when no
+// CUDA device is present.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "xpipe/xpipe_cuda.cuh"
+
+namespace {
+
+using namespace xpipe;
+
+// The MLP of the brief: 64-96-96-64-10, one Linear per stage.
+using S0 = Stage<Linear<64, 96>, ReLU>;
+using S1 = Stage<Linear<96, 96>, GELU>;
+using S2 = Stage<Linear<96, 64>, ReLU>;
+using S3 = Stage<Linear<64, 10>>;
+
+constexpr index_t batch = 32;
+constexpr int K = 4, M = 4, mini_batches = 20;
+constexpr index_t rows = batch * mini_batches;
+
+// Tolerance of the GPU weights against the host's after 20 steps. The kernel test
+// (test_cuda_kernels.cu) holds one stage to 1e-5 + |ref| * 1e-4 after two Adam steps; the only
+// differences are the GEMMs' summation orders (cuBLAS vs oneDNN) and FMA contraction, each step
+// adds its own and Adam divides early ones by a small sqrt(v), so over 20 steps of four stages
+// we allow ten times that: 1e-4 + |ref| * 1e-3 (at lr 1e-3 a weight moves by up to 2e-2 in 20
+// steps: a wrong ordering or a lost micro-batch moves it by far more than 1e-4).
+constexpr float weight_tol = 1e-4f, weight_eps = 1e-3f;
+// The epoch's mean loss: summed in another order on the device (CUB's block tree vs the host's
+// row order, both in double) on top of the weights' differences.
+constexpr double loss_tol = 1e-4, loss_eps = 1e-3;
+
+int failures = 0;
+
+void report(const std::string& what, bool ok, const std::string& detail) {
+  std::printf("%-44s %s (%s)\n", what.c_str(), ok ? "ok" : "FAIL", detail.c_str());
+  failures += !ok;
+}
+
+// llm.c's comparison: prints the first few mismatches, counts them.
+void check_close(const std::string& what, const std::vector<float>& ref,
+                 const std::vector<float>& got, float tol, float eps) {
+  int bad = 0, shown = 0;
+  float worst = 0;
+  if (ref.size() != got.size()) {
+    report(what, false,
+           "sizes " + std::to_string(ref.size()) + " and " + std::to_string(got.size()));
+    return;
+  }
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const float diff = std::fabs(ref[i] - got[i]);
+    worst = std::fmax(worst, diff);
+    if (!(diff <= tol + std::fabs(ref[i]) * eps)) {
+      if (shown++ < 5)
+        std::printf("  %s[%zu]: host %.9g, cuda %.9g\n", what.c_str(), i, ref[i], got[i]);
+      ++bad;
+    }
+  }
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "%d of %zu outside %g + |ref| * %g; max |diff| %.3g", bad,
+                ref.size(), tol, eps, worst);
+  report(what, bad == 0, detail);
+}
+
+void check_same(const std::string& what, const std::vector<float>& a, const std::vector<float>& b) {
+  const bool same =
+      a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  report(what, same, std::to_string(differ) + " of " + std::to_string(a.size()) + " differ");
+}
+
+// Learnable synthetic data: uniform inputs, each label the argmax of a fixed random projection.
+Dataset make_data(std::uint64_t seed) {
+  Dataset d;
+  d.count = rows;
+  d.width = 64;
+  d.classes = 10;
+  d.features = HostBuffer<float>(rows * 64);
+  d.labels.resize(static_cast<std::size_t>(rows));
+  Rng rng{seed};
+  std::vector<float> proj(64 * 10);
+  for (float& p : proj) p = rng.uniform(-1.f, 1.f);
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t c = 0; c < 64; ++c) d.features[r * 64 + c] = rng.uniform(-1.f, 1.f);
+    int best = 0;
+    float best_score = -1e30f;
+    for (int j = 0; j < 10; ++j) {
+      float score = 0;
+      for (index_t c = 0; c < 64; ++c) score += d.features[r * 64 + c] * proj[c * 10 + j];
+      if (score > best_score) best_score = score, best = j;
+    }
+    d.labels[static_cast<std::size_t>(r)] = best;
+  }
+  return d;
+}
+
+EpochData epoch_of(const Dataset& d) {
+  return {d.matrix(), d.labels.data()};
+}
+
+struct Outcome {
+  std::vector<float> weights;
+  double loss = 0;
+  double accuracy = 0;
+};
+
+template <class... Policies, class O, class E>
+Outcome train(const Schedule& s, const Dataset& d, O opt, E executor, std::vector<int> devices) {
+  Pipeline<S0, S1, S2, S3, Policies...> p(
+      opt, {.batch = batch, .micro_batches = M, .seed = 11, .devices = std::move(devices)});
+  const EpochResult r = p.train(s, epoch_of(d), executor);
+  return {p.weights(), r.loss, p.evaluate(d)};
+}
+
+template <class P, class O>
+void compare_one(const Schedule& s, const Dataset& d, O opt, const std::vector<int>& spread) {
+  const std::string name = s.name + " x " + P::name;
+  const Outcome host = train<P, O, Host>(s, d, opt, ReferenceExecutor{}, {});
+  const Outcome gpu = train<P, O, Cuda>(s, d, opt, CudaExecutor{}, {0});
+  check_close(name + ": GPU vs host weights", host.weights, gpu.weights, weight_tol, weight_eps);
+  const double dl = std::fabs(host.loss - gpu.loss);
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "host %.9g, cuda %.9g, allowed %g + |ref| * %g", host.loss,
+                gpu.loss, loss_tol, loss_eps);
+  report(name + ": GPU vs host loss", dl <= loss_tol + std::fabs(host.loss) * loss_eps, detail);
+  // Accuracy: predictions may flip on rows whose two best logits are within rounding.
+  std::snprintf(detail, sizeof detail, "host %.4f, cuda %.4f, allowed 2 rows", host.accuracy,
+                gpu.accuracy);
+  report(name + ": GPU vs host accuracy",
+         std::fabs(host.accuracy - gpu.accuracy) * static_cast<double>(rows) <= 2.5, detail);
+
+  const Outcome again = train<P, O, Cuda>(s, d, opt, CudaExecutor{}, {0});
+  check_same(name + ": two GPU runs bitwise", gpu.weights, again.weights);
+  const Outcome ref = train<P, O, Cuda>(s, d, opt, ReferenceExecutor{}, {0});
+  check_same(name + ": reference vs CUDA executor", ref.weights, gpu.weights);
+  if (!spread.empty()) {
+    const Outcome across = train<P, O, Cuda>(s, d, opt, CudaExecutor{}, spread);
+    check_same(name + ": across devices vs one", gpu.weights, across.weights);
+  }
+}
+
+// The loss sum on the device reports a NaN input as the host path does, word for word.
+void non_finite_loss(const Dataset& clean) {
+  Dataset d = head(clean, rows);
+  const index_t bad_row = 3 * batch + 5;  // mini-batch 3
+  d.features[bad_row * 64 + 7] = std::nanf("");
+  const Schedule s = async_1f1b(K, M, mini_batches);
+  auto message = [&]<class B>() -> std::string {
+    Pipeline<S0, S1, S2, S3, XPipe, Adam, B> p(
+        Adam{.lr = 1e-3f}, {.batch = batch, .micro_batches = M, .devices = {0}});
+    try {
+      if constexpr (std::is_same_v<B, Cuda>) {
+        CudaExecutor e;
+        p.train(s, epoch_of(d), e);
+      } else {
+        ReferenceExecutor e;
+        p.train(s, epoch_of(d), e);
+      }
+    } catch (const StageError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string host = message.template operator()<Host>();
+  const std::string gpu = message.template operator()<Cuda>();
+  std::printf("  host: %s\n  cuda: %s\n", host.c_str(), gpu.c_str());
+  report("NaN input: same StageError as the host", host == gpu && host != "no error",
+         "mini-batch 3, row " + std::to_string(bad_row));
+}
+
+// A checkpoint of a device pipeline (state copied through the host) resumes bit for bit: ten
+// mini-batches, save, load into a fresh pipeline, ten more, against twenty straight.
+void resume_from_checkpoint(const Dataset& d) {
+  const Schedule half = async_1f1b(K, M, mini_batches / 2);
+  const index_t half_rows = rows / 2;
+  const EpochData first{d.matrix().slice_rows(0, half_rows), d.labels.data()};
+  const EpochData second{d.matrix().slice_rows(half_rows, half_rows), d.labels.data() + half_rows};
+  using P = Pipeline<S0, S1, S2, S3, XPipe, Adam, Cuda>;
+  const PipelineOptions o{.batch = batch, .micro_batches = M, .seed = 11, .devices = {0}};
+  CudaExecutor e;
+  P straight(Adam{.lr = 1e-3f}, o);
+  straight.train(half, first, e);
+  straight.train(half, second, e);
+  P before(Adam{.lr = 1e-3f}, o);
+  before.train(half, first, e);
+  const auto root = std::filesystem::temp_directory_path() /
+                    ("xpipe-cuda-ckpt-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(root);
+  const auto folder = save_checkpoint(before, root, "ckpt-000001");
+  P resumed(Adam{.lr = 1e-3f}, o);
+  load_checkpoint(resumed, read_checkpoint(folder));
+  resumed.train(half, second, e);
+  std::filesystem::remove_all(root);
+  check_same("checkpoint of a GPU pipeline resumes bitwise", straight.weights(), resumed.weights());
+}
+
+void bad_setup(const Dataset& d, int devices) {
+  std::string what = "no error";
+  try {
+    Pipeline<S0, S1, S2, S3, Latest, Adam, Cuda> p(
+        Adam{}, {.batch = batch, .micro_batches = M, .devices = {devices}});
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+  report("a device that does not exist: ConfigError",
+         what.find("device " + std::to_string(devices)) != std::string::npos, what);
+
+  Dataset bad = head(d, rows);
+  bad.labels[70] = 10;
+  what = "no error";
+  Pipeline<S0, S1, S2, S3, Latest, Adam, Cuda> p(
+      Adam{}, {.batch = batch, .micro_batches = M, .devices = {0}});
+  const std::vector<float> before = p.weights();
+  try {
+    CudaExecutor e;
+    p.train(gpipe(K, M, mini_batches), epoch_of(bad), e);
+  } catch (const DataError& e) {
+    what = e.what();
+  }
+  report("a bad label: DataError before any action",
+         what.find("label 10 at row 70") != std::string::npos && p.weights() == before, what);
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device (%s); the CUDA pipeline was built but not run\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  std::printf("%d CUDA device(s); K = %d, batch %ld, M = %d, %d mini-batches\n", devices, K,
+              static_cast<long>(batch), M, mini_batches);
+  // Across devices only where every device is the same model: cuBLAS's bits are per model.
+  std::vector<int> spread;
+  if (devices >= 2) {
+    bool same = true;
+    cudaDeviceProp p0{}, pi{};
+    cudaGetDeviceProperties(&p0, 0);
+    for (int i = 1; i < devices; ++i) {
+      cudaGetDeviceProperties(&pi, i);
+      same = same && std::strcmp(p0.name, pi.name) == 0;
+    }
+    // Adjacent stages need peer access (the pipeline refuses without it, ConfigError).
+    bool peers = true;
+    for (int k = 0; k + 1 < K; ++k) {
+      const int a = k % devices, b = (k + 1) % devices;
+      int ab = 0, ba = 0;
+      if (a != b) {
+        cudaDeviceCanAccessPeer(&ab, a, b);
+        cudaDeviceCanAccessPeer(&ba, b, a);
+        peers = peers && ab && ba;
+      }
+    }
+    if (same && peers)
+      for (int k = 0; k < K; ++k) spread.push_back(k % devices);
+    else
+      std::printf("devices differ in model or lack peer access: no check across devices\n");
+  } else {
+    std::printf("one device: the across-devices check needs two\n");
+  }
+  try {
+    const Dataset d = make_data(5);
+    const Schedule gp = gpipe(K, M, mini_batches);
+    const Schedule async = async_1f1b(K, M, mini_batches);
+    compare_one<Latest>(gp, d, Adam{.lr = 1e-3f}, spread);
+    compare_one<Latest>(async, d, Adam{.lr = 1e-3f}, spread);
+    compare_one<Stash>(async, d, Adam{.lr = 1e-3f}, spread);
+    compare_one<XPipe>(async, d, Adam{.lr = 1e-3f}, spread);
+    compare_one<SpecTrain>(async, d, SGD{.lr = 0.05f, .momentum = 0.9f}, spread);
+    non_finite_loss(d);
+    resume_from_checkpoint(d);
+    bad_setup(d, devices);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf(failures ? "FAILED: %d checks\n" : "all CUDA pipeline checks passed\n", failures);
+  return failures ? 1 : 0;
+}
