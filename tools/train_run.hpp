@@ -49,11 +49,12 @@ struct RunConfig {
   int epochs = 3;
   std::uint64_t seed = 1;
   std::string executor = "threaded";
-  int dp = 1;                  // --executor mpi: data-parallel replicas of the pipeline
-  double wait_timeout = 60;    // seconds a stage may wait on another before giving up
-  std::vector<int> pin_cpus;   // --executor threaded: stage k on CPU pin_cpus[k % size]
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int checkpoint_every = 1;    // epochs
+  std::string device = "host";  // or cuda (train_models_cuda.cu)
+  int dp = 1;                   // --executor mpi: data-parallel replicas of the pipeline
+  double wait_timeout = 60;     // seconds a stage may wait on another before giving up
+  std::vector<int> pin_cpus;    // --executor threaded: stage k on CPU pin_cpus[k % size]
+  std::string checkpoint_dir;   // empty: no checkpoints
+  int checkpoint_every = 1;     // epochs
   bool resume = false;
   bool measure_prediction = false;  // record each predictor's error (pipeline/prediction_probe.hpp)
   std::string label() const { return schedule + "+" + predictor + "(" + optimizer + ")"; }
@@ -438,5 +439,11 @@ RunRecord run_mlp4(const RunConfig& c, const DatasetPair& data, const CheckPoint
 RunRecord run_deep2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_deep4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_deep8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+#if defined(XPIPE_WITH_CUDA)
+// --device cuda (train_models_cuda.cu): the MLP over 4 stages on CUDA devices, and why no
+// device can run it (empty when one can).
+RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+std::string cuda_device_problem();
+#endif
 
 }  // namespace xpipe::tools::train

@@ -262,6 +262,7 @@ class StudyFiles {
                         {"batch", c.batch},
                         {"seed", c.seed},
                         {"executor", c.executor},
+                        {"device", c.device},
                         {"epochs", nlohmann::json::array()}};
       if (!r.ok()) jr["failure"] = r.why;
       for (const EpochRecord& e : r.epochs)
@@ -351,6 +352,9 @@ class StudyFiles {
 }
 
 RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+#if defined(XPIPE_WITH_CUDA)
+  if (c.device == "cuda") return run_mlp4_cuda(c, data, check);  // main checked model, stages
+#endif
   const auto it = model_table().find({c.model, c.stages});
   if (it == model_table().end())
     throw ConfigError("no compiled model '" + c.model + "' over " + std::to_string(c.stages) +
@@ -542,6 +546,12 @@ int main(int argc, char** argv) {
                  "Seconds a stage may wait on another (a stopped or hung one) before the run "
                  "fails")
       ->check(CLI::Range(0.1, 86400.0));
+  auto* device_opt =
+      app.add_option(
+             "--device", c.device,
+             "host, or cuda: the mlp over 4 stages on CUDA devices (stage k on device k mod "
+             "count), with the study's predictors; needs a build with CUDA and a device")
+          ->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--pin-cpus", c.pin_cpus,
                  "Pin stage k's thread to the (k mod n)-th of these CPUs (--executor threaded; "
                  "e.g. 0,1: with more stages than cores, each core then shares its own stages)")
@@ -585,6 +595,7 @@ int main(int argc, char** argv) {
           " samples, batch " + std::to_string(plan.batch) + ", tested on " +
           std::to_string(plan.test_samples));
   sweep_flag->excludes("--compare");
+  sweep_flag->excludes(device_opt);
   app.add_option("--sweep-stages", sweep_stages,
                  "Stage counts K of --sweep, a comma list (default: every split of the model "
                  "into 2 or more stages; deep: 2,4,8)")
@@ -706,6 +717,30 @@ int main(int argc, char** argv) {
   if (c.dp > 1 && c.executor != "mpi") {
     std::fprintf(stderr, "xpipe-train: --dp %d needs --executor mpi\n", c.dp);
     return 2;
+  }
+  if (c.device == "cuda") {
+    std::string why;
+#if defined(XPIPE_WITH_CUDA)
+    if (c.model != "mlp" || c.stages != 4)
+      why = "runs the mlp over 4 stages only (got " + c.model + " over " +
+            std::to_string(c.stages) + ")";
+    else if (c.executor == "mpi" || c.dp > 1)
+      why = "runs in one process (no --executor mpi, no --dp)";
+    else if (c.measure_prediction)
+      why = "cannot measure predictions (weights in device memory: no --measure-prediction)";
+    else if (!c.pin_cpus.empty())
+      why = "pins no threads (no --pin-cpus)";
+    else
+      why = cuda_device_problem();
+#else
+    why =
+        "this xpipe-train was built without CUDA (configure where nvcc is found, with "
+        "-DXPIPE_ENABLE_CUDA=ON)";
+#endif
+    if (!why.empty()) {
+      std::fprintf(stderr, "xpipe-train: --device cuda: %s\n", why.c_str());
+      return 2;
+    }
   }
   if (!c.pin_cpus.empty()) {
     if (c.executor != "threaded") {
