@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # xpipe-train --executor mpi against the threaded executor on the same flags: the per-epoch loss
 # and test accuracy of runs.csv must be the same text (the same bits, printed to 6 digits), and
-# rank 0 alone must write (the files exist once, in --out). With --dp 2, the loss must agree to
-# 3 digits (the gradient sums run in another order; see README).
+# rank 0 alone must write (the files exist once, in --out). With --dp 2, the loss must agree
+# within 1% (the gradient sums run in another order; see below and the README).
 # Usage: tool_matches_threaded.sh XPIPE_TRAIN WORKDIR mpirun [flags...]
 set -euo pipefail
 train=$1 work=$2
@@ -21,10 +21,18 @@ echo "mpi:      $(fields "$work/mpi" | tr '\n' ' ')"
 if [[ "$(fields "$work/threaded")" != "$(fields "$work/mpi")" ]]; then
   echo "FAIL: --executor mpi differs from threaded"; exit 1
 fi
-loss3() { cut -d, -f10 "$1/runs.csv" | tail -n +2 | xargs printf '%.3f\n'; }
-echo "dp 2:     $(loss3 "$work/dp" | tr '\n' ' ')  one process: $(loss3 "$work/one" | tr '\n' ' ')"
-if [[ "$(loss3 "$work/dp")" != "$(loss3 "$work/one")" ]]; then
-  echo "FAIL: --dp 2 loss differs from one process at the same global batch"; exit 1
+# dp 2 against one process: the gradient sums run in another grouping, so the bits differ and
+# Adam carries the difference on (chaotically: measured 1e-3 relative in the second epoch's loss
+# on an AVX2 EPYC, where oneDNN's kernels round otherwise than on AVX-512; rounding both to 3
+# digits, the earlier check, failed there). 1% is far inside what a broken split gives (a replica
+# that skipped the all-reduce trains on half the rows at half the batch).
+loss() { cut -d, -f10 "$1/runs.csv" | tail -n +2; }
+echo "dp 2:     $(loss "$work/dp" | tr '\n' ' ')  one process: $(loss "$work/one" | tr '\n' ' ')"
+if ! paste -d' ' <(loss "$work/dp") <(loss "$work/one") |
+  awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; if (!(d <= 0.01 * $2)) bad = 1 }
+       END { exit bad }'; then
+  echo "FAIL: --dp 2 loss differs from one process at the same global batch by more than 1%"
+  exit 1
 fi
 if ls /tmp/xpipe-train-rank-* >/dev/null 2>&1 && [[ -n "$(find /tmp -maxdepth 1 -name 'xpipe-train-rank-*' -newer "$work/threaded.log")" ]]; then
   echo "FAIL: a rank left its private output folder behind"; exit 1
