@@ -4,6 +4,8 @@
 //   xpipe-plan plan               rank dp x pp x M x schedule for a cluster by time to accuracy
 //   xpipe-plan measure-efficiency epochs to a target accuracy vs global batch -> E(B) JSON
 //   xpipe-plan simulate           one schedule under a cost model: traces, and bubble filling
+//   xpipe-plan check-plan         the planner's step times against runs on this machine
+//   xpipe-plan check-mpi          the same with the MPI executor, a rank per device (mpirun -np 2)
 // Bad input (flags, JSON fields) is exit 2 with a message naming the flag or field.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -19,6 +21,9 @@
 
 #include "output_files.hpp"
 #include "sim_profile.hpp"
+#ifdef XPIPE_WITH_MPI
+#include "sim_mpi.hpp"
+#endif
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
@@ -693,6 +698,103 @@ int cmd_check_plan(const std::string& model_file, int b, int N, int repeats) {
   return 0;
 }
 
+#ifdef XPIPE_WITH_MPI
+// ---- check-mpi: the planner against the MPI executor, transfers and all-reduce included -------
+
+//! Under `mpirun -np 2`: measures the MPI link and the all-reduce, gives the planner them as the
+//! cluster's pipeline_link and allreduce_link, and runs every plan it makes for two devices
+//! (2 x 1 pure data parallelism, 1 x 2 pipelines) with the MPI executor, a rank per device.
+int cmd_check_mpi(const std::string& model_file, int b, int N, int repeats, double max_error,
+                  const fs::path& out) {
+  int rank = 0;
+  XPIPE_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  const bool root = rank == 0;
+  sim::PlanRequest req;
+  req.layers = model_from(read_json(model_file, "--model"), model_file);
+  req.cluster.devices = 2;
+  req.cluster.device = {.name = "one core", .memory_bytes = 1e12};
+  req.efficiency = {{{1, 1}, {1e9, 1}}, "flat (step times only)"};
+  req.dataset_samples = 1;
+  req.batch_per_replica = {b};
+  req.micro_batches = {1, 2, 4};
+  req.device_counts = {2};
+
+  // 1. The link, at the sizes a step sends: one float up to a micro-batch's activations (rows
+  // x 1024 floats) and past them.
+  const double rows_1024 = 4.0 * b * 1024;  // bytes of a mini-batch's 1024-wide activations
+  const std::vector<double> sizes{4, 4096, 65536, rows_1024 / 4, rows_1024, 4 << 20};
+  const tools::MpiLinkProfile link = tools::measure_mpi_link(MPI_COMM_WORLD, sizes, repeats + 4);
+  // 2. The all-reduce 2 x 1 runs each step: the whole model's gradient over the 2 replicas.
+  double params = 0;
+  for (const sim::LayerSpec& l : req.layers) params += l.params;
+  const double ar_measured =
+      tools::measure_mpi_allreduce(MPI_COMM_WORLD, static_cast<index_t>(params), repeats + 4);
+  const double ar_on_link = sim::ring_allreduce_seconds(4 * params, 2, link.link);
+  // The all-reduce's own link (the cluster's allreduce_link): the ping-pong latency, and the
+  // bandwidth at which the planner's ring model (bytes / bandwidth + 2 latencies at dp = 2)
+  // gives the measured MPI_Allreduce: a collective runs its own protocol, not the messages'.
+  sim::LinkCost ar_link = link.link;
+  ar_link.bandwidth = 4 * params / std::max(ar_measured - 2 * ar_link.latency, 1e-9);
+  json j;
+  j["measured_on"] = machine_note() + ", 2 MPI ranks";
+  j["model"] = model_file;
+  j["link"] = {{"latency", link.link.latency}, {"bandwidth", link.link.bandwidth}};
+  j["allreduce"] = {{"floats", params}, {"measured", ar_measured}, {"on_link", ar_on_link}};
+  j["allreduce_link"] = {{"latency", ar_link.latency}, {"bandwidth", ar_link.bandwidth}};
+  if (root) {
+    std::printf(
+        "MPI link, rank 0 <-> rank 1 (blocking ping-pong, half the round trip, median of "
+        "%d; %s):\n\n| bytes | measured us | latency + bytes / bandwidth | error |\n"
+        "|--:|--:|--:|--:|\n",
+        repeats + 4, machine_note().c_str());
+    for (const tools::LinkSample& s : link.samples) {
+      const double model = link.link.seconds(s.bytes);
+      std::printf("| %.0f | %.2f | %.2f | %+.1f%% |\n", s.bytes, s.seconds * 1e6, model * 1e6,
+                  100 * (model / s.seconds - 1));
+      j["link_samples"].push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
+    }
+    std::printf(
+        "\nlink (pipeline_link): latency %.2f us, bandwidth %.3f GB/s\n"
+        "MPI_Allreduce of the model's %.0f-float gradient over 2 ranks: %.3f ms measured, %.3f ms "
+        "by the ring model on that link (%+.1f%%)\n"
+        "all-reduce link (allreduce_link): latency %.2f us, bandwidth %.3f GB/s\n\n"
+        "planner step times (those links, a core per device) against the MPI executor, a rank "
+        "per device, batch %d per replica, %d mini-batches, median of %d:\n\n| plan | planner "
+        "ms | all-reduce ms | measured ms | error |\n|---|--:|--:|--:|--:|\n",
+        link.link.latency * 1e6, link.link.bandwidth / 1e9, params, ar_measured * 1e3,
+        ar_on_link * 1e3, 100 * (ar_on_link / ar_measured - 1), ar_link.latency * 1e6,
+        ar_link.bandwidth / 1e9, b, N, repeats);
+    std::fflush(stdout);
+  }
+  req.cluster.pipeline_link = link.link;
+  req.cluster.allreduce_link = ar_link;
+  const sim::PlanResult plans = sim::make_plans(req);
+  double worst = 0;
+  for (const sim::Plan& p : plans.plans) {
+    if (p.pp == 2 && p.first_layer != std::vector<std::size_t>{0, 2})
+      throw ConfigError("check-mpi: the planner splits " + model_file +
+                        " other than the compiled 2-stage split (layers 0-1 | 2-3): is it the "
+                        "reference MLP?");
+    const double measured =
+        tools::time_mpi_plan(p.dp, p.pp, p.schedule, p.micro_batches, b, N, repeats);
+    worst = std::max(worst, std::fabs(p.step_seconds / measured - 1));  // the same on both ranks
+    if (!root) continue;
+    std::printf("| %s | %.3f | %.3f | %.3f | %+.1f%% |\n", p.label().c_str(), p.step_seconds * 1e3,
+                p.allreduce_seconds * 1e3, measured * 1e3, 100 * (p.step_seconds / measured - 1));
+    std::fflush(stdout);
+    j["plans"].push_back({{"plan", p.label()},
+                          {"planner", p.step_seconds},
+                          {"allreduce", p.allreduce_seconds},
+                          {"measured", measured}});
+  }
+  if (root) {
+    std::printf("\nlargest |error| %.1f%%\n", 100 * worst);
+    if (!out.empty()) write_out(out, "check-mpi.json", j.dump(2) + "\n");
+  }
+  return max_error > 0 && worst > max_error ? 3 : 0;
+}
+#endif
+
 std::vector<int> parse_ints(const std::string& flag, const std::string& csv, int lo) {
   std::vector<int> v;
   std::stringstream ss(csv);
@@ -818,6 +920,20 @@ int main(int argc, char** argv) {
   check->add_option("--mini-batches", c_n, "steps per run")->check(CLI::Range(2, 100000));
   check->add_option("--repeats", c_repeats, "runs (medians)")->check(CLI::Range(1, 100));
 
+  auto* check_mpi = app.add_subcommand(
+      "check-mpi", "planner step times vs the MPI executor (run under mpirun -np 2)");
+  std::string m_model;
+  int m_batch = 128, m_n = 16, m_repeats = 3;
+  check_mpi->add_option("--model", m_model, "model JSON of the reference MLP (xpipe-plan profile)")
+      ->required();
+  check_mpi->add_option("--batch", m_batch, "per-replica batch")->check(CLI::Range(4, 1 << 16));
+  check_mpi->add_option("--mini-batches", m_n, "steps per run")->check(CLI::Range(2, 100000));
+  check_mpi->add_option("--repeats", m_repeats, "runs (medians)")->check(CLI::Range(1, 100));
+  double m_max_error = 0;
+  check_mpi->add_option("--max-error", m_max_error, "exit 3 if any |error| exceeds this fraction")
+      ->check(CLI::Range(0.0, 100.0));
+  check_mpi->add_option("--out", out, "folder for check-mpi.json");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -830,6 +946,32 @@ int main(int argc, char** argv) {
         throw UsageError("--out '" + out + "': " + why);
     if (*profile) return cmd_profile(profile_out, repeats);
     if (*check) return cmd_check_plan(c_model, c_batch, c_n, c_repeats);
+    if (*check_mpi) {
+#ifdef XPIPE_WITH_MPI
+      mpi_default_tuning();
+      XPIPE_MPI_CHECK(MPI_Init(&argc, &argv));
+      int rc = 0, ranks = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+      if (ranks != 2) {  // every rank sees it: no rank waits for another
+        std::fprintf(stderr,
+                     "xpipe-plan: check-mpi: launch it on 2 ranks (mpirun -np 2 xpipe-plan "
+                     "check-mpi ...), got %d\n",
+                     ranks);
+        MPI_Finalize();
+        return 2;
+      }
+      try {
+        rc = cmd_check_mpi(m_model, m_batch, m_n, m_repeats, m_max_error, out);
+      } catch (const std::exception& e) {  // the other rank may wait for this one: end the job
+        std::fprintf(stderr, "xpipe-plan: %s\n", e.what());
+        MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const UsageError*>(&e) ? 2 : 1);
+      }
+      MPI_Finalize();
+      return rc;
+#else
+      throw UsageError("check-mpi: this xpipe-plan was built without MPI (XPIPE_ENABLE_MPI)");
+#endif
+    }
     if (*validate)
       return cmd_validate(out, parse_ints("--stages", v_stages, 2),
                           parse_ints("--micro-batches", v_micro, 1), v_schedules, v_n, v_repeats,
