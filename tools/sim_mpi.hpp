@@ -102,32 +102,58 @@ inline double measure_mpi_allreduce(MPI_Comm comm, index_t floats, int repeats) 
   return s;
 }
 
+//! The share of a core this rank's thread gets now, every rank measuring at once (so each sees
+//! the others competing as they do in a run): a `seconds` spin's CPU time over its wall time.
+//! 1 on a quiet machine with a core per rank; about 0.5 while other processes keep every core
+//! busy. Returns the smallest over the ranks of `comm`.
+inline double measure_rank_share(MPI_Comm comm, double seconds = 0.05) {
+  XPIPE_MPI_CHECK(MPI_Barrier(comm));
+  const auto w0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_seconds();
+  volatile double sink = 0;
+  while (xpipe::detail::seconds_since(w0) < seconds)
+    for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
+  double mine =
+             std::clamp((thread_cpu_seconds() - c0) / xpipe::detail::seconds_since(w0), 1e-3, 1.0),
+         least = 0;
+  XPIPE_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, comm));
+  return least;
+}
+
+//! A timed MPI run: seconds per mini-batch, and the share of a core each rank got around it.
+struct MpiRunTime {
+  double seconds = 0, share = 1;
+};
+
 //! Seconds per mini-batch of Pipeline type P (its links MPI channels) run by `exec` on schedule
 //! `name` with M micro-batches of `batch` rows per replica over N mini-batches: the median over
 //! `repeats` runs (after one warm-up) of the slowest rank's run time (from the executor's common
-//! start to its last message) over N. The same on every rank.
+//! start to its last message) over N, and the median share of a core the ranks got, measured
+//! before and after each run (measure_rank_share). The same on every rank.
 template <class P>
-double time_mpi_run(MpiExecutor& exec, const std::string& name, int M, index_t batch, int N,
-                    int repeats) {
+MpiRunTime time_mpi_run(MpiExecutor& exec, const std::string& name, int M, index_t batch, int N,
+                        int repeats) {
   P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M});
   const SyntheticData data(batch * N, P::in_width);
   const Schedule s = make_schedule(name, P::stage_count, M, N);
   pipe.train(s, data.epoch(), exec);
-  std::vector<double> per;
+  std::vector<double> per, shares;
   for (int r = 0; r < repeats; ++r) {
+    const double before = measure_rank_share(MPI_COMM_WORLD);
     pipe.train(s, data.epoch(), exec);
     double mine = exec.trace().seconds, slowest = 0;
     XPIPE_MPI_CHECK(MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     per.push_back(slowest / N);
+    shares.push_back(0.5 * (before + measure_rank_share(MPI_COMM_WORLD)));
   }
-  return median(per);
+  return {median(per), median(shares)};
 }
 
 //! The reference MLP's plan (dp x pp on the world's ranks, dp * pp == ranks) run by the MPI
 //! executor: pp = 1 is the whole model on each of dp replicas, pp = 2 the 784-1024-1024 |
 //! 1024-1024-10 split. Collective over MPI_COMM_WORLD.
-inline double time_mpi_plan(int dp, int pp, const std::string& schedule, int M, index_t batch,
-                            int N, int repeats) {
+inline MpiRunTime time_mpi_plan(int dp, int pp, const std::string& schedule, int M, index_t batch,
+                                int N, int repeats) {
   MpiExecutor exec(MPI_COMM_WORLD, dp);
   if (pp == 1)
     return time_mpi_run<Pipeline<mlp::K1, Latest, AnyOptimizer, MpiChannel>>(exec, schedule, M,
