@@ -13,15 +13,21 @@
 
 namespace xpipe {
 
-//! Trains the model `Model` (a Stage) with optimizer O on backend B (default: the host), one
-//! mini-batch per step. All buffers are allocated in the constructor; train_step allocates
-//! nothing. train_epoch and evaluate stage batches and read predictions through host memory.
+//! Trains the model `Model` (a Stage) with optimizer O on the host backend, one mini-batch per
+//! step. All buffers are allocated in the constructor; train_step allocates nothing. train_epoch
+//! and evaluate stage batches and read predictions through host memory. B may name another
+//! backend for the buffers and state (benchmarks compose device steps from them), but training
+//! and evaluation compile only where the context reads host memory.
 //! Usage: `SequentialTrainer<Mlp, Adam> t(Adam{.lr = 1e-3f}, 128, seed); t.train_step(ctx, x, y);`
 template <class Model, class O, class B = Host>
 class SequentialTrainer {
   static_assert(check_optimizer<O, B>());
   static_assert(Model::template check_backend<B>());
   using Ctx = typename B::Context;
+  // train_step sums the row losses on the host, and train_epoch and evaluate hand host batches
+  // to the model: on a device backend each would read device memory on the host (a crash at
+  // run time), so each refuses to compile there instead.
+  static constexpr bool on_host = detail::reads_host_memory<Ctx>;
   template <class T>
   using Buffer = typename B::template Buffer<T>;
 
@@ -50,14 +56,16 @@ class SequentialTrainer {
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), naming
   //! the row of x and whether that row (or another of x) holds NaN/inf (bad data) or not
   //! (divergence); and
-  //! DataError naming the row, before any math, if a label lies outside [0, Model::out_width)
-  //! (labels are checked on host backends, where they are host memory).
+  //! DataError naming the row, before any math, if a label lies outside [0, Model::out_width).
   double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels, int chunks = 1) {
+    static_assert(on_host,
+                  "xpipe: SequentialTrainer trains on host backends only (train_step sums the "
+                  "loss on the host); on a CUDA device train a one-stage Pipeline<Model, Latest, "
+                  "O, Cuda>");
     const index_t rows = x.rows;
     if (chunks < 1 || chunks > rows)
       throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
-    if constexpr (detail::reads_host_memory<Ctx>)
-      check_labels(labels, rows, Model::out_width, "xpipe: SequentialTrainer::train_step");
+    check_labels(labels, rows, Model::out_width, "xpipe: SequentialTrainer::train_step");
     double loss = 0;
     for (int c = 0; c < chunks; ++c) {
       const auto [first, n] = split_rows(rows, chunks, c);
@@ -67,8 +75,7 @@ class SequentialTrainer {
       SoftmaxCrossEntropy::forward_backward_unchecked(
           ctx, logits, labels + first, 1.f / static_cast<float>(rows), dlogits, row_loss_.data());
       // Rows named as rows of x; x is read (host backends only) once a loss is not finite.
-      LossSource src{{}, first, 0, rows};
-      if constexpr (detail::reads_host_memory<Ctx>) src.inputs = x;
+      const LossSource src{x, first, 0, rows};
       loss += sum_row_losses(row_loss_.data(), n, src);
       Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
                       scratch_);
@@ -80,6 +87,10 @@ class SequentialTrainer {
   //! One epoch over the batches `batcher` yields (its batch size must not exceed max_batch());
   //! returns the mean training loss over the epoch's samples.
   double train_epoch(const Ctx& ctx, Batcher& batcher, std::uint64_t epoch) {
+    static_assert(on_host,
+                  "xpipe: SequentialTrainer trains on host backends only (train_epoch hands host "
+                  "batches to the model); on a CUDA device train a one-stage Pipeline<Model, "
+                  "Latest, O, Cuda>");
     batcher.start_epoch(epoch);
     const Matrix x{batch_x_.data(), max_batch(), Model::in_width};
     double loss_sum = 0;
@@ -95,6 +106,10 @@ class SequentialTrainer {
   //! Fraction of `data` classified correctly, in batches of max_batch(). Throws DataError naming
   //! the first row of `data` holding NaN or an infinity.
   double evaluate(const Ctx& ctx, const Dataset& data) {
+    static_assert(on_host,
+                  "xpipe: SequentialTrainer evaluates on host backends only (evaluate hands host "
+                  "rows to the model); on a CUDA device use Pipeline<Model, Latest, O, "
+                  "Cuda>::evaluate");
     check_finite_inputs(data.matrix(), "xpipe: SequentialTrainer::evaluate");
     index_t correct = 0;
     for (index_t first = 0; first < data.count; first += max_batch()) {
