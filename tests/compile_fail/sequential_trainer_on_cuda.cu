@@ -1,6 +1,6 @@
-// Must not compile: SequentialTrainer's training and evaluation read the loss and the batches
-// on the host, so on the CUDA backend they refuse at compile time, naming what to use instead,
-// rather than read device memory on the host at run time.
+// Must not compile: SequentialTrainer draws the weights, sums the loss and stages batches on the
+// host, so on the CUDA backend it refuses at compile time, naming what to use instead, rather
+// than touch device memory on the host at run time.
 #include <xpipe/xpipe_cuda.cuh>
 
 using namespace xpipe;

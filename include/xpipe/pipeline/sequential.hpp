@@ -13,21 +13,23 @@
 
 namespace xpipe {
 
-//! Trains the model `Model` (a Stage) with optimizer O on the host backend, one mini-batch per
-//! step. All buffers are allocated in the constructor; train_step allocates nothing. train_epoch
-//! and evaluate stage batches and read predictions through host memory. B may name another
-//! backend for the buffers and state (benchmarks compose device steps from them), but training
-//! and evaluation compile only where the context reads host memory.
+//! Trains the model `Model` (a Stage) with optimizer O on a host backend B (the host, or a test
+//! backend built on it), one mini-batch per step. All buffers are allocated in the constructor;
+//! train_step allocates nothing. train_epoch and evaluate stage batches and read predictions
+//! through host memory. On a device, a one-stage Pipeline<Model, Latest, O, Cuda> trains.
 //! Usage: `SequentialTrainer<Mlp, Adam> t(Adam{.lr = 1e-3f}, 128, seed); t.train_step(ctx, x, y);`
 template <class Model, class O, class B = Host>
 class SequentialTrainer {
   static_assert(check_optimizer<O, B>());
   static_assert(Model::template check_backend<B>());
   using Ctx = typename B::Context;
-  // train_step sums the row losses on the host, and train_epoch and evaluate hand host batches
-  // to the model: on a device backend each would read device memory on the host (a crash at
-  // run time), so each refuses to compile there instead.
-  static constexpr bool on_host = detail::reads_host_memory<Ctx>;
+  // The constructor draws the weights into the state, train_step sums the row losses, and
+  // train_epoch and evaluate hand host batches to the model, all on the host: on a device
+  // backend each would read or write device memory on the host (a crash at run time).
+  static_assert(detail::reads_host_memory<Ctx>,
+                "xpipe: SequentialTrainer trains on host backends only (it draws the weights, "
+                "sums the loss and stages batches on the host); on a CUDA device train a "
+                "one-stage Pipeline<Model, Latest, O, Cuda>");
   template <class T>
   using Buffer = typename B::template Buffer<T>;
 
@@ -58,10 +60,6 @@ class SequentialTrainer {
   //! (divergence); and
   //! DataError naming the row, before any math, if a label lies outside [0, Model::out_width).
   double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels, int chunks = 1) {
-    static_assert(on_host,
-                  "xpipe: SequentialTrainer trains on host backends only (train_step sums the "
-                  "loss on the host); on a CUDA device train a one-stage Pipeline<Model, Latest, "
-                  "O, Cuda>");
     const index_t rows = x.rows;
     if (chunks < 1 || chunks > rows)
       throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
@@ -87,10 +85,6 @@ class SequentialTrainer {
   //! One epoch over the batches `batcher` yields (its batch size must not exceed max_batch());
   //! returns the mean training loss over the epoch's samples.
   double train_epoch(const Ctx& ctx, Batcher& batcher, std::uint64_t epoch) {
-    static_assert(on_host,
-                  "xpipe: SequentialTrainer trains on host backends only (train_epoch hands host "
-                  "batches to the model); on a CUDA device train a one-stage Pipeline<Model, "
-                  "Latest, O, Cuda>");
     batcher.start_epoch(epoch);
     const Matrix x{batch_x_.data(), max_batch(), Model::in_width};
     double loss_sum = 0;
@@ -106,10 +100,6 @@ class SequentialTrainer {
   //! Fraction of `data` classified correctly, in batches of max_batch(). Throws DataError naming
   //! the first row of `data` holding NaN or an infinity.
   double evaluate(const Ctx& ctx, const Dataset& data) {
-    static_assert(on_host,
-                  "xpipe: SequentialTrainer evaluates on host backends only (evaluate hands host "
-                  "rows to the model); on a CUDA device use Pipeline<Model, Latest, O, "
-                  "Cuda>::evaluate");
     check_finite_inputs(data.matrix(), "xpipe: SequentialTrainer::evaluate");
     index_t correct = 0;
     for (index_t first = 0; first < data.count; first += max_batch()) {
