@@ -32,6 +32,35 @@ double end_of(const SimResult& r, int k, const Action& a) {
 }
 }  // namespace
 
+TEST_CASE("A link's latency and bandwidth are fitted back from its messages", "[sim]") {
+  // Messages timed exactly as 2 us + bytes / 5 GB/s: the fit recovers both.
+  const sim::LinkCost truth{2e-6, 5e9};
+  std::vector<sim::LinkSample> exact;
+  for (double b : {4.0, 4096.0, 65536.0, 524288.0, 4194304.0})
+    exact.push_back({b, truth.seconds(b)});
+  const sim::LinkCost fit = sim::fit_link_cost(exact);
+  CHECK(fit.latency == Approx(2e-6).epsilon(1e-9));
+  CHECK(fit.bandwidth == Approx(5e9).epsilon(1e-9));
+  // Relative error: a 10% slower small message moves the latency, not the bandwidth, by ~10%
+  // (an absolute least squares would follow the large messages alone and ignore it).
+  std::vector<sim::LinkSample> slow_small = exact;
+  for (auto& q : slow_small)
+    if (q.bytes < 5000) q.seconds *= 1.1;
+  const sim::LinkCost f2 = sim::fit_link_cost(slow_small);
+  CHECK(f2.latency > 2.1e-6);
+  CHECK(f2.bandwidth == Approx(5e9).epsilon(0.02));
+  // No latency: the fit stays at zero rather than going negative.
+  std::vector<sim::LinkSample> origin{{1000, 1e-6}, {2000, 2e-6}, {4000, 4e-6}};
+  CHECK(sim::fit_link_cost(origin).latency == Approx(0).margin(1e-15));
+  CHECK(sim::fit_link_cost(origin).bandwidth == Approx(1e9));
+  // Bad samples are named.
+  CHECK_THROWS_WITH(sim::fit_link_cost({{4, 1e-6}}),
+                    Catch::Contains("needs at least two message sizes"));
+  CHECK_THROWS_WITH(sim::fit_link_cost({{4, 1e-6}, {8, 0}}), Catch::Contains("seconds <= 0"));
+  CHECK_THROWS_WITH(sim::fit_link_cost({{4, 1e-3}, {1e6, 1e-6}}),
+                    Catch::Contains("no positive bandwidth"));
+}
+
 TEST_CASE("Simulated GPipe on unit costs has the bubble (K-1)/(M+K-1)", "[sim]") {
   for (int K : {1, 2, 3, 4, 8})
     for (int M : {1, 2, 4, 8}) {

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -18,16 +19,12 @@
 
 namespace xpipe::tools {
 
-//! One message size of the link profile: the median one-way time (half a round trip).
-struct LinkSample {
-  double bytes = 0, seconds = 0;
-};
-
-//! The MPI link between world ranks 0 and 1, measured by blocking ping-pong (MPI_Send/MPI_Recv)
-//! at each of `sizes` bytes: the median over `repeats` rounds of half the round trip, and
-//! latency + bytes / bandwidth fitted to them. Collective over `comm` (ranks past 1 wait).
+//! The MPI link between world ranks 0 and 1: blocking ping-pong (MPI_Send/MPI_Recv) at each of
+//! `sizes` bytes, each time the median over `repeats` rounds of half the round trip, and
+//! latency + bytes / bandwidth fitted to them (sim::fit_link_cost). Collective over `comm`
+//! (ranks past 1 only wait). Usage: `auto p = measure_mpi_link(MPI_COMM_WORLD, {4, 65536}, 7);`
 struct MpiLinkProfile {
-  std::vector<LinkSample> samples;
+  std::vector<sim::LinkSample> samples;
   sim::LinkCost link;
 };
 
@@ -40,8 +37,9 @@ inline MpiLinkProfile measure_mpi_link(MPI_Comm comm, const std::vector<double>&
   MpiLinkProfile p;
   for (double bytes : sizes) {
     const int n = static_cast<int>(bytes);
-    // Enough round trips that a round lasts about a millisecond or more (timer resolution).
-    const int trips = std::clamp(static_cast<int>(2e6 / (bytes + 2e4)), 2, 200);
+    // Round trips per timed round: a round of roughly a millisecond or more at the link speeds
+    // seen here (0.2-0.5 us + bytes / 3-8 GB/s), so the clock's resolution does not matter.
+    const int trips = std::clamp(static_cast<int>(2e7 / (bytes + 2e3)), 2, 1000);
     auto round = [&] {
       for (int i = 0; i < trips; ++i) {
         if (rank == 0) {
@@ -66,28 +64,23 @@ inline MpiLinkProfile measure_mpi_link(MPI_Comm comm, const std::vector<double>&
     XPIPE_MPI_CHECK(MPI_Bcast(&t, 1, MPI_DOUBLE, 0, comm));  // rank 0's clock decides
     p.samples.push_back({bytes, t});
   }
-  // latency + bytes / bandwidth fitted by least squares in relative error (each size counts
-  // alike, from one float to megabytes): minimise sum_i ((a + c x_i) / t_i - 1)^2 over (a, c).
-  double s11 = 0, s12 = 0, s22 = 0, r1 = 0, r2 = 0;
-  for (const LinkSample& q : p.samples) {
-    const double u = 1 / q.seconds, v = q.bytes / q.seconds;
-    s11 += u * u, s12 += u * v, s22 += v * v, r1 += u, r2 += v;
-  }
-  const double det = s11 * s22 - s12 * s12;
-  double a = (r1 * s22 - r2 * s12) / det, c = (s11 * r2 - s12 * r1) / det;
-  if (!(a >= 0)) a = 0, c = r2 / s22;  // a negative latency: a line through the origin
-  p.link.latency = a;
-  p.link.bandwidth = c > 0 ? 1 / c : 0;
+  p.link = sim::fit_link_cost(p.samples);  // the same samples, so the same fit, on every rank
   return p;
 }
 
-//! Median seconds of an in-place MPI_Allreduce (sum) of `floats` floats over `comm`, after one
-//! warm-up; the same on every rank (rank 0's).
-inline double measure_mpi_allreduce(MPI_Comm comm, index_t floats, int repeats) {
+//! Median seconds over `repeats` (after one warm-up) of averaging a `floats`-float gradient over
+//! the ranks of `comm` the way MpiExecutor does between a stage's last backward and its step:
+//! start_gradient_sum (MPI_Iallreduce, with mpi_default_tuning's algorithm), wait for it, then
+//! scale_gradient_sum (the division by R). The same on every rank (rank 0's).
+inline double measure_mpi_gradient_average(MPI_Comm comm, index_t floats, int repeats) {
+  int ranks = 1;
+  XPIPE_MPI_CHECK(MPI_Comm_size(comm, &ranks));
   std::vector<float> g(static_cast<std::size_t>(floats), 1.f);
   auto once = [&] {
-    XPIPE_MPI_CHECK(
-        MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(floats), MPI_FLOAT, MPI_SUM, comm));
+    MPI_Request req = MPI_REQUEST_NULL;
+    start_gradient_sum(g, comm, req);
+    XPIPE_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    scale_gradient_sum(g, ranks);
   };
   once();
   std::vector<double> t;
@@ -103,19 +96,11 @@ inline double measure_mpi_allreduce(MPI_Comm comm, index_t floats, int repeats) 
 }
 
 //! The share of a core this rank's thread gets now, every rank measuring at once (so each sees
-//! the others competing as they do in a run): a `seconds` spin's CPU time over its wall time.
-//! 1 on a quiet machine with a core per rank; about 0.5 while other processes keep every core
-//! busy. Returns the smallest over the ranks of `comm`.
+//! the others competing as they do in a run; spin_cpu_share): 1 on a quiet machine with a core
+//! per rank, about 0.5 while other processes keep every core busy. The smallest over `comm`.
 inline double measure_rank_share(MPI_Comm comm, double seconds = 0.05) {
   XPIPE_MPI_CHECK(MPI_Barrier(comm));
-  const auto w0 = std::chrono::steady_clock::now();
-  const double c0 = thread_cpu_seconds();
-  volatile double sink = 0;
-  while (xpipe::detail::seconds_since(w0) < seconds)
-    for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
-  double mine =
-             std::clamp((thread_cpu_seconds() - c0) / xpipe::detail::seconds_since(w0), 1e-3, 1.0),
-         least = 0;
+  double mine = std::clamp(spin_cpu_share(seconds), 1e-3, 1.0), least = 0;
   XPIPE_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, comm));
   return least;
 }

@@ -126,6 +126,17 @@ class SerialThreadedExecutor {
 };
 static_assert(Executor<SerialThreadedExecutor>);
 
+//! The share of a core the calling thread gets now: it spins for `seconds`, and its CPU time is
+//! divided by the wall time (1 alone on a core; less while other threads compete for it).
+inline double spin_cpu_share(double seconds) {
+  const auto w0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_seconds();
+  volatile double sink = 0;
+  while (xpipe::detail::seconds_since(w0) < seconds)
+    for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
+  return (thread_cpu_seconds() - c0) / xpipe::detail::seconds_since(w0);
+}
+
 //! Cores this process's threads get now, measured: `cores` threads spin for `seconds` and the
 //! CPU time they got is summed over the wall time (on a quiet machine about `cores`; less while
 //! other processes compete, as the scheduler shares the machine between process groups).
@@ -133,16 +144,8 @@ inline double measure_available_cores(int cores, double seconds = 0.1) {
   std::vector<double> share(static_cast<std::size_t>(cores));
   std::vector<std::thread> spin;
   for (int i = 0; i < cores; ++i)
-    spin.emplace_back([&share, i, seconds] {
-      const auto w0 = std::chrono::steady_clock::now();
-      const double c0 = thread_cpu_seconds();
-      volatile double sink = 0;
-      while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < seconds)
-        for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
-      share[static_cast<std::size_t>(i)] =
-          (thread_cpu_seconds() - c0) /
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    });
+    spin.emplace_back(
+        [&share, i, seconds] { share[static_cast<std::size_t>(i)] = spin_cpu_share(seconds); });
   for (auto& t : spin) t.join();
   double sum = 0;
   for (double s : share) sum += std::min(1.0, s);
@@ -172,15 +175,7 @@ inline std::vector<double> measure_core_shares(const std::vector<int>& cpus, boo
     CPU_ZERO(&set);
     CPU_SET(cpus[i], &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-    const auto w0 = std::chrono::steady_clock::now();
-    const double c0 = thread_cpu_seconds();
-    volatile double sink = 0;
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < seconds)
-      for (int j = 0; j < 1000; ++j) sink = sink + 1.0;
-    share[i] =
-        std::clamp((thread_cpu_seconds() - c0) /
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count(),
-                   1e-3, 1.0);
+    share[i] = std::clamp(spin_cpu_share(seconds), 1e-3, 1.0);
   };
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < cpus.size(); ++i) {

@@ -718,27 +718,39 @@ int cmd_check_mpi(const std::string& model_file, int b, int N, int repeats, doub
   const bool root = rank == 0;
   sim::PlanRequest req = two_device_request(model_file, b);
   req.device_counts = {2};
+  // The runs are of the compiled reference MLP (tools/models.hpp): its layers must be these.
+  const std::vector<index_t> reference{tools::mlp::A::param_count, tools::mlp::B::param_count,
+                                       tools::mlp::C::param_count, tools::mlp::D::param_count};
+  bool same = req.layers.size() == reference.size();
+  for (std::size_t l = 0; same && l < reference.size(); ++l)
+    same = req.layers[l].params == static_cast<double>(reference[l]);
+  if (!same)
+    throw UsageError("check-mpi: --model '" + model_file +
+                     "' is not the reference MLP's four layers (784-1024-1024-1024-10), which "
+                     "check-mpi runs: profile it with xpipe-plan profile");
 
   // 1. The link, at the sizes a step sends: one float up to a micro-batch's activations (rows
   // x 1024 floats) and past them.
   const double rows_1024 = 4.0 * b * 1024;  // bytes of a mini-batch's 1024-wide activations
   const std::vector<double> sizes{4, 4096, 65536, rows_1024 / 4, rows_1024, 4 << 20};
   const tools::MpiLinkProfile link = tools::measure_mpi_link(MPI_COMM_WORLD, sizes, repeats + 4);
-  // 2. The all-reduce 2 x 1 runs each step: the whole model's gradient over the 2 replicas.
+  // 2. The gradient average 2 x 1 runs each step (the whole model's gradient over the 2
+  // replicas), done as the executor does it: MPI_Iallreduce, its wait, the division by R.
   double params = 0;
   for (const sim::LayerSpec& l : req.layers) params += l.params;
-  const double ar_measured =
-      tools::measure_mpi_allreduce(MPI_COMM_WORLD, static_cast<index_t>(params), repeats + 4);
+  const double ar_measured = tools::measure_mpi_gradient_average(
+      MPI_COMM_WORLD, static_cast<index_t>(params), repeats + 4);
   const double ar_on_link = sim::ring_allreduce_seconds(4 * params, 2, link.link);
   // The all-reduce's own link (the cluster's allreduce_link): the ping-pong latency, and the
   // bandwidth at which the planner's ring model (bytes / bandwidth + 2 latencies at dp = 2)
-  // gives the measured MPI_Allreduce: a collective runs its own protocol, not the messages'.
+  // gives the measured average: a collective runs its own protocol, not the messages', and
+  // the division by R is one more pass over the gradient.
   sim::LinkCost ar_link = link.link;
   ar_link.bandwidth = 4 * params / std::max(ar_measured - 2 * ar_link.latency, 1e-9);
   json j;
   j["measured_on"] = machine_note() + ", 2 MPI ranks";
   j["model"] = model_file;
-  j["link"] = {{"latency", link.link.latency}, {"bandwidth", link.link.bandwidth}};
+  j["pipeline_link"] = {{"latency", link.link.latency}, {"bandwidth", link.link.bandwidth}};
   j["allreduce"] = {{"floats", params}, {"measured", ar_measured}, {"on_link", ar_on_link}};
   j["allreduce_link"] = {{"latency", ar_link.latency}, {"bandwidth", ar_link.bandwidth}};
   if (root) {
@@ -747,7 +759,7 @@ int cmd_check_mpi(const std::string& model_file, int b, int N, int repeats, doub
         "%d; %s):\n\n| bytes | measured us | latency + bytes / bandwidth | error |\n"
         "|--:|--:|--:|--:|\n",
         repeats + 4, machine_note().c_str());
-    for (const tools::LinkSample& s : link.samples) {
+    for (const sim::LinkSample& s : link.samples) {
       const double model = link.link.seconds(s.bytes);
       std::printf("| %.0f | %.2f | %.2f | %+.1f%% |\n", s.bytes, s.seconds * 1e6, model * 1e6,
                   100 * (model / s.seconds - 1));
@@ -755,8 +767,9 @@ int cmd_check_mpi(const std::string& model_file, int b, int N, int repeats, doub
     }
     std::printf(
         "\nlink (pipeline_link): latency %.2f us, bandwidth %.3f GB/s\n"
-        "MPI_Allreduce of the model's %.0f-float gradient over 2 ranks: %.3f ms measured, %.3f ms "
-        "by the ring model on that link (%+.1f%%)\n"
+        "gradient average over 2 ranks as the executor does it (MPI_Iallreduce, wait, division "
+        "by R) of the model's %.0f floats: %.3f ms measured, %.3f ms by the ring model on that "
+        "link (%+.1f%%)\n"
         "all-reduce link (allreduce_link): latency %.2f us, bandwidth %.3f GB/s\n\n"
         "planner step times (those links, a core per device) against the MPI executor, a rank "
         "per device, batch %d per replica, %d mini-batches, median of %d. 'share': the part of a "
@@ -960,11 +973,14 @@ int main(int argc, char** argv) {
       XPIPE_MPI_CHECK(MPI_Init(&argc, &argv));
       int rc = 0, ranks = 0;
       MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-      if (ranks != 2) {  // every rank sees it: no rank waits for another
-        std::fprintf(stderr,
-                     "xpipe-plan: check-mpi: launch it on 2 ranks (mpirun -np 2 xpipe-plan "
-                     "check-mpi ...), got %d\n",
-                     ranks);
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (ranks != 2) {  // every rank sees it, so no rank waits for another; rank 0 says it
+        if (rank == 0)
+          std::fprintf(stderr,
+                       "xpipe-plan: check-mpi: launch it on 2 ranks (mpirun -np 2 xpipe-plan "
+                       "check-mpi ...), got %d\n",
+                       ranks);
         MPI_Finalize();
         return 2;
       }

@@ -30,7 +30,7 @@ loss() { cut -d, -f10 "$1/runs.csv" | tail -n +2; }
 echo "dp 2:     $(loss "$work/dp" | tr '\n' ' ')  one process: $(loss "$work/one" | tr '\n' ' ')"
 if ! paste -d' ' <(loss "$work/dp") <(loss "$work/one") |
   awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; if (!(d <= 0.01 * $2)) bad = 1 }
-       END { exit bad }'; then
+       END { exit bad || NR == 0 }'; then
   echo "FAIL: --dp 2 loss differs from one process at the same global batch by more than 1%"
   exit 1
 fi

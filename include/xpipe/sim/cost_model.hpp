@@ -34,6 +34,41 @@ struct LinkCost {
   double seconds(double bytes) const { return latency + (bandwidth > 0 ? bytes / bandwidth : 0.0); }
 };
 
+//! One measured message size of a link: its bytes and the seconds one message took.
+struct LinkSample {
+  double bytes = 0, seconds = 0;
+};
+
+//! latency + bytes / bandwidth fitted to measured messages by least squares in relative error,
+//! so that every size counts alike from one float to megabytes: minimises
+//! sum_i ((a + c bytes_i) / seconds_i - 1)^2 over a = latency >= 0 and c = 1 / bandwidth (a
+//! negative latency is refitted as a line through the origin). Throws ConfigError naming the
+//! samples when they hold fewer than two sizes, a time <= 0, or give no positive bandwidth (a
+//! link that gets faster with size has no such model).
+//! Usage: `LinkCost l = fit_link_cost({{4, 2e-7}, {1 << 20, 1.3e-4}});`
+inline LinkCost fit_link_cost(const std::vector<LinkSample>& samples) {
+  auto listed = [&] {
+    std::string t;
+    for (const LinkSample& q : samples)
+      t += " (" + std::to_string(q.bytes) + " B, " + std::to_string(q.seconds) + " s)";
+    return t;
+  };
+  double s11 = 0, s12 = 0, s22 = 0, r1 = 0, r2 = 0;
+  for (const LinkSample& q : samples) {
+    if (!(q.seconds > 0) || !(q.bytes >= 0))
+      throw ConfigError("xpipe: fit_link_cost: a sample has seconds <= 0 or bytes < 0:" + listed());
+    const double u = 1 / q.seconds, v = q.bytes / q.seconds;  // row [u v] . [a c] ~ 1
+    s11 += u * u, s12 += u * v, s22 += v * v, r1 += u, r2 += v;
+  }
+  const double det = s11 * s22 - s12 * s12;
+  if (samples.size() < 2 || !(det > 1e-12 * s11 * s22))
+    throw ConfigError("xpipe: fit_link_cost: needs at least two message sizes:" + listed());
+  double a = (r1 * s22 - r2 * s12) / det, c = (s11 * r2 - s12 * r1) / det;
+  if (a < 0) a = 0, c = r2 / s22;
+  if (!(c > 0)) throw ConfigError("xpipe: fit_link_cost: no positive bandwidth fits:" + listed());
+  return {a, 1 / c};
+}
+
 //! The whole pipeline's costs. `cores`: compute units the stage threads share (0: one each;
 //! fractional on a shared machine, where the stage threads get only part of it); when more
 //! actions run than there are cores, each runs at cores / running of its speed (processor
