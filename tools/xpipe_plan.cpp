@@ -10,10 +10,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -174,6 +178,44 @@ sim::EfficiencyCurve efficiency_from(const json& j, const std::string& file, dou
     throw UsageError(where + ": " + err.what());
   }
   return e;
+}
+
+//! One seed's own E(B), from the `per_seed` lists measure-efficiency writes beside each point
+//! (empty when the file has none, or fewer than two seeds): the planner's answer under each
+//! seed's curve says how much of it the seed-to-seed spread of E(B) can move.
+struct SeedCurve {
+  int seed = 0;
+  sim::EfficiencyCurve curve;
+};
+
+std::vector<SeedCurve> seed_curves_from(const json& j, const std::string& file,
+                                        const std::string& target) {
+  const std::string where = "efficiency '" + file + "'";
+  std::vector<SeedCurve> out;
+  const json& pts = j.at("points");  // checked by efficiency_from
+  if (!pts.front().contains("per_seed")) return out;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    const std::string at = where + ".points[" + std::to_string(i) + "].per_seed";
+    const json& list = member(pts[i], where + ".points[" + std::to_string(i) + "]", "per_seed");
+    if (!list.is_array() || list.empty()) throw UsageError(at + ": must be a non-empty array");
+    if (i > 0 && list.size() != out.size())
+      throw UsageError(at + ": " + std::to_string(list.size()) + " seeds, points[0] has " +
+                       std::to_string(out.size()));
+    for (std::size_t s = 0; s < list.size(); ++s) {
+      const std::string here = at + "[" + std::to_string(s) + "]";
+      const int seed = static_cast<int>(number(list[s], here, "seed"));
+      if (i == 0)
+        out.push_back({seed, {{}, target + ", seed " + std::to_string(seed)}});
+      else if (out[s].seed != seed)
+        throw UsageError(here + ".seed: " + std::to_string(seed) + ", points[0] has seed " +
+                         std::to_string(out[s].seed) + " there");
+      out[s].curve.points.push_back({number(pts[i], where, "batch", std::nullopt, 1),
+                                     number(list[s], here, "epochs", std::nullopt, 1e-9)});
+    }
+  }
+  if (out.size() < 2) return {};
+  for (auto& c : out) c.curve.check();
+  return out;
 }
 
 std::vector<sim::StalenessPenalty> penalties_from(const json& j, const std::string& file) {
@@ -383,7 +425,19 @@ std::string fmt_time(double s) {
   return b;
 }
 
-int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
+//! The best pure data-parallel plan and the best with pp > 1 on n devices (null: none).
+std::pair<const sim::Plan*, const sim::Plan*> best_dp_and_hybrid(const sim::PlanResult& r, int n) {
+  const sim::Plan *dp = nullptr, *hy = nullptr;
+  for (const auto& p : r.plans) {  // ranked: the first of each kind is its best
+    if (p.devices != n) continue;
+    if (p.pp == 1 && !dp) dp = &p;
+    if (p.pp > 1 && !hy) hy = &p;
+  }
+  return {dp, hy};
+}
+
+int cmd_plan(sim::PlanRequest req, const fs::path& out, int top,
+             const std::vector<SeedCurve>& seed_curves) {
   const sim::PlanResult r = sim::make_plans(req);
   const auto& c = req.cluster;
   std::printf("%zu plans for %s (%d x %s%s), dataset %.0f samples, E(B): %s\n", r.plans.size(),
@@ -474,12 +528,7 @@ int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
       counts.push_back(p.devices);
   std::sort(counts.begin(), counts.end());
   for (int n : counts) {
-    const sim::Plan *dp = nullptr, *hy = nullptr;
-    for (const auto& p : r.plans) {
-      if (p.devices != n) continue;
-      if (p.pp == 1 && !dp) dp = &p;
-      if (p.pp > 1 && !hy) hy = &p;
-    }
+    const auto [dp, hy] = best_dp_and_hybrid(r, n);
     const double a = dp ? dp->expected_seconds : NAN, b = hy ? hy->expected_seconds : NAN;
     std::printf("%-8d %-34s %10s | %-34s %10s", n, dp ? dp->label().c_str() : "-",
                 dp ? fmt_time(a).c_str() : "-", hy ? hy->label().c_str() : "-",
@@ -489,6 +538,38 @@ int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
     char line[128];
     std::snprintf(line, sizeof line, "%d %.6g %.6g %.6g\n", n, a, b, std::fmin(a, b));
     tta += line;
+  }
+  if (!seed_curves.empty()) {
+    // The same question under each seed's own E(B): how far the seed-to-seed spread moves it.
+    std::vector<sim::PlanResult> per_seed;
+    for (const SeedCurve& sc : seed_curves) {
+      sim::PlanRequest one = req;
+      one.efficiency = sc.curve;
+      per_seed.push_back(sim::make_plans(one));
+    }
+    std::printf("\nhybrid gain under each seed's own E(B) (%zu seeds):\n%-8s %-22s %s\n",
+                seed_curves.size(), "devices", "hybrid wins", "gain per seed");
+    for (int n : counts) {
+      int wins = 0, both = 0;
+      std::string gains;
+      for (std::size_t s = 0; s < per_seed.size(); ++s) {
+        const auto [dp, hy] = best_dp_and_hybrid(per_seed[s], n);
+        char g[64];
+        if (dp && hy) {
+          const double gain = dp->expected_seconds / hy->expected_seconds - 1;
+          ++both;
+          wins += gain > 0;
+          std::snprintf(g, sizeof g, " %+.1f%%", 100 * gain);
+        } else {
+          std::snprintf(g, sizeof g, " -");
+        }
+        gains += g;
+      }
+      if (both == 0) continue;
+      std::printf("%-8d %-22s%s\n", n,
+                  (std::to_string(wins) + " of " + std::to_string(both) + " seeds").c_str(),
+                  gains.c_str());
+    }
   }
   const auto front = sim::pareto_front(r.plans);
   std::string pareto = "# expected_seconds expected_cost label\n", all = pareto;
@@ -525,61 +606,163 @@ int cmd_plan(sim::PlanRequest req, const fs::path& out, int top) {
 
 // ---- measure-efficiency -------------------------------------------------------------------------
 
-int cmd_efficiency(const fs::path& out, const std::vector<int>& batches, double target,
-                   double max_epochs, int evals_per_epoch, float lr, const std::string& data_dir) {
+//! Epochs one seeded sequential training at global batch B takes to reach `target` test
+//! accuracy, checked `evals_per_epoch` times an epoch (negative: not reached in max_epochs).
+//! One thread (the epoch counts do not depend on it, and a shared machine punishes OpenMP
+//! barriers that wait for a descheduled second thread). `last` gets the last accuracy checked.
+double epochs_to_target(const DatasetPair& data, int B, std::uint64_t seed, double target,
+                        double max_epochs, int evals_per_epoch, float lr, double& last) {
+  const HostContext ctx{.threads = 1};
+  SequentialTrainer<models::FashionMlp, Adam> t(Adam{.lr = lr}, B, seed);
+  Batcher batcher(data.train, B, seed);
+  HostBuffer<float> x(static_cast<index_t>(B) * data.train.width);
+  HostBuffer<std::int32_t> y(B);
+  const Matrix xm{x.data(), B, data.train.width};
+  const index_t per_epoch = batcher.batches_per_epoch();
+  const index_t check_every = std::max<index_t>(1, per_epoch / evals_per_epoch);
+  last = 0;
+  for (int e = 1; e <= max_epochs; ++e) {
+    batcher.start_epoch(static_cast<std::uint64_t>(e));
+    index_t step = 0;
+    while (const index_t rows = batcher.next(xm, y.data())) {
+      t.train_step(ctx, xm.slice_rows(0, rows), y.data());
+      ++step;
+      if (step % check_every == 0 || step == per_epoch) {
+        last = t.evaluate(ctx, data.test);
+        if (last >= target) return (e - 1) + static_cast<double>(step) / per_epoch;
+      }
+    }
+  }
+  return -1;
+}
+
+//! E(B) over seeds: every (batch, seed) run is independent and deterministic, so `jobs` threads
+//! take them in turn and the numbers do not depend on how many run at once. A batch's point is
+//! the mean over its seeds (all must reach the target, else it is listed as not reached, with
+//! each seed's outcome); the file is rewritten after every finished run, so an interrupted
+//! measurement keeps what it finished ("pending" lists the batches still missing seeds).
+int cmd_efficiency(const fs::path& out, const std::vector<int>& batches,
+                   const std::vector<int>& seeds, int jobs, double target, double max_epochs,
+                   int evals_per_epoch, float lr, const std::string& data_dir) {
+  for (const auto* list : {&batches, &seeds}) {
+    std::vector<int> sorted = *list;
+    std::sort(sorted.begin(), sorted.end());
+    if (const auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
+      throw UsageError(std::string(list == &batches ? "--batches" : "--seeds") + ": " +
+                       std::to_string(*d) + " is listed twice");
+  }
   const DatasetPair data = load_fashion_mnist(data_dir);
   std::printf(
       "E(B): epochs to %.1f%% test accuracy on Fashion-MNIST, sequential MLP, Adam lr %g, "
-      "checked %d times an epoch, at most %.0f epochs\n",
+      "checked %d times an epoch, at most %.0f epochs, seeds",
       100 * target, lr, evals_per_epoch, max_epochs);
-  json pts = json::array(), missed = json::array();
-  // One thread: the epoch counts do not depend on it, and a shared machine punishes OpenMP
-  // barriers that wait for a descheduled second thread.
-  const HostContext ctx{.threads = 1};
-  for (int B : batches) {
-    SequentialTrainer<models::FashionMlp, Adam> t(Adam{.lr = lr}, B, 1);
-    Batcher batcher(data.train, B, 1);
-    HostBuffer<float> x(static_cast<index_t>(B) * data.train.width);
-    HostBuffer<std::int32_t> y(B);
-    const Matrix xm{x.data(), B, data.train.width};
-    const index_t per_epoch = batcher.batches_per_epoch();
-    const index_t check_every = std::max<index_t>(1, per_epoch / evals_per_epoch);
-    double reached = -1, acc = 0;
-    for (int e = 1; e <= max_epochs && reached < 0; ++e) {
-      batcher.start_epoch(static_cast<std::uint64_t>(e));
-      index_t step = 0;
-      while (const index_t rows = batcher.next(xm, y.data())) {
-        t.train_step(ctx, xm.slice_rows(0, rows), y.data());
-        ++step;
-        if (step % check_every == 0 || step == per_epoch) {
-          acc = t.evaluate(ctx, data.test);
-          if (acc >= target) {
-            reached = (e - 1) + static_cast<double>(step) / per_epoch;
-            break;
-          }
-        }
-      }
-    }
-    if (reached > 0) {
-      std::printf("  B = %5d: %.2f epochs\n", B, reached);
-      pts.push_back({{"batch", B}, {"epochs", reached}});
-    } else {
-      std::printf("  B = %5d: not reached in %.0f epochs (last %.2f%%)\n", B, max_epochs,
-                  100 * acc);
-      missed.push_back({{"batch", B}, {"last_accuracy", acc}});
-    }
-    std::fflush(stdout);
-  }
-  json j{{"target", "test accuracy >= " + std::to_string(target) +
-                        " on Fashion-MNIST (reference MLP, Adam lr " + std::to_string(lr) +
-                        ", sequential)"},
-         {"dataset_samples", data.train.count},
-         {"points", pts},
-         {"not_reached", missed},
-         {"measured_on", machine_note()}};
+  for (int s : seeds) std::printf(" %d", s);
+  std::printf(", %d run%s at a time\n", jobs, jobs == 1 ? "" : "s");
+  std::fflush(stdout);
   if (out.has_parent_path() && !out.parent_path().empty())
     fs::create_directories(out.parent_path());
-  tools::write_file_atomically(out, j.dump(2) + "\n");
+
+  struct Run {
+    bool done = false;
+    double epochs = -1, last_accuracy = 0;
+  };
+  const std::size_t S = seeds.size();
+  std::vector<Run> runs(batches.size() * S);  // batch-major
+  std::mutex lock;                            // guards runs, the file and stdout
+  const std::string target_text = "test accuracy >= " + std::to_string(target) +
+                                  " on Fashion-MNIST (reference MLP, Adam lr " +
+                                  std::to_string(lr) + ", sequential)";
+  auto write = [&] {  // with lock held
+    json pts = json::array(), missed = json::array(), pending = json::array();
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      json per_seed = json::array();
+      bool all_done = true, all_reached = true;
+      double sum = 0, lo = 1e300, hi = -1e300;
+      for (std::size_t s = 0; s < S; ++s) {
+        const Run& r = runs[b * S + s];
+        all_done = all_done && r.done;
+        if (!r.done) continue;
+        per_seed.push_back({{"seed", seeds[s]},
+                            {"epochs", r.epochs > 0 ? json(r.epochs) : json(nullptr)},
+                            {"last_accuracy", r.last_accuracy}});
+        all_reached = all_reached && r.epochs > 0;
+        sum += r.epochs;
+        lo = std::min(lo, r.epochs);
+        hi = std::max(hi, r.epochs);
+      }
+      if (!all_done)
+        pending.push_back({{"batch", batches[b]}, {"per_seed", per_seed}});
+      else if (!all_reached)
+        missed.push_back({{"batch", batches[b]}, {"per_seed", per_seed}});
+      else
+        pts.push_back({{"batch", batches[b]},
+                       {"epochs", sum / static_cast<double>(S)},
+                       {"epochs_min", lo},
+                       {"epochs_max", hi},
+                       {"per_seed", per_seed}});
+    }
+    json j{{"target", target_text},
+           {"dataset_samples", data.train.count},
+           {"evals_per_epoch", evals_per_epoch},
+           {"seeds", seeds},
+           {"points", pts},
+           {"not_reached", missed},
+           {"measured_on", machine_note()}};
+    if (!pending.empty()) j["pending"] = pending;
+    tools::write_file_atomically(out, j.dump(2) + "\n");
+  };
+
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  auto work = [&] {
+    try {
+      for (std::size_t i; !failed && (i = next++) < runs.size();) {
+        const int B = batches[i / S], seed = seeds[i % S];
+        double last = 0;
+        const double epochs = epochs_to_target(data, B, static_cast<std::uint64_t>(seed), target,
+                                               max_epochs, evals_per_epoch, lr, last);
+        const std::lock_guard<std::mutex> g(lock);
+        runs[i] = {true, epochs, last};
+        if (epochs > 0)
+          std::printf("  B = %5d, seed %d: %.2f epochs\n", B, seed, epochs);
+        else
+          std::printf("  B = %5d, seed %d: not reached in %.0f epochs (last %.2f%%)\n", B, seed,
+                      max_epochs, 100 * last);
+        std::fflush(stdout);
+        write();
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> g(lock);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (int j = 1; j < std::min<int>(jobs, static_cast<int>(runs.size())); ++j)
+      pool.emplace_back(work);
+    work();
+  }
+  if (error) std::rethrow_exception(error);
+  std::printf("\n| B | epochs (mean over %zu seed%s) | min | max |\n|--:|--:|--:|--:|\n", S,
+              S == 1 ? "" : "s");
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    double sum = 0, lo = 1e300, hi = -1e300;
+    bool reached = true;
+    for (std::size_t s = 0; s < S; ++s) {
+      const double e = runs[b * S + s].epochs;
+      reached = reached && e > 0;
+      sum += e;
+      lo = std::min(lo, e);
+      hi = std::max(hi, e);
+    }
+    if (reached)
+      std::printf("| %d | %.2f | %.2f | %.2f |\n", batches[b], sum / static_cast<double>(S), lo,
+                  hi);
+    else
+      std::printf("| %d | not reached by every seed | | |\n", batches[b]);
+  }
   std::printf("  wrote %s\n", out.c_str());
   return 0;
 }
@@ -895,12 +1078,15 @@ int main(int argc, char** argv) {
   plan->add_option("--out", out, "folder for plans.csv/json and gnuplot figures");
 
   auto* eff = app.add_subcommand("measure-efficiency", "epochs to a target accuracy vs batch");
-  std::string e_batches = "32,64,128,256,512,1024", e_out = "xpipe-plan-out/efficiency.json",
-              data_dir = default_fashion_mnist_dir();
+  std::string e_batches = "32,64,128,256,512,1024", e_seeds = "1",
+              e_out = "xpipe-plan-out/efficiency.json", data_dir = default_fashion_mnist_dir();
   double target = 0.85, max_epochs = 8;
-  int evals = 4;
+  int evals = 4, e_jobs = 1;
   float lr = 1e-3f;
   eff->add_option("--batches", e_batches, "global batch sizes");
+  eff->add_option("--seeds", e_seeds, "seeds; a batch's point is the mean over them");
+  eff->add_option("--jobs,-j", e_jobs, "runs at a time (one thread each; same numbers)")
+      ->check(CLI::Range(1, 256));
   eff->add_option("--target", target, "test accuracy to reach")->check(CLI::Range(0.1, 1.0));
   eff->add_option("--max-epochs", max_epochs, "give up after")->check(CLI::Range(1.0, 1000.0));
   eff->add_option("--evals-per-epoch", evals, "accuracy checks per epoch")
@@ -1001,7 +1187,8 @@ int main(int argc, char** argv) {
                           parse_ints("--micro-batches", v_micro, 1), v_schedules, v_n, v_repeats,
                           max_error, v_cores, !v_no_pin);
     if (*eff)
-      return cmd_efficiency(e_out, parse_ints("--batches", e_batches, 1), target, max_epochs, evals,
+      return cmd_efficiency(e_out, parse_ints("--batches", e_batches, 1),
+                            parse_ints("--seeds", e_seeds, 0), e_jobs, target, max_epochs, evals,
                             lr, data_dir);
     if (*simc) {
       try {
@@ -1015,15 +1202,21 @@ int main(int argc, char** argv) {
     req.layers = model_from(read_json(model_file, "--model"), model_file);
     req.cluster = cluster_from(read_json(cluster_file, "--cluster"), cluster_file);
     req.dataset_samples = dataset;
-    req.efficiency = efficiency_from(read_json(efficiency_file, "--efficiency"), efficiency_file,
-                                     req.dataset_samples);
+    const json efficiency_json = read_json(efficiency_file, "--efficiency");
+    req.efficiency = efficiency_from(efficiency_json, efficiency_file, req.dataset_samples);
+    std::vector<SeedCurve> seed_curves;
+    try {
+      seed_curves = seed_curves_from(efficiency_json, efficiency_file, req.efficiency.target);
+    } catch (const ConfigError& e) {
+      throw UsageError("efficiency '" + efficiency_file + "': per-seed curve: " + e.what());
+    }
     if (!penalties_file.empty())
       req.penalties = penalties_from(read_json(penalties_file, "--penalties"), penalties_file);
     req.batch_per_replica = parse_ints("--batch-per-replica", batches, 1);
     req.micro_batches = parse_ints("--micro-batches", micro, 1);
     if (!devices.empty()) req.device_counts = parse_ints("--devices", devices, 1);
     try {
-      return cmd_plan(req, out, top);
+      return cmd_plan(req, out, top, seed_curves);
     } catch (const ConfigError& e) {  // impossible constraints: bad input too
       throw UsageError(e.what());
     }
