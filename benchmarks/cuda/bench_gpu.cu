@@ -71,6 +71,7 @@ void fill(float* d, index_t n, float lo, float hi, std::uint64_t seed) {
   std::vector<float> h(static_cast<std::size_t>(n));
   for (float& x : h) x = rng.uniform(lo, hi);
   XPIPE_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // landed before a stage stream reads it
 }
 
 // ---- 1. the flat optimizer passes against a device-to-device copy of the same bytes ----------
@@ -135,9 +136,11 @@ void optimizer_passes(const xpipe::CudaContext& ctx, index_t n, const char* labe
 }
 
 // ---- 2. Linear forward + backward of the MLP against its SGEMMs alone ------------------------
-// Our layer code (Stage::forward, Stage::backward: GEMM + bias kernel + ReLU kernel per layer
-// forward; dW GEMM, bias column sums, dX GEMM, ReLU backward per layer backward; no dX for the
-// stage input) against the same 11 cuBLAS SGEMMs called directly with the same operands.
+// Our layer code (Stage::forward, Stage::backward: per layer forward one cuBLASLt GEMM with the
+// bias epilogue + ReLU kernel; per layer backward ReLU backward, the dW GEMM with the
+// bias-gradient epilogue, dX GEMM; no dX for the stage input) against the same 11 cuBLAS SGEMMs
+// called directly with the same operands; and the layer code without epilogues (CudaContext::lt
+// null: GEMM + bias kernel, GEMM + column sums), so the epilogues' gain is measured too.
 void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
   constexpr index_t batch = 128;
   xpipe::DeviceBuffer<float> params(Mlp::param_count), grads(Mlp::param_count), x(batch * 784),
@@ -147,11 +150,16 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
   Mlp::Activations<xpipe::Cuda> acts(batch);
   Mlp::GradScratch<xpipe::Cuda> scratch(batch);
   const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 200;
-  const double ours = median_ms(ctx.stream, reps, iters, [&] {
-    Mlp::forward(ctx, params.data(), {x.data(), batch, 784}, acts);
-    Mlp::backward(ctx, params.data(), grads.data(), false, acts, {dy.data(), batch, 10},
-                  xpipe::Matrix{}, scratch);
-  });
+  const auto layer_code = [&](const xpipe::CudaContext& c) {
+    return median_ms(c.stream, reps, iters, [&] {
+      Mlp::forward(c, params.data(), {x.data(), batch, 784}, acts);
+      Mlp::backward(c, params.data(), grads.data(), false, acts, {dy.data(), batch, 10},
+                    xpipe::Matrix{}, scratch);
+    });
+  };
+  xpipe::CudaContext no_epilogues = ctx;
+  no_epilogues.lt = nullptr;
+  const double ours = layer_code(ctx), plain = layer_code(no_epilogues);
   // The GEMMs alone, row-major C = A B as column-major C^T = B^T A^T (as backend/cuda.cuh does).
   constexpr index_t widths[5] = {784, 1024, 1024, 1024, 10};
   xpipe::DeviceBuffer<float> act(batch * 1024 * 4), dact(batch * 1024 * 2);
@@ -185,6 +193,10 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
   });
   add({"MLP Linear fwd+bwd, batch 128 (layer code)", 1.0 / ours, "calls/ms", 1.0 / gemms,
        "its 11 cuBLAS SGEMMs alone", 0.9});
+  add({"MLP Linear fwd+bwd, batch 128 (no epilogues)", 1.0 / plain, "calls/ms", 1.0 / gemms,
+       "its 11 cuBLAS SGEMMs alone", 0});
+  add({"MLP Linear fwd+bwd: cuBLASLt epilogues", 1.0 / ours, "calls/ms", 1.0 / plain,
+       "GEMM + bias / column-sum kernels", 0});
 }
 
 // ---- 3. the whole training step, K = 1 -------------------------------------------------------
@@ -204,6 +216,7 @@ struct Step {
     Mlp::init({w.data(), w.size()}, 1);
     XPIPE_CUDA_CHECK(
         cudaMemcpy(state.weights(), w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     fill(x.data(), batch * 784, 0.f, 1.f, 8);
     std::vector<std::int32_t> y(batch);
     for (index_t r = 0; r < batch; ++r) y[r] = static_cast<std::int32_t>((r * 7) % 10);

@@ -63,11 +63,16 @@ void stage_and_optimizer(const xpipe::CudaContext& cctx) {
   std::vector<std::int32_t> labels(rows);
   for (xpipe::index_t r = 0; r < rows; ++r) labels[r] = static_cast<std::int32_t>(r % 10);
 
-  xpipe::OptimizerState<xpipe::Adam, xpipe::Host> hst(xpipe::Adam{.lr = 1e-2f}, Model::param_count);
-  xpipe::OptimizerState<xpipe::Adam, xpipe::Cuda> cst(xpipe::Adam{.lr = 1e-2f}, Model::param_count);
+  // eps 1e-6, not Adam's 1e-8: near g = 0 a step moves by up to lr * g / eps, so gradients that
+  // differ by 1e-9 (another summation order) would move a weight by 1e-3 at lr 1e-2, beyond any
+  // tolerance that still catches a wrong kernel; at 1e-6 they move it by 1e-5.
+  const xpipe::Adam adam{.lr = 1e-2f, .eps = 1e-6f};
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Host> hst(adam, Model::param_count);
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Cuda> cst(adam, Model::param_count);
   Model::init({hst.weights(), static_cast<std::size_t>(Model::param_count)}, 5);
   XPIPE_CUDA_CHECK(cudaMemcpy(cst.weights(), hst.weights(), Model::param_count * sizeof(float),
                               cudaMemcpyHostToDevice));
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // landed before cctx's stream reads it
   Model::Activations<xpipe::Host> ha(rows);
   Model::Activations<xpipe::Cuda> ca(rows);
   Model::GradScratch<xpipe::Host> hs(rows);
@@ -277,6 +282,70 @@ void vectorized_ops(const xpipe::CudaContext& cctx) {
   failures += !ok;
 }
 
+// The Linear layers' cuBLASLt epilogues (kernels/cuda/linear.cuh) against the host and against
+// the same stage with them off (CudaContext::lt null: GEMM + kernels): forward, a backward that
+// writes the gradients and one that accumulates onto them (the epilogue cannot add: the plain
+// path takes it). The forward's bias epilogue must run fused (FP32 bias is in every cuBLASLt);
+// whether the bias-gradient epilogue did is printed. Two fused runs agree bitwise.
+void linear_epilogues(const xpipe::CudaContext& cctx) {
+  const xpipe::HostContext hctx{};
+  xpipe::CudaContext plain = cctx;
+  plain.lt = nullptr;
+  const xpipe::index_t rows = 48;
+  const auto x = random_vector(rows * 96, 11);
+  const auto dy = random_vector(rows * 10, 12, -0.1f, 0.1f);
+  std::vector<float> w(Model::param_count);
+  Model::init({w.data(), w.size()}, 13);
+  auto dw = to_device(w), dxv = to_device(x), ddy = to_device(dy);
+  // Forward output and gradients after backward(accumulate = false) then backward(true).
+  auto host_run = [&] {
+    Model::Activations<xpipe::Host> a(rows);
+    Model::GradScratch<xpipe::Host> sc(rows);
+    std::vector<float> g(Model::param_count);
+    const auto y = Model::forward(hctx, w.data(), {x.data(), rows, 96}, a);
+    std::vector<float> out(y.data, y.data + rows * 10);
+    for (bool acc : {false, true})
+      Model::backward(hctx, w.data(), g.data(), acc, a, {dy.data(), rows, 10}, xpipe::Matrix{}, sc);
+    out.insert(out.end(), g.begin(), g.end());
+    return out;
+  };
+  auto cuda_run = [&](const xpipe::CudaContext& ctx, long* forward_fused, long* backward_fused) {
+    Model::Activations<xpipe::Cuda> a(rows);
+    Model::GradScratch<xpipe::Cuda> sc(rows);
+    xpipe::DeviceBuffer<float> g(Model::param_count);
+    const long f0 = ctx.lt ? ctx.lt->fused_calls() : 0;
+    const auto y = Model::forward(ctx, dw.data(), {dxv.data(), rows, 96}, a);
+    const long f1 = ctx.lt ? ctx.lt->fused_calls() : 0;
+    Model::backward(ctx, dw.data(), g.data(), false, a, {ddy.data(), rows, 10}, xpipe::Matrix{},
+                    sc);
+    const long f2 = ctx.lt ? ctx.lt->fused_calls() : 0;
+    Model::backward(ctx, dw.data(), g.data(), true, a, {ddy.data(), rows, 10}, xpipe::Matrix{}, sc);
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    if (forward_fused) *forward_fused = f1 - f0;
+    if (backward_fused) *backward_fused = f2 - f1;
+    std::vector<float> out(static_cast<std::size_t>(rows * 10 + Model::param_count));
+    XPIPE_CUDA_CHECK(cudaMemcpy(out.data(), y.data, rows * 10 * 4, cudaMemcpyDeviceToHost));
+    g.copy_to_host(out.data() + rows * 10, Model::param_count);
+    return out;
+  };
+  const auto host = host_run();
+  long forward_fused = 0, backward_fused = 0;
+  const auto fused = cuda_run(cctx, &forward_fused, &backward_fused);
+  const auto again = cuda_run(cctx, nullptr, nullptr);
+  const auto kernels = cuda_run(plain, nullptr, nullptr);
+  check("linear, cuBLASLt vs host", host, fused, 1e-5f, 1e-3f);
+  check("linear, GEMM+kernels vs host", host, kernels, 1e-5f, 1e-3f);
+  const bool same = std::memcmp(fused.data(), again.data(), fused.size() * 4) == 0;
+  std::printf("%-28s %s\n", "linear, cuBLASLt twice", same ? "ok (bitwise)" : "FAIL (bits differ)");
+  failures += !same;
+  const bool forward_ok = forward_fused == 3;  // the stage's three Linear layers
+  std::printf(
+      "%-28s %s (%ld of 3 forward GEMMs with the bias epilogue; %ld of 3 weight-gradient "
+      "GEMMs with the bias-gradient epilogue, the rest GEMM + column sums)\n",
+      "linear, epilogues used", forward_ok ? "ok" : "FAIL", forward_fused, backward_fused);
+  failures += !forward_ok;
+}
+
 }  // namespace
 
 int main() {
@@ -292,6 +361,7 @@ int main() {
     element_ops(stream.ctx());
     vectorized_ops(stream.ctx());
     stage_and_optimizer(stream.ctx());
+    linear_epilogues(stream.ctx());
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

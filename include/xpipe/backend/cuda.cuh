@@ -1,16 +1,20 @@
 // The CUDA backend: its tag, execution context (stream + cuBLAS handle), device buffers, the
-// element loops, buffer copy and the cuBLAS GEMM binding. Include only from CUDA translation units.
+// element loops, buffer copy, the cuBLAS GEMM binding and the Linear layer's GEMMs with
+// cuBLASLt epilogues. Include only from CUDA translation units.
 #pragma once
 
 #if !defined(__CUDACC__)
 #error "xpipe/backend/cuda.cuh is for CUDA translation units (nvcc); link xpipe::cuda"
 #endif
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -42,14 +46,17 @@
 namespace xpipe {
 
 struct Cuda;
+class CudaLtPlans;
 
 //! Execution context of the CUDA backend: the device and stream every kernel and GEMM of a
-//! stage runs on, and the cuBLAS handle bound to that stream. Not owning; see CudaStreamContext.
+//! stage runs on, the cuBLAS handle bound to that stream, and the stage's cuBLASLt plans (null:
+//! the Linear layer's GEMMs run without epilogues). Not owning; see CudaStreamContext.
 struct CudaContext {
   using backend = Cuda;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   int device = 0;
+  CudaLtPlans* lt = nullptr;
 };
 
 //! The number of CUDA devices; BackendError when there is none (or no driver), saying so.
@@ -100,6 +107,147 @@ inline void connect(const CudaContext& a, const CudaContext& b) {
   }
 }
 
+//! cuBLASLt for one stage's stream: its handle, a workspace, and one matmul plan (descriptor,
+//! layouts, algorithm) per GEMM shape run with an epilogue, made the first time a shape comes
+//! (the first mini-batch) and reused after; nothing is created or allocated on later calls. A
+//! shape for which cuBLASLt offers no algorithm is remembered as such and runs as plain GEMM +
+//! kernels from then on. Used by one host thread at a time (the stage's), like the stream.
+class CudaLtPlans {
+ public:
+  static constexpr std::size_t workspace_bytes = std::size_t{4} << 20;
+  static constexpr std::size_t max_plans = 32;
+
+  //! What a plan is for: a column-major D (m x n) = op(A) op(B) (+ D when accumulating), with
+  //! one epilogue, and the alignment of every operand (cuBLASLt picks algorithms by it).
+  struct Key {
+    std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
+    bool trans_a = false, trans_b = false, accumulate = false;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    std::uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+    bool operator==(const Key&) const = default;
+  };
+
+  CudaLtPlans() {
+    XPIPE_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    XPIPE_CUDA_CHECK(cudaGetDevice(&device_));
+    XPIPE_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes));
+  }
+  CudaLtPlans(const CudaLtPlans&) = delete;
+  CudaLtPlans& operator=(const CudaLtPlans&) = delete;
+  ~CudaLtPlans() {
+    for (std::size_t i = 0; i < count_; ++i) plans_[i].release();
+    (void)cudaSetDevice(device_);
+    cudaFree(workspace_);
+    cublasLtDestroy(handle_);
+  }
+
+  //! Runs D = op(A) op(B) + (accumulate ? D : 0) with key.epilogue on `stream`; `vector` is the
+  //! epilogue's (read for BIAS, written for BGRADA/BGRADB). False, having run nothing, when
+  //! cuBLASLt has no algorithm for the key: the caller then runs its plain path.
+  bool matmul(const Key& key, const float* a, const float* b, float* d, const void* vector,
+              cudaStream_t stream) {
+    Plan* p = find(key, vector);
+    if (p == nullptr || !p->usable) {
+      ++fallbacks_;
+      return false;
+    }
+    const void* bias_ptr = vector;
+    XPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias_ptr, sizeof(bias_ptr)));
+    const float alpha = 1.f, beta = key.accumulate ? 1.f : 0.f;
+    XPIPE_CUBLAS_CHECK(cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->d, d,
+                                      p->d, &p->algo, workspace_, workspace_bytes, stream));
+    ++fused_;
+    return true;
+  }
+
+  //! GEMMs that ran with their epilogue, and those that fell back to GEMM + kernels.
+  long fused_calls() const { return fused_; }
+  long fallback_calls() const { return fallbacks_; }
+
+  //! The largest power of two (up to 256) dividing the address: what cuBLASLt may assume of it.
+  static std::uint32_t alignment(const void* p) {
+    const auto v = reinterpret_cast<std::uintptr_t>(p);
+    std::uint32_t a = 256;
+    while (a > 1 && v % a != 0) a /= 2;
+    return a;
+  }
+
+ private:
+  struct Plan {
+    Key key;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool usable = false;
+    void release() {
+      if (d) cublasLtMatrixLayoutDestroy(d);
+      if (b) cublasLtMatrixLayoutDestroy(b);
+      if (a) cublasLtMatrixLayoutDestroy(a);
+      if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+  };
+
+  Plan* find(const Key& key, const void* vector) {
+    for (std::size_t i = 0; i < count_; ++i)
+      if (plans_[i].key == key) return &plans_[i];
+    if (count_ == max_plans) return nullptr;  // more shapes than a pipeline stage has: plain path
+    Plan& p = plans_[count_++];
+    p.key = key;
+    // FP32 in, FP32 accumulation, no TF32: results comparable with the host backend.
+    XPIPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    XPIPE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    XPIPE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    XPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                      &key.epilogue, sizeof(key.epilogue)));
+    const void* bias_ptr = vector;  // the heuristic reads its alignment
+    XPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias_ptr, sizeof(bias_ptr)));
+    // Stored shapes (before op): A is m x k or k x m, B k x n or n x k, column-major.
+    XPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, key.trans_a ? key.k : key.m,
+                                                  key.trans_a ? key.m : key.k, key.lda));
+    XPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, key.trans_b ? key.n : key.k,
+                                                  key.trans_b ? key.k : key.n, key.ldb));
+    XPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, key.m, key.n, key.ldd));
+    cublasLtMatmulPreference_t pref = nullptr;
+    XPIPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t ws = workspace_bytes;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto& [attr, value] : aligns)
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
+                                          &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    // NOT_SUPPORTED (an epilogue or type cuBLASLt lacks here) is an answer, not an error.
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) XPIPE_CUBLAS_CHECK(st);
+    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
+               result.workspaceSize <= workspace_bytes;
+    if (p.usable) p.algo = result.algo;
+    return &p;
+  }
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  int device_ = 0;
+  std::array<Plan, max_plans> plans_{};
+  std::size_t count_ = 0;
+  long fused_ = 0, fallbacks_ = 0;
+};
+
 //! Owns a stream and a cuBLAS handle bound to it, on one device. Usage:
 //! `CudaStreamContext owner(Placement{.stage = 1}); owner.ctx()`.
 class CudaStreamContext {
@@ -142,9 +290,12 @@ class CudaStreamContext {
     // One handle per stream and no atomics mode: cuBLAS then gives the same bits on every run
     // on one GPU model (its documented reproducibility conditions).
     XPIPE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_PEDANTIC_MATH));
+    lt_ = std::make_unique<CudaLtPlans>();
+    ctx_.lt = lt_.get();
   }
 
   CudaContext ctx_{};
+  std::unique_ptr<CudaLtPlans> lt_;
 };
 
 //! An owning array of T in device memory (on the device current at construction), zero-filled
@@ -185,9 +336,13 @@ class DeviceBuffer {
   index_t size() const noexcept { return size_; }
   std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
 
+  //! Copies n elements from (pageable) host memory and waits until they are on the device: a
+  //! cudaMemcpy from pageable memory may return once the data is staged, before it has landed,
+  //! and the stages' non-blocking streams do not wait for the legacy stream that carries it.
   void copy_from_host(const T* src, index_t n) {
     XPIPE_CUDA_CHECK(
         cudaMemcpy(data_, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice));
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
   void copy_to_host(T* dst, index_t n) const {
     XPIPE_CUDA_CHECK(

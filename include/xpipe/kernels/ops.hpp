@@ -254,6 +254,27 @@ void bias_grad(const Ctx& ctx, ConstMatrix dy, float* db, bool accumulate) {
   for_each_index(ctx, blocks, dy.rows * dy.cols, ops::ColumnSums<width>{dy, db, accumulate});
 }
 
+//! y = x W + b, a Linear layer's forward: W is x.cols x y.cols row-major (leading dimension
+//! y.cols), b has y.cols entries. A GEMM, then the bias pass; on CUDA one cuBLASLt call with
+//! the bias epilogue does both (kernels/cuda/linear.cuh).
+template <class Ctx>
+void linear_forward(const Ctx& ctx, ConstMatrix x, const float* w, const float* b, Matrix y) {
+  gemm(ctx, Trans::No, Trans::No, x.rows, y.cols, x.cols, 1.f, x.data, x.ld, w, y.cols, 0.f, y.data,
+       y.ld);
+  bias_activation_forward<math::Identity>(ctx, y, b, y);
+}
+
+//! dW (+)= x^T dy and db (+)= the column sums of dy: a Linear layer's parameter gradients (dW
+//! x.cols x dy.cols row-major). A GEMM, then the ordered column sums (bias_grad); on CUDA, when
+//! not accumulating, one cuBLASLt call with the bias-gradient epilogue does both.
+template <class Ctx>
+void linear_param_grads(const Ctx& ctx, ConstMatrix x, ConstMatrix dy, float* dw, float* db,
+                        bool accumulate) {
+  gemm(ctx, Trans::Yes, Trans::No, x.cols, dy.cols, x.rows, 1.f, x.data, x.ld, dy.data, dy.ld,
+       accumulate ? 1.f : 0.f, dw, dy.cols);
+  bias_grad(ctx, dy, db, accumulate);
+}
+
 //! Softmax cross-entropy over rows: grad = (softmax - onehot) * scale, row_loss[r] = -log p[label].
 //! One row per index: rows are short (the classes), so a loop step or a GPU thread takes one.
 template <class Ctx>

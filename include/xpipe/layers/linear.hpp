@@ -29,18 +29,14 @@ struct Linear {
   //! y = x W + b.
   template <class Ctx>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y) {
-    gemm(ctx, Trans::No, Trans::No, x.rows, Out, In, 1.f, x.data, x.ld, params, Out, 0.f, y.data,
-         y.ld);
-    bias_activation_forward<math::Identity>(ctx, y, params + weight_count, y);
+    linear_forward(ctx, x, params, params + weight_count, y);
   }
 
   //! dW (+)= x^T dy, db (+)= column sums of dy, dx = dy W^T (skipped when dx is empty).
   template <class Ctx>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx) {
-    gemm(ctx, Trans::Yes, Trans::No, In, Out, x.rows, 1.f, x.data, x.ld, dy.data, dy.ld,
-         accumulate ? 1.f : 0.f, grads, Out);
-    bias_grad(ctx, dy, grads + weight_count, accumulate);
+    linear_param_grads(ctx, x, dy, grads, grads + weight_count, accumulate);
     if (!dx.empty())
       gemm(ctx, Trans::No, Trans::Yes, dy.rows, In, Out, 1.f, dy.data, dy.ld, params, Out, 0.f,
            dx.data, dx.ld);

@@ -1,0 +1,67 @@
+// The Linear layer's GEMMs on CUDA with cuBLASLt epilogues: the forward's bias added by the GEMM
+// itself (CUBLASLT_EPILOGUE_BIAS), and the backward's bias gradient summed by the weight-gradient
+// GEMM (CUBLASLT_EPILOGUE_BGRADA) when it does not accumulate. One library call instead of a
+// GEMM and a kernel each: at the reference MLP's sizes a step is bound by launches, not FLOPs.
+// Include through xpipe/xpipe_cuda.cuh.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "xpipe/kernels/cuda/linear.cuh is for CUDA translation units (nvcc); link xpipe::cuda"
+#endif
+
+#include "xpipe/backend/cuda.cuh"
+#include "xpipe/core/tensor.hpp"
+#include "xpipe/kernels/ops.hpp"
+
+// Hooked in as overloads of kernels/ops.hpp's linear_forward and linear_param_grads for a
+// CudaContext: Linear finds them by argument-dependent lookup (a non-template exact match beats
+// the template), and falls back to the template (GEMM + kernels) where the context has no
+// cuBLASLt plans (CudaContext::lt null) or cuBLASLt offers no algorithm for a shape. Every CUDA
+// unit must see these overloads (include xpipe/xpipe_cuda.cuh, not backend/cuda.cuh alone), or
+// two units would instantiate Linear differently. Results differ from the host's in the last
+// bits (another summation order), as the plain cuBLAS GEMM's do; each run of one shape on one
+// GPU takes the same algorithm, so two runs agree bitwise.
+
+namespace xpipe {
+
+//! y = x W + b in one cuBLASLt call with the bias epilogue (else GEMM + bias kernel).
+inline void linear_forward(const CudaContext& ctx, ConstMatrix x, const float* w, const float* b,
+                           Matrix y) {
+  if (ctx.lt != nullptr && x.rows > 0) {
+    // Row-major y (rows x Out) = x W is column-major y^T (Out x rows) = W^T x^T: A is W read as
+    // column-major Out x In (ld Out), B is x read as column-major In x rows (ld x.ld); the bias
+    // runs along D's rows (Out of them).
+    CudaLtPlans::Key key;
+    key.m = y.cols, key.n = x.rows, key.k = x.cols;
+    key.lda = y.cols, key.ldb = x.ld, key.ldd = y.ld;
+    key.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    key.align_a = CudaLtPlans::alignment(w), key.align_b = CudaLtPlans::alignment(x.data);
+    key.align_d = CudaLtPlans::alignment(y.data), key.align_bias = CudaLtPlans::alignment(b);
+    if (ctx.lt->matmul(key, w, x.data, y.data, b, ctx.stream)) return;
+  }
+  linear_forward<CudaContext>(ctx, x, w, b, y);
+}
+
+//! dW = x^T dy with db = the column sums of dy from the same cuBLASLt call (bias-gradient
+//! epilogue) when not accumulating; else (or without an algorithm) GEMM + column-sum kernel.
+inline void linear_param_grads(const CudaContext& ctx, ConstMatrix x, ConstMatrix dy, float* dw,
+                               float* db, bool accumulate) {
+  // The epilogue writes db, it cannot add to it: a later micro-batch of the same mini-batch
+  // (accumulate) takes the plain path.
+  if (ctx.lt != nullptr && !accumulate && x.rows > 0) {
+    // Row-major dW (In x Out) = x^T dy is column-major dW^T (Out x In) = dy^T x: A is dy read as
+    // column-major Out x rows (ld dy.ld), B is x read as column-major In x rows (ld x.ld) and
+    // transposed; k runs over the rows, so BGRADA (A summed over k) is db.
+    CudaLtPlans::Key key;
+    key.m = dy.cols, key.n = x.cols, key.k = x.rows;
+    key.lda = dy.ld, key.ldb = x.ld, key.ldd = dy.cols;
+    key.trans_b = true;
+    key.epilogue = CUBLASLT_EPILOGUE_BGRADA;
+    key.align_a = CudaLtPlans::alignment(dy.data), key.align_b = CudaLtPlans::alignment(x.data);
+    key.align_d = CudaLtPlans::alignment(dw), key.align_bias = CudaLtPlans::alignment(db);
+    if (ctx.lt->matmul(key, dy.data, x.data, dw, db, ctx.stream)) return;
+  }
+  linear_param_grads<CudaContext>(ctx, x, dy, dw, db, accumulate);
+}
+
+}  // namespace xpipe
