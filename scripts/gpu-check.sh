@@ -4,7 +4,9 @@
 # (benchmarks/cuda/torch_step.py), and writes gpu-report.md (device, driver, CUDA, each test's
 # result, each ratio, xpipe vs PyTorch samples/s). Uses gpu-bundle/ (scripts/gpu-bundle.sh, run
 # on a build machine) when present, else builds from source for this GPU's architecture.
-#   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs]
+#   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs | --logs gpu-logs.tar.gz]
+# --logs names a folder for every log, or a .tar.gz file that gets them all in one (for a tool
+# that brings back only a few files).
 # Exit: 0 all tests passed or skipped; 1 a test or the benchmark failed, or nothing could be
 # built; 2 bad arguments; 77 no GPU here (nothing run, no report written).
 set -uo pipefail
@@ -25,6 +27,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; usage ;;
   esac
 done
+
+logs_archive=""
+if [[ "$logs" == *.tar.gz || "$logs" == *.tgz ]]; then
+  logs_archive=$logs
+fi
 
 # ---- is there a GPU? -------------------------------------------------------------------------
 if ! command -v nvidia-smi >/dev/null; then
@@ -49,6 +56,7 @@ echo "gpu-check: $gpus GPU(s); $gpu_name, sm_$arch, driver $driver (CUDA $cuda_d
 # ---- the executables: the bundle, else a build from source -----------------------------------
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+[[ -n "$logs_archive" ]] && logs="$work/gpu-logs"
 bundle="$root/gpu-bundle"
 origin=""
 if [[ -f "$bundle/bundle.tar.xz" ]]; then
@@ -85,11 +93,37 @@ fi
 # The bundled libraries serve the bundled executables only (not python3 / PyTorch).
 # The toolkit's own folders follow, for cudart/cuBLAS/NCCL where the RPATH of the build machine
 # (its toolkit folder) does not exist here.
+# Where the toolkit's libraries came as Python wheels (NVIDIA's nvidia-cublas, nvidia-nccl-cu13,
+# ... beside PyTorch), their lib folders come last.
 libs="$bundle/lib"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d "$d" ]] && libs="$libs:$d"
 done
+while IFS= read -r d; do
+  [[ -n "$d" ]] && libs="$libs:$d"
+done < <(python3 - 2>/dev/null <<'EOF'
+import glob, os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit
+for root in nvidia.__path__:
+    for d in sorted(glob.glob(os.path.join(root, "**", "lib"), recursive=True)):
+        if glob.glob(os.path.join(d, "*.so*")):
+            print(d)
+EOF
+)
 run_bundled() { LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+chmod +x "$bundle"/bin/* 2>/dev/null  # a copy that lost its modes
+# Every shared library each executable needs must resolve here; say which do not, once.
+unresolved=""
+for exe in "$bundle"/bin/*; do
+  missing_libs=$(run_bundled ldd "$exe" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+  if [[ -n "$missing_libs" ]]; then
+    echo "gpu-check: $(basename "$exe") needs libraries not found here: $missing_libs"
+    unresolved="$unresolved $(basename "$exe"): $missing_libs;"
+  fi
+done
 
 # ---- the gpu tests ---------------------------------------------------------------------------
 mkdir -p "$logs"
@@ -113,7 +147,7 @@ while IFS=$'\t' read -r -a row; do
   else
     verdict="FAIL (exit $rc)"; failed=1
   fi
-  why=$(grep -m1 -iE '^(SKIP|FAIL)' "$logs/$name.log" | cut -c1-160)
+  why=$(grep -m1 -iE '^(SKIP|FAIL)|error while loading shared libraries' "$logs/$name.log" | cut -c1-160)
   printf '%s\t%s\t%s\t%s\n' "$name" "$verdict" "$secs" "$why" >>"$results"
   printf 'gpu-check: %-32s %s (%s s)\n' "$name" "$verdict" "$secs"
 done <"$bundle/tests.tsv"
@@ -141,6 +175,7 @@ fi
 [[ -f "$torch_json" ]] && cp "$torch_json" "$logs/torch_step.json"
 
 # ---- the report ------------------------------------------------------------------------------
+mkdir -p "$(dirname "$report")" 2>/dev/null
 {
   echo "# xpipe GPU check"
   echo
@@ -148,7 +183,8 @@ fi
   echo "- device: $gpu_name (sm_$arch), $gpus GPU(s) visible"
   echo "- driver: $driver, CUDA (driver API) $cuda_driver, nvcc here: ${nvcc_version:-none}"
   echo "- executables: $origin, built for sm_${built_arch:-?} from commit ${built_commit:-?}"
-  echo "- command: scripts/gpu-check.sh (logs: $logs)"
+  [[ -n "$unresolved" ]] && echo "- libraries not found here (such a test fails at load):$unresolved"
+  echo "- command: scripts/gpu-check.sh (logs: ${logs_archive:-$logs})"
   echo
   echo "## gpu tests"
   echo
@@ -207,7 +243,22 @@ EOF
   echo "xpipe's graph row replays one captured step (Adam's bias corrections of that step);"
   echo "see benchmarks/cuda/bench_gpu.cu."
 } >"$report"
-echo "gpu-check: wrote $report"
+if [[ -s "$report" ]]; then
+  echo "gpu-check: wrote $report"
+else
+  echo "gpu-check: could not write the report $report (above: why)" >&2
+  failed=1
+fi
+if [[ -n "$logs_archive" ]]; then
+  mkdir -p "$(dirname "$logs_archive")"
+  if tar -C "$(dirname "$logs")" -czf "$logs_archive" "$(basename "$logs")"; then
+    echo "gpu-check: wrote $logs_archive"
+    logs=$logs_archive
+  else
+    echo "gpu-check: could not write $logs_archive" >&2
+    failed=1
+  fi
+fi
 if [[ $failed -ne 0 ]]; then
   echo "gpu-check: FAILED (see the report and $logs)"
   exit 1

@@ -278,10 +278,15 @@ int main() {
     const Dataset d = make_data(5);
     const Schedule gp = gpipe(K, M, mini_batches);
     const Schedule async = async_1f1b(K, M, mini_batches);
-    compare_one<Latest>(gp, d, Adam{.lr = 1e-3f}, spread);
-    compare_one<Latest>(async, d, Adam{.lr = 1e-3f}, spread);
-    compare_one<Stash>(async, d, Adam{.lr = 1e-3f}, spread);
-    compare_one<XPipe>(async, d, Adam{.lr = 1e-3f}, spread);
+    // eps 1e-6, not Adam's 1e-8, for the comparisons with the host: near g = 0 an Adam step
+    // moves by up to lr * g / eps, and the GPU's gradients differ from the host's in the last
+    // bits (summation order): at eps 1e-8 a 1e-9 difference moves a weight by 1e-4, the whole
+    // tolerance; at 1e-6 by 1e-6. The GPU-vs-GPU checks below are bitwise either way.
+    const Adam adam{.lr = 1e-3f, .eps = 1e-6f};
+    compare_one<Latest>(gp, d, adam, spread);
+    compare_one<Latest>(async, d, adam, spread);
+    compare_one<Stash>(async, d, adam, spread);
+    compare_one<XPipe>(async, d, adam, spread);
     compare_one<SpecTrain>(async, d, SGD{.lr = 0.05f, .momentum = 0.9f}, spread);
     non_finite_loss(d);
     resume_from_checkpoint(d);

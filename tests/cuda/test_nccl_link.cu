@@ -58,6 +58,7 @@ void two_device_link() {
       std::vector<float> h(static_cast<std::size_t>(rows[g] * 8));
       for (std::size_t i = 0; i < h.size(); ++i) h[i] = 100.f * g + static_cast<float>(i);
       XPIPE_CUDA_CHECK(cudaMemcpy(m.data.data, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+      XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // landed before the link's stream reads
       m.micro_batch = g;
       m.data.rows = rows[g];
       out.push();
