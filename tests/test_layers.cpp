@@ -110,6 +110,24 @@ TEST_CASE("Linear backward with accumulate adds to the gradient buffer", "[layer
   REQUIRE(once[7] == Approx(-1 + 2));
 }
 
+TEST_CASE("Linear refuses views of other widths than its own, naming them", "[layers]") {
+  using L = xpipe::Linear<3, 2>;
+  const HostContext ctx{};
+  std::vector<float> p(L::param_count), x(8, 1.f), y(6, 0.f), g(L::param_count, 0.f);
+  L::init(p, 1);
+  // Four input columns for a Linear<3, 2>: the GEMM would read W as 4 x 2.
+  REQUIRE_THROWS_WITH(
+      L::forward(ctx, p.data(), ConstMatrix{x.data(), 2, 4}, Matrix{y.data(), 2, 2}),
+      Catch::Contains("Linear<3, 2>::forward: got 4 input and 2 output columns"));
+  REQUIRE_THROWS_AS(L::forward(ctx, p.data(), ConstMatrix{x.data(), 2, 3}, Matrix{y.data(), 2, 3}),
+                    xpipe::ShapeError);
+  REQUIRE_THROWS_WITH(
+      L::backward(ctx, p.data(), g.data(), false, ConstMatrix{x.data(), 2, 3},
+                  ConstMatrix{y.data(), 2, 2}, ConstMatrix{y.data(), 2, 3}, Matrix{}),
+      Catch::Contains("Linear<3, 2>::backward: got 3 input and 3 output columns"));
+  for (float v : g) REQUIRE(v == 0.f);  // nothing written
+}
+
 TEST_CASE("Softmax cross-entropy gradient matches finite differences", "[layers][fd]") {
   std::vector<float> logits{0.3f, -1.2f, 2.0f, 0.1f};
   std::vector<float> grad(4), g2(4);

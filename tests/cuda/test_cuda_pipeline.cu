@@ -7,6 +7,7 @@
 // CUDA device is present.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -207,6 +208,30 @@ void resume_from_checkpoint(const Dataset& d) {
   check_same("checkpoint of a GPU pipeline resumes bitwise", straight.weights(), resumed.weights());
 }
 
+// The queues' events tested by delay: with XPIPE_CUDA_STALL_US every stream stalls 200 us after
+// each wait on a queue event (ten times a stage's action here), so a producer that wrote a slot
+// without waiting for its consumer to drain it, or a consumer that read one before it was filled,
+// would meet another micro-batch's data and change the weights. The stalled run must equal the
+// plain one bit for bit; a bad value is a ConfigError naming the variable.
+void stalled_queues(const Dataset& d) {
+  const Schedule s = async_1f1b(K, M, mini_batches);
+  const Adam adam{.lr = 1e-3f};
+  const Outcome plain = train<Latest, Adam, Cuda>(s, d, adam, CudaExecutor{}, {0});
+  setenv("XPIPE_CUDA_STALL_US", "200", 1);
+  const Outcome stalled = train<Latest, Adam, Cuda>(s, d, adam, CudaExecutor{}, {0});
+  check_same("queues stalled 200 us after each wait vs not", plain.weights, stalled.weights);
+  setenv("XPIPE_CUDA_STALL_US", "soon", 1);
+  std::string what = "no error";
+  try {
+    Pipeline<S0, S1, S2, S3, Latest, Adam, Cuda> p(Adam{}, {.batch = batch, .devices = {0}});
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+  unsetenv("XPIPE_CUDA_STALL_US");
+  report("XPIPE_CUDA_STALL_US=soon: ConfigError",
+         what.find("XPIPE_CUDA_STALL_US='soon'") != std::string::npos, what);
+}
+
 void bad_setup(const Dataset& d, int devices) {
   std::string what = "no error";
   try {
@@ -290,6 +315,7 @@ int main() {
     compare_one<SpecTrain>(async, d, SGD{.lr = 0.05f, .momentum = 0.9f}, spread);
     non_finite_loss(d);
     resume_from_checkpoint(d);
+    stalled_queues(d);
     bad_setup(d, devices);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

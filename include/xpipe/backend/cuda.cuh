@@ -11,13 +11,14 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/config.hpp"
@@ -57,7 +58,38 @@ struct CudaContext {
   cublasHandle_t blas = nullptr;
   int device = 0;
   CudaLtPlans* lt = nullptr;
+  //! A check of the queues' ordering, not for training: after every wait on a queue event the
+  //! stream stalls this long (ns) before going on, so a stage that writes or reads a slot
+  //! without waiting for the other side is far ahead of it and its data visibly stale. From
+  //! $XPIPE_CUDA_STALL_US when CudaStreamContext makes the context; 0 (none) by default.
+  unsigned long long stall_ns = 0;
 };
+
+namespace cuda_detail {
+// Busy-waits on the device clock (%globaltimer, ns) for `ns`: one thread, sleeping in 1 us steps.
+// A template, like the element loops, so every unit including this header may instantiate it.
+template <int = 0>
+__global__ void stall_kernel(unsigned long long ns) {
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+// $XPIPE_CUDA_STALL_US in ns (see CudaContext::stall_ns); ConfigError naming a bad value.
+inline unsigned long long stall_ns_from_environment() {
+  const char* v = std::getenv("XPIPE_CUDA_STALL_US");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const unsigned long long us = std::strtoull(v, &end, 10);
+  if (*end != '\0' || us > 10'000'000)
+    throw ConfigError(std::string("xpipe: XPIPE_CUDA_STALL_US='") + v +
+                      "': a whole number of microseconds up to 10000000 expected");
+  return us * 1000;
+}
+}  // namespace cuda_detail
 
 //! The number of CUDA devices; BackendError when there is none (or no driver), saying so.
 inline int cuda_device_count() {
@@ -112,10 +144,11 @@ inline void connect(const CudaContext& a, const CudaContext& b) {
 //! (the first mini-batch) and reused after; nothing is created or allocated on later calls. A
 //! shape for which cuBLASLt offers no algorithm is remembered as such and runs as plain GEMM +
 //! kernels from then on. Used by one host thread at a time (the stage's), like the stream.
+//! Usage: CudaStreamContext makes one per stream (CudaContext::lt); kernels/cuda/linear.cuh calls
+//! `ctx.lt->matmul(key, a, b, d, bias, ctx.stream)` and falls back when it returns false.
 class CudaLtPlans {
  public:
   static constexpr std::size_t workspace_bytes = std::size_t{4} << 20;
-  static constexpr std::size_t max_plans = 32;
 
   //! What a plan is for: a column-major D (m x n) = op(A) op(B) (+ D when accumulating), with
   //! one epilogue, and the alignment of every operand (cuBLASLt picks algorithms by it).
@@ -135,7 +168,7 @@ class CudaLtPlans {
   CudaLtPlans(const CudaLtPlans&) = delete;
   CudaLtPlans& operator=(const CudaLtPlans&) = delete;
   ~CudaLtPlans() {
-    for (std::size_t i = 0; i < count_; ++i) plans_[i].release();
+    for (Plan& p : plans_) p.release();
     (void)cudaSetDevice(device_);
     cudaFree(workspace_);
     cublasLtDestroy(handle_);
@@ -188,13 +221,17 @@ class CudaLtPlans {
     }
   };
 
+  // A plan lives as long as the object; the vector grows only when a new shape comes, and the
+  // pointer returned is used only within the call that asked for it.
   Plan* find(const Key& key, const void* vector) {
-    for (std::size_t i = 0; i < count_; ++i)
-      if (plans_[i].key == key) return &plans_[i];
-    if (count_ == max_plans) return nullptr;  // more shapes than a pipeline stage has: plain path
-    Plan& p = plans_[count_++];
+    for (Plan& p : plans_)
+      if (p.key == key) return &p;
+    Plan& p = plans_.emplace_back();
     p.key = key;
-    // FP32 in, FP32 accumulation, no TF32: results comparable with the host backend.
+    // FP32 in, FP32 accumulation, no TF32 (that takes CUBLAS_COMPUTE_32F_FAST_TF32): results
+    // within the host comparison's tolerance. Not the _PEDANTIC type of the plain path's handle:
+    // the epilogues are documented for CUBLAS_COMPUTE_32F; bits are reproducible run to run as
+    // long as the heuristic picks the same algorithm (one plan per shape keeps it).
     XPIPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -232,8 +269,10 @@ class CudaLtPlans {
       st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
                                           &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    // NOT_SUPPORTED (an epilogue or type cuBLASLt lacks here) is an answer, not an error.
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) XPIPE_CUBLAS_CHECK(st);
+    // NOT_SUPPORTED or INVALID_VALUE (an epilogue, type or layout cuBLASLt refuses here) is an
+    // answer, not an error: the plain path can always run. A broken library state is an error.
+    if (st == CUBLAS_STATUS_NOT_INITIALIZED || st == CUBLAS_STATUS_ALLOC_FAILED)
+      XPIPE_CUBLAS_CHECK(st);
     p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
                result.workspaceSize <= workspace_bytes;
     if (p.usable) p.algo = result.algo;
@@ -243,8 +282,7 @@ class CudaLtPlans {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   int device_ = 0;
-  std::array<Plan, max_plans> plans_{};
-  std::size_t count_ = 0;
+  std::vector<Plan> plans_;
   long fused_ = 0, fallbacks_ = 0;
 };
 
@@ -273,6 +311,7 @@ class CudaStreamContext {
   CudaStreamContext& operator=(const CudaStreamContext&) = delete;
   ~CudaStreamContext() {
     (void)cudaSetDevice(ctx_.device);
+    lt_.reset();  // its workspace and plans before the stream they serve
     if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
     if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
   }
@@ -292,6 +331,7 @@ class CudaStreamContext {
     XPIPE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_PEDANTIC_MATH));
     lt_ = std::make_unique<CudaLtPlans>();
     ctx_.lt = lt_.get();
+    ctx_.stall_ns = cuda_detail::stall_ns_from_environment();
   }
 
   CudaContext ctx_{};
@@ -424,6 +464,10 @@ class CudaEvent {
   //! for: cudaStreamWaitEvent takes the record current when it is called.
   void wait(const CudaContext& ctx) const {
     XPIPE_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, event_, 0));
+    if (ctx.stall_ns > 0) {  // the ordering check (CudaContext::stall_ns)
+      cuda_detail::stall_kernel<><<<1, 1, 0, ctx.stream>>>(ctx.stall_ns);
+      XPIPE_CUDA_CHECK(cudaGetLastError());
+    }
   }
 
  private:

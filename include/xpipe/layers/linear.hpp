@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <span>
+#include <string>
 
+#include "xpipe/core/error.hpp"
 #include "xpipe/kernels/ops.hpp"
 #include "xpipe/layers/init.hpp"
 #include "xpipe/layers/layer.hpp"
@@ -26,9 +28,19 @@ struct Linear {
     std::fill(params.begin() + weight_count, params.end(), 0.f);
   }
 
+  //! The GEMMs take their sizes from the views: an input of other than In columns, or an
+  //! output (gradient) of other than Out, is a ShapeError, not a product of the wrong shape.
+  static void check_widths(ConstMatrix in, ConstMatrix out, const char* where) {
+    if (in.cols != In || out.cols != Out)
+      throw ShapeError(std::string("xpipe: Linear<") + std::to_string(In) + ", " +
+                       std::to_string(Out) + ">::" + where + ": got " + std::to_string(in.cols) +
+                       " input and " + std::to_string(out.cols) + " output columns");
+  }
+
   //! y = x W + b.
   template <class Ctx>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y) {
+    check_widths(x, y, "forward");
     linear_forward(ctx, x, params, params + weight_count, y);
   }
 
@@ -36,6 +48,7 @@ struct Linear {
   template <class Ctx>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx) {
+    check_widths(x, dy, "backward");
     linear_param_grads(ctx, x, dy, grads, grads + weight_count, accumulate);
     if (!dx.empty())
       gemm(ctx, Trans::No, Trans::Yes, dy.rows, In, Out, 1.f, dy.data, dy.ld, params, Out, 0.f,

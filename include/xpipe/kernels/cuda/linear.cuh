@@ -24,10 +24,20 @@
 
 namespace xpipe {
 
+namespace detail {
+// cuBLASLt's FP32 bias epilogue once silently skipped the bias for a one-row D with a larger
+// leading dimension (Volta/Turing, CUDA 11); PyTorch still takes it only for sizes above 1 each
+// way, and so do these.
+inline bool lt_shape_ok(index_t a, index_t b, index_t c) {
+  return a > 1 && b > 1 && c > 1;
+}
+}  // namespace detail
+
 //! y = x W + b in one cuBLASLt call with the bias epilogue (else GEMM + bias kernel).
+//! Usage: `linear_forward(ctx, x, w, b, y);` (Linear::forward; the host's is kernels/ops.hpp's).
 inline void linear_forward(const CudaContext& ctx, ConstMatrix x, const float* w, const float* b,
                            Matrix y) {
-  if (ctx.lt != nullptr && x.rows > 0) {
+  if (ctx.lt != nullptr && detail::lt_shape_ok(x.rows, x.cols, y.cols)) {
     // Row-major y (rows x Out) = x W is column-major y^T (Out x rows) = W^T x^T: A is W read as
     // column-major Out x In (ld Out), B is x read as column-major In x rows (ld x.ld); the bias
     // runs along D's rows (Out of them).
@@ -44,11 +54,12 @@ inline void linear_forward(const CudaContext& ctx, ConstMatrix x, const float* w
 
 //! dW = x^T dy with db = the column sums of dy from the same cuBLASLt call (bias-gradient
 //! epilogue) when not accumulating; else (or without an algorithm) GEMM + column-sum kernel.
+//! Usage: `linear_param_grads(ctx, x, dy, dw, db, accumulate);` (Linear::backward).
 inline void linear_param_grads(const CudaContext& ctx, ConstMatrix x, ConstMatrix dy, float* dw,
                                float* db, bool accumulate) {
   // The epilogue writes db, it cannot add to it: a later micro-batch of the same mini-batch
   // (accumulate) takes the plain path.
-  if (ctx.lt != nullptr && !accumulate && x.rows > 0) {
+  if (ctx.lt != nullptr && !accumulate && detail::lt_shape_ok(x.rows, x.cols, dy.cols)) {
     // Row-major dW (In x Out) = x^T dy is column-major dW^T (Out x In) = dy^T x: A is dy read as
     // column-major Out x rows (ld dy.ld), B is x read as column-major In x rows (ld x.ld) and
     // transposed; k runs over the rows, so BGRADA (A summed over k) is db.
