@@ -672,34 +672,44 @@ int cmd_efficiency(const fs::path& out, const std::vector<int>& batches,
   const std::string target_text = "test accuracy >= " + std::to_string(target) +
                                   " on Fashion-MNIST (reference MLP, Adam lr " +
                                   std::to_string(lr) + ", sequential)";
+  // Batch b's runs so far: each finished seed's outcome, and over them the mean, least and most
+  // epochs (meaningful once every seed is done and reached the target).
+  struct Summary {
+    json per_seed = json::array();
+    bool done = true, reached = true;
+    double mean = 0, lo = 1e300, hi = -1e300;
+  };
+  auto summarize = [&](std::size_t b) {
+    Summary m;
+    for (std::size_t s = 0; s < S; ++s) {
+      const Run& r = runs[b * S + s];
+      m.done = m.done && r.done;
+      if (!r.done) continue;
+      m.per_seed.push_back({{"seed", seeds[s]},
+                            {"epochs", r.epochs > 0 ? json(r.epochs) : json(nullptr)},
+                            {"last_accuracy", r.last_accuracy}});
+      m.reached = m.reached && r.epochs > 0;
+      m.mean += r.epochs;  // a sum until the loop ends
+      m.lo = std::min(m.lo, r.epochs);
+      m.hi = std::max(m.hi, r.epochs);
+    }
+    m.mean /= static_cast<double>(S);
+    return m;
+  };
   auto write = [&] {  // with lock held
     json pts = json::array(), missed = json::array(), pending = json::array();
     for (std::size_t b = 0; b < batches.size(); ++b) {
-      json per_seed = json::array();
-      bool all_done = true, all_reached = true;
-      double sum = 0, lo = 1e300, hi = -1e300;
-      for (std::size_t s = 0; s < S; ++s) {
-        const Run& r = runs[b * S + s];
-        all_done = all_done && r.done;
-        if (!r.done) continue;
-        per_seed.push_back({{"seed", seeds[s]},
-                            {"epochs", r.epochs > 0 ? json(r.epochs) : json(nullptr)},
-                            {"last_accuracy", r.last_accuracy}});
-        all_reached = all_reached && r.epochs > 0;
-        sum += r.epochs;
-        lo = std::min(lo, r.epochs);
-        hi = std::max(hi, r.epochs);
-      }
-      if (!all_done)
-        pending.push_back({{"batch", batches[b]}, {"per_seed", per_seed}});
-      else if (!all_reached)
-        missed.push_back({{"batch", batches[b]}, {"per_seed", per_seed}});
+      const Summary m = summarize(b);
+      if (!m.done)
+        pending.push_back({{"batch", batches[b]}, {"per_seed", m.per_seed}});
+      else if (!m.reached)
+        missed.push_back({{"batch", batches[b]}, {"per_seed", m.per_seed}});
       else
         pts.push_back({{"batch", batches[b]},
-                       {"epochs", sum / static_cast<double>(S)},
-                       {"epochs_min", lo},
-                       {"epochs_max", hi},
-                       {"per_seed", per_seed}});
+                       {"epochs", m.mean},
+                       {"epochs_min", m.lo},
+                       {"epochs_max", m.hi},
+                       {"per_seed", m.per_seed}});
     }
     json j{{"target", target_text},
            {"dataset_samples", data.train.count},
@@ -748,18 +758,9 @@ int cmd_efficiency(const fs::path& out, const std::vector<int>& batches,
   std::printf("\n| B | epochs (mean over %zu seed%s) | min | max |\n|--:|--:|--:|--:|\n", S,
               S == 1 ? "" : "s");
   for (std::size_t b = 0; b < batches.size(); ++b) {
-    double sum = 0, lo = 1e300, hi = -1e300;
-    bool reached = true;
-    for (std::size_t s = 0; s < S; ++s) {
-      const double e = runs[b * S + s].epochs;
-      reached = reached && e > 0;
-      sum += e;
-      lo = std::min(lo, e);
-      hi = std::max(hi, e);
-    }
-    if (reached)
-      std::printf("| %d | %.2f | %.2f | %.2f |\n", batches[b], sum / static_cast<double>(S), lo,
-                  hi);
+    const Summary m = summarize(b);
+    if (m.reached)
+      std::printf("| %d | %.2f | %.2f | %.2f |\n", batches[b], m.mean, m.lo, m.hi);
     else
       std::printf("| %d | not reached by every seed | | |\n", batches[b]);
   }
