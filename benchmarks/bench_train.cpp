@@ -1,6 +1,7 @@
 // The whole sequential training step of the 784-1024-1024-1024-10 MLP (batch 128, Adam):
 // samples/s, and the ratio to the GEMM-only bound (the step's GEMMs timed alone, raw dnnl_sgemm,
-// in this binary). Argument: threads.
+// in this binary). Argument: threads. BM_TrainStep<FashionMlp> is Linear then ReLU,
+// BM_TrainStep<FashionMlpFused> the same model with Dense layers (bias + ReLU in one pass).
 #include <benchmark/benchmark.h>
 
 #include "baseline.hpp"
@@ -8,7 +9,6 @@
 
 namespace {
 
-using Model = xpipe::models::FashionMlp;
 constexpr long batch = 128;
 
 // Seconds of the GEMMs one training step runs, each at raw dnnl_sgemm speed.
@@ -26,6 +26,7 @@ double gemm_bound_seconds(int threads) {
   return s;
 }
 
+template <class Model>
 void BM_TrainStep(benchmark::State& st) {
   const int threads = static_cast<int>(st.range(0));
   const xpipe::HostContext ctx{.threads = threads};
@@ -49,7 +50,13 @@ void BM_TrainStep(benchmark::State& st) {
 
 }  // namespace
 
-BENCHMARK(BM_TrainStep)
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)
     ->ArgName("threads")
     ->Arg(1)
     ->Arg(2)

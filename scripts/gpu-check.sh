@@ -222,12 +222,14 @@ val = {r["name"]: r["value"] for r in bench["rows"]}
 print()
 print("## training step, K = 1, batch 128, fp32: xpipe vs PyTorch (samples/s)")
 print()
-eager, graph = val.get("train_step_eager_samples_per_s"), val.get("train_step_graph_samples_per_s")
 torch = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else None
 fmt = lambda v: f"{v:,.0f}" if v else "not measured"
 print("| | xpipe | PyTorch | xpipe / PyTorch |")
 print("|---|---|---|---|")
-for label, x, key in (("eager", eager, "eager_samples_per_s"), ("CUDA graph", graph, "graph_samples_per_s")):
+for label, tag, key in (("eager", "", "eager_samples_per_s"), ("CUDA graph", "", "graph_samples_per_s"),
+                        ("eager, Dense layers", "dense_", "eager_samples_per_s"),
+                        ("CUDA graph, Dense layers", "dense_", "graph_samples_per_s")):
+    x = val.get("train_step_" + tag + key)
     t = torch.get(key) if torch else None
     print(f"| {label} | {fmt(x)} | {fmt(t)} | {x / t:.3f} |" if x and t else f"| {label} | {fmt(x)} | {fmt(t)} | - |")
 if torch:

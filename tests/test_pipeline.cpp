@@ -121,6 +121,31 @@ TEST_CASE("Threaded and reference executors agree bitwise for every schedule x p
   }
 }
 
+TEST_CASE("Stages of Dense layers train bitwise as Linear then ReLU, reference and threaded",
+          "[pipeline][dense]") {
+  // S0 and S2 with their ReLU fused into the Linear: the same flat layouts and, from the same
+  // seed, the same initial weights (a Dense layer takes two layer numbers, so S1's and S3's
+  // draws do not move either).
+  using F0 = Stage<Dense<20, 32, ReLU>>;
+  using F2 = Stage<Dense<32, 16, ReLU>>;
+  const Data d = make_data();
+  const Schedule s = make_schedule("async-1f1b", 4, 4, 11);
+  const PipelineOptions options{.batch = 16, .micro_batches = 4, .seed = 3};
+  Pipeline<S0, S1, S2, S3, XPipe, AdamW> split(AdamW{.lr = 1e-2f}, options);
+  auto fused_run = [&](auto&& exec) {
+    Pipeline<F0, S1, F2, S3, XPipe, AdamW> fused(AdamW{.lr = 1e-2f}, options);
+    REQUIRE(fused.weights() == split.weights());
+    fused.train(s, d.epoch(), exec);
+    return fused.weights();
+  };
+  const auto reference = fused_run(ReferenceExecutor{});
+  const auto threaded = fused_run(ThreadedExecutor{});
+  ThreadedExecutor exec;
+  split.train(s, d.epoch(), exec);
+  REQUIRE(split.weights() == reference);
+  REQUIRE(threaded == reference);
+}
+
 TEST_CASE("Remedies change what async training computes - and only there", "[pipeline]") {
   const Data d = make_data();
   const Schedule async = async_1f1b(4, 4, 11), sync = gpipe(4, 4, 11);

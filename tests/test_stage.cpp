@@ -134,3 +134,102 @@ TEST_CASE("A NaN loss stops training with a clear error", "[stage][train]") {
                       Catch::Contains("loss is NaN") && Catch::Contains("row 0"));
   REQUIRE(t.state().steps_taken() == 0);  // the bad batch did not update the weights
 }
+
+TEST_CASE("Dense layers give the bits of Linear then ReLU, keeping fewer activations",
+          "[stage][dense]") {
+  using Split = Stage<Linear<6, 8>, ReLU, Linear<8, 5>, ReLU, Linear<5, 3>>;
+  using Fused = Stage<Dense<6, 8, ReLU>, Dense<8, 5, ReLU>, Linear<5, 3>>;
+  // One flat layout (ReLU has no parameters), so one weight buffer serves both.
+  STATIC_REQUIRE(Fused::param_count == Split::param_count);
+  STATIC_REQUIRE(Fused::param_offsets[1] == Split::param_offsets[2]);
+  STATIC_REQUIRE(Fused::param_offsets[2] == Split::param_offsets[4]);
+  // The pre-activations are not kept: 8 + 5 + 3 floats a row instead of 8 + 8 + 5 + 5 + 3.
+  STATIC_REQUIRE(Fused::activation_floats(4) == 4 * 16);
+  STATIC_REQUIRE(Split::activation_floats(4) == 4 * 29);
+  STATIC_REQUIRE(Fused::needs_grad_scratch<Host>);
+  STATIC_REQUIRE_FALSE(Split::needs_grad_scratch<Host>);
+
+  const HostContext ctx{};
+  const index_t rows = 5;
+  std::vector<float> w(Split::param_count);
+  Split::init(w, 11);
+  Rng rng{2};
+  std::vector<float> x(rows * 6), dy(rows * 3);
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  x[6] = std::nanf("");  // row 1 holds a NaN: it must reach the output, not vanish in a ReLU
+
+  Split::Activations<Host> as(rows);
+  Fused::Activations<Host> af(rows);
+  Split::GradScratch<Host> ss(rows);
+  Fused::GradScratch<Host> sf(rows);
+  std::vector<float> gs(Split::param_count), gf(Fused::param_count), dxs(rows * 6), dxf(rows * 6);
+  for (int micro = 0; micro < 2; ++micro) {  // writes the gradients, then accumulates onto them
+    const ConstMatrix ys = Split::forward(ctx, w.data(), {x.data(), rows, 6}, as);
+    const ConstMatrix yf = Fused::forward(ctx, w.data(), {x.data(), rows, 6}, af);
+    REQUIRE(std::memcmp(ys.data, yf.data, rows * 3 * sizeof(float)) == 0);
+    for (int c = 0; c < 3; ++c) REQUIRE(std::isnan(yf(1, c)));
+    REQUIRE(std::isfinite(yf(0, 0)));
+    Split::backward(ctx, w.data(), gs.data(), micro > 0, as, {dy.data(), rows, 3},
+                    {dxs.data(), rows, 6}, ss);
+    Fused::backward(ctx, w.data(), gf.data(), micro > 0, af, {dy.data(), rows, 3},
+                    {dxf.data(), rows, 6}, sf);
+    REQUIRE(std::memcmp(gs.data(), gf.data(), gs.size() * sizeof(float)) == 0);
+    REQUIRE(std::memcmp(dxs.data(), dxf.data(), dxs.size() * sizeof(float)) == 0);
+  }
+  // The same seed draws the same weights: a Dense layer takes the two layer numbers of the
+  // Linear and ReLU it stands for, so the last Linear is layer 4 in both.
+  STATIC_REQUIRE(Fused::seed_streams == Split::layer_count);
+  STATIC_REQUIRE(Fused::init_stream_offsets == std::array<std::size_t, 4>{0, 2, 4, 5});
+  std::vector<float> wf(Fused::param_count), wf_later(Fused::param_count);
+  Fused::init(wf, 11);
+  REQUIRE(wf == w);
+  Fused::init(wf_later, 11, 3);  // as the second stage of a model: other sub-streams
+  REQUIRE(wf_later != w);
+  // A width mismatch in a view, or a scratch buffer too small, is a ShapeError naming the layer.
+  std::vector<float> y(rows * 7);
+  using D = Dense<6, 8, ReLU>;
+  std::vector<float> small(rows * 4), g(D::param_count);
+  REQUIRE_THROWS_WITH(D::backward(ctx, w.data(), g.data(), false, ConstMatrix{x.data(), rows, 6},
+                                  ConstMatrix{y.data(), rows, 8}, ConstMatrix{y.data(), rows, 8},
+                                  Matrix{}, Matrix{small.data(), rows, 4}),
+                      Catch::Contains("Dense<6, 8>::backward") && Catch::Contains("5x8"));
+  REQUIRE_THROWS_WITH(D::backward(ctx, w.data(), g.data(), false, ConstMatrix{x.data(), rows, 6},
+                                  ConstMatrix{y.data(), rows, 8}, ConstMatrix{y.data(), rows, 8},
+                                  Matrix{}, Matrix{}),
+                      Catch::Contains("needs a scratch buffer"));
+  REQUIRE_THROWS_WITH(
+      D::forward(ctx, w.data(), ConstMatrix{x.data(), rows, 6}, Matrix{y.data(), rows, 7}),
+      Catch::Contains("Dense<6, 8>::forward") && Catch::Contains("7 output"));
+}
+
+TEST_CASE("A Dense layer last in its stage reads the stage's incoming gradient, never writes it",
+          "[stage][dense]") {
+  // The last layer's dy is the caller's buffer (a queue slot, the loss gradient): dz must go to
+  // the stage's third scratch buffer, not into dy.
+  using Split = Stage<Linear<6, 8>, Linear<8, 5>, ReLU>;
+  using Fused = Stage<Linear<6, 8>, Dense<8, 5, ReLU>>;
+  const HostContext ctx{};
+  const index_t rows = 4;
+  std::vector<float> w(Split::param_count);
+  Split::init(w, 5);
+  Rng rng{6};
+  std::vector<float> x(rows * 6), dy(rows * 5);
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  const std::vector<float> dy_given = dy;
+  Split::Activations<Host> as(rows);
+  Fused::Activations<Host> af(rows);
+  Split::GradScratch<Host> ss(rows);
+  Fused::GradScratch<Host> sf(rows);
+  std::vector<float> gs(Split::param_count), gf(Fused::param_count), dxs(rows * 6), dxf(rows * 6);
+  Split::forward(ctx, w.data(), {x.data(), rows, 6}, as);
+  Fused::forward(ctx, w.data(), {x.data(), rows, 6}, af);
+  Split::backward(ctx, w.data(), gs.data(), false, as, {dy.data(), rows, 5}, {dxs.data(), rows, 6},
+                  ss);
+  Fused::backward(ctx, w.data(), gf.data(), false, af, {dy.data(), rows, 5}, {dxf.data(), rows, 6},
+                  sf);
+  REQUIRE(dy == dy_given);
+  REQUIRE(gs == gf);
+  REQUIRE(dxs == dxf);
+}

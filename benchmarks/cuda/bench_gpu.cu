@@ -2,7 +2,8 @@
 // timing, median of repeats): the Adam step and the Adam prediction pass against a
 // device-to-device copy moving the same bytes; the MLP's Linear forward + backward through our
 // layer code against its cuBLAS SGEMMs alone; and the whole K = 1 training step of the
-// 784-1024-1024-1024-10 MLP at batch 128 (samples/s, eager and replayed from a CUDA graph).
+// 784-1024-1024-1024-10 MLP at batch 128 (samples/s, eager and replayed from a CUDA graph), with
+// Linear then ReLU and with Dense layers (the ReLU in the GEMM's epilogue).
 // A program of its own (the lent GPU machine has no Google Benchmark). Exits 77 without a device.
 //   bench_gpu [--short] [--json PATH]
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xpipe/models/mlp.hpp"
@@ -203,17 +205,20 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
 // SequentialTrainer's step composed from the same calls (Stage::forward, softmax cross-entropy,
 // Stage::backward, the optimizer step) with device inputs; the per-row losses stay on the device
 // (SequentialTrainer::train_step sums them on the host, which would synchronise every step).
+// Model: FashionMlp (Linear then ReLU) or FashionMlpFused (Dense: the ReLU in the GEMM epilogue).
+template <class Model>
 struct Step {
   static constexpr index_t batch = 128;
-  xpipe::OptimizerState<xpipe::Adam, xpipe::Cuda> state{xpipe::Adam{.lr = 1e-3f}, Mlp::param_count};
-  Mlp::Activations<xpipe::Cuda> acts{batch};
-  Mlp::GradScratch<xpipe::Cuda> scratch{batch};
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Cuda> state{xpipe::Adam{.lr = 1e-3f},
+                                                        Model::param_count};
+  typename Model::template Activations<xpipe::Cuda> acts{batch};
+  typename Model::template GradScratch<xpipe::Cuda> scratch{batch};
   xpipe::DeviceBuffer<float> x{batch * 784}, dlogits{batch * 10}, row_loss{batch};
   xpipe::DeviceBuffer<std::int32_t> labels{batch};
 
   Step() {
-    std::vector<float> w(static_cast<std::size_t>(Mlp::param_count));
-    Mlp::init({w.data(), w.size()}, 1);
+    std::vector<float> w(static_cast<std::size_t>(Model::param_count));
+    Model::init({w.data(), w.size()}, 1);
     XPIPE_CUDA_CHECK(
         cudaMemcpy(state.weights(), w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
     XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
@@ -223,17 +228,21 @@ struct Step {
     labels.copy_from_host(y.data(), batch);
   }
   void run(const xpipe::CudaContext& ctx) {
-    const auto logits = Mlp::forward(ctx, state.weights(), {x.data(), batch, 784}, acts);
+    const auto logits = Model::forward(ctx, state.weights(), {x.data(), batch, 784}, acts);
     xpipe::SoftmaxCrossEntropy::forward_backward_unchecked(
         ctx, logits, labels.data(), 1.f / batch, {dlogits.data(), batch, 10}, row_loss.data());
-    Mlp::backward(ctx, state.weights(), state.grads(), false, acts, {dlogits.data(), batch, 10},
-                  xpipe::Matrix{}, scratch);
+    Model::backward(ctx, state.weights(), state.grads(), false, acts, {dlogits.data(), batch, 10},
+                    xpipe::Matrix{}, scratch);
     state.step(ctx);
   }
 };
 
-void training_step(const xpipe::CudaContext& ctx, const Options& o) {
-  Step step;
+//! Samples/s of the step eager and replayed from a CUDA graph (0 where it could not be
+//! captured); rows named train_step_<tag>eager/graph_samples_per_s.
+template <class Model>
+std::pair<double, double> training_step(const xpipe::CudaContext& ctx, const Options& o,
+                                        const std::string& label, const std::string& tag) {
+  Step<Model> step;
   const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 100;
   const double eager = median_ms(ctx.stream, reps, iters, [&] { step.run(ctx); });
   // The same step captured once and replayed. Caveat: Adam's bias corrections are kernel
@@ -241,10 +250,11 @@ void training_step(const xpipe::CudaContext& ctx, const Options& o) {
   // scalars; the work per replay is the same, the arithmetic of later steps is not.
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  const double b = Step::batch;
-  std::printf("%-44s %12.1f samples/s (%.1f us/step)\n", "MLP train step K=1, batch 128: eager",
+  const double b = Step<Model>::batch;
+  std::printf("%-44s %12.1f samples/s (%.1f us/step)\n", (label + ": eager").c_str(),
               b / (eager * 1e-3), eager * 1e3);
-  rows.push_back({"train_step_eager_samples_per_s", b / (eager * 1e-3), "samples/s", 0, "", 0});
+  rows.push_back(
+      {"train_step_" + tag + "eager_samples_per_s", b / (eager * 1e-3), "samples/s", 0, "", 0});
   XPIPE_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
   std::string why;
   try {
@@ -259,15 +269,30 @@ void training_step(const xpipe::CudaContext& ctx, const Options& o) {
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (!why.empty()) {
     cudaGetLastError();
-    std::printf("MLP train step K=1: not captured in a CUDA graph: %s\n", why.c_str());
-    return;
+    std::printf("%s: not captured in a CUDA graph: %s\n", label.c_str(), why.c_str());
+    return {b / (eager * 1e-3), 0.0};
   }
   const double replay = median_ms(ctx.stream, reps, iters,
                                   [&] { XPIPE_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream)); });
   XPIPE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  add({"MLP train step K=1, batch 128: graph", b / (replay * 1e-3), "samples/s", b / (eager * 1e-3),
+  add({label + ": graph", b / (replay * 1e-3), "samples/s", b / (eager * 1e-3),
        "the same step eager", 0});
-  rows.push_back({"train_step_graph_samples_per_s", b / (replay * 1e-3), "samples/s", 0, "", 0});
+  rows.push_back(
+      {"train_step_" + tag + "graph_samples_per_s", b / (replay * 1e-3), "samples/s", 0, "", 0});
+  return {b / (eager * 1e-3), b / (replay * 1e-3)};
+}
+
+//! The step with Linear then ReLU, then with Dense layers (one cuBLASLt call per hidden layer's
+//! forward instead of a GEMM and a ReLU kernel), and the fused one's ratio to the other.
+void training_steps(const xpipe::CudaContext& ctx, const Options& o) {
+  const auto [eager, graph] = training_step<Mlp>(ctx, o, "MLP train step K=1, batch 128", "");
+  const auto [fused_eager, fused_graph] = training_step<xpipe::models::FashionMlpFused>(
+      ctx, o, "MLP train step K=1, batch 128, Dense", "dense_");
+  add({"MLP train step K=1: Dense, eager", fused_eager, "samples/s", eager,
+       "Linear then ReLU, eager", 0});
+  if (graph > 0 && fused_graph > 0)
+    add({"MLP train step K=1: Dense, graph", fused_graph, "samples/s", graph,
+         "Linear then ReLU, graph", 0});
 }
 
 std::string escape(const std::string& s) {
@@ -328,7 +353,7 @@ int main(int argc, char** argv) {
     optimizer_passes(ctx, Mlp::param_count, "MLP 2.9 M", o);
     if (!o.quick) optimizer_passes(ctx, 64L << 20, "64 M", o);
     linear_layers(ctx, o);
-    training_step(ctx, o);
+    training_steps(ctx, o);
     stream.synchronize();
     if (!o.json.empty()) write_json(o.json, prop);
   } catch (const std::exception& e) {

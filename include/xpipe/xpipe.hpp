@@ -29,6 +29,7 @@
 #include "xpipe/kernels/softmax_xent.hpp"
 
 #include "xpipe/layers/activation.hpp"
+#include "xpipe/layers/dense.hpp"
 #include "xpipe/layers/init.hpp"
 #include "xpipe/layers/layer.hpp"
 #include "xpipe/layers/linear.hpp"

@@ -353,6 +353,84 @@ void linear_epilogues(const xpipe::CudaContext& cctx) {
   failures += !(forward_ok && backward_ok);
 }
 
+// Dense layers (the ReLU fused into the GEMM: CUBLASLT_EPILOGUE_RELU_BIAS) against the host's
+// Linear-then-ReLU stage on the same weights (the host's Dense gives those bits exactly): forward
+// and a writing backward, the epilogue used by both Dense layers (and the bias epilogue by the
+// last Linear), two runs bitwise, and a NaN input row that stays NaN through the epilogue's ReLU
+// (ours keeps a NaN so that divergence reaches the loss check; the library documents no rule).
+void dense_epilogues(const xpipe::CudaContext& cctx) {
+  using Split = xpipe::Stage<xpipe::Linear<96, 128>, xpipe::ReLU, xpipe::Linear<128, 64>,
+                             xpipe::ReLU, xpipe::Linear<64, 10>>;
+  using Fused = xpipe::Stage<xpipe::Dense<96, 128, xpipe::ReLU>, xpipe::Dense<128, 64, xpipe::ReLU>,
+                             xpipe::Linear<64, 10>>;
+  static_assert(Fused::param_count == Split::param_count);
+  const xpipe::HostContext hctx{};
+  const xpipe::index_t rows = 48;
+  auto x = random_vector(rows * 96, 21);
+  const auto dy = random_vector(rows * 10, 22, -0.1f, 0.1f);
+  std::vector<float> w(Split::param_count);
+  Split::init({w.data(), w.size()}, 23);
+  auto dw = to_device(w), ddy = to_device(dy);
+  Split::Activations<xpipe::Host> ha(rows);
+  Split::GradScratch<xpipe::Host> hs(rows);
+  std::vector<float> host(static_cast<std::size_t>(rows * 10 + Split::param_count));
+  const auto hy = Split::forward(hctx, w.data(), {x.data(), rows, 96}, ha);
+  std::copy(hy.data, hy.data + rows * 10, host.begin());
+  Split::backward(hctx, w.data(), host.data() + rows * 10, false, ha, {dy.data(), rows, 10},
+                  xpipe::Matrix{}, hs);
+  auto dx = to_device(x);
+  // Forward GEMMs run with the bias + ReLU and with the bias epilogue.
+  auto fused = [&](cublasLtEpilogue_t e) { return cctx.lt ? cctx.lt->fused_calls(e) : 0; };
+  auto cuda_run = [&](long* relu_bias, long* bias) {
+    Fused::Activations<xpipe::Cuda> a(rows);
+    Fused::GradScratch<xpipe::Cuda> sc(rows);
+    xpipe::DeviceBuffer<float> g(Fused::param_count);
+    const long r0 = fused(CUBLASLT_EPILOGUE_RELU_BIAS), b0 = fused(CUBLASLT_EPILOGUE_BIAS);
+    const auto y = Fused::forward(cctx, dw.data(), {dx.data(), rows, 96}, a);
+    if (relu_bias) *relu_bias = fused(CUBLASLT_EPILOGUE_RELU_BIAS) - r0;
+    if (bias) *bias = fused(CUBLASLT_EPILOGUE_BIAS) - b0;
+    Fused::backward(cctx, dw.data(), g.data(), false, a, {ddy.data(), rows, 10}, xpipe::Matrix{},
+                    sc);
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+    std::vector<float> out(static_cast<std::size_t>(rows * 10 + Fused::param_count));
+    XPIPE_CUDA_CHECK(cudaMemcpy(out.data(), y.data, rows * 10 * 4, cudaMemcpyDeviceToHost));
+    g.copy_to_host(out.data() + rows * 10, Fused::param_count);
+    return out;
+  };
+  long relu_bias = 0, bias = 0;
+  const auto first = cuda_run(&relu_bias, &bias);
+  const auto again = cuda_run(nullptr, nullptr);
+  check("dense, cuBLASLt vs host", host, first, 1e-5f, 1e-3f);
+  const bool same = std::memcmp(first.data(), again.data(), first.size() * 4) == 0;
+  std::printf("%-28s %s\n", "dense, cuBLASLt twice", same ? "ok (bitwise)" : "FAIL (bits differ)");
+  failures += !same;
+  const bool used = relu_bias == 2 && bias == 1;
+  std::printf(
+      "%-28s %s (forward GEMMs with RELU_BIAS: %ld of 2 Dense, with BIAS: %ld of 1 Linear)\n",
+      "dense, epilogues used", used ? "ok" : "FAIL", relu_bias, bias);
+  failures += !used;
+  // Row 5 of the input becomes NaN: every output of that row must be NaN, every other finite.
+  x[5 * 96 + 7] = std::nanf("");
+  dx.copy_from_host(x.data(), dx.size());
+  const auto nan_run = cuda_run(nullptr, nullptr);
+  int kept = 0, finite = 0;
+  for (xpipe::index_t r = 0; r < rows; ++r)
+    for (int c = 0; c < 10; ++c) {
+      const float v = nan_run[static_cast<std::size_t>(r * 10 + c)];
+      if (r == 5)
+        kept += std::isnan(v) ? 1 : 0;
+      else
+        finite += std::isfinite(v) ? 1 : 0;
+    }
+  const bool nan_ok = kept == 10 && finite == (rows - 1) * 10;
+  // A FAIL here with the checks above ok means cuBLASLt's ReLU epilogue turns NaN into 0 (its
+  // documentation says max(x, 0) and no more): Dense must then not take RELU_BIAS on CUDA.
+  std::printf("%-28s %s (%d of 10 outputs of the NaN row NaN, %d of %ld others finite)\n",
+              "dense, NaN kept by ReLU", nan_ok ? "ok" : "FAIL (the epilogue's ReLU drops NaN)",
+              kept, finite, static_cast<long>((rows - 1) * 10));
+  failures += !nan_ok;
+}
+
 }  // namespace
 
 int main() {
@@ -369,6 +447,7 @@ int main() {
     vectorized_ops(stream.ctx());
     stage_and_optimizer(stream.ctx());
     linear_epilogues(stream.ctx());
+    dense_epilogues(stream.ctx());
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

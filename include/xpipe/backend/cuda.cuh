@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -175,8 +176,8 @@ class CudaLtPlans {
   }
 
   //! Runs D = op(A) op(B) + (accumulate ? D : 0) with key.epilogue on `stream`; `vector` is the
-  //! epilogue's (read for BIAS, written for BGRADA/BGRADB). False, having run nothing, when
-  //! cuBLASLt has no algorithm for the key: the caller then runs its plain path.
+  //! epilogue's (read for BIAS and RELU_BIAS, written for BGRADA/BGRADB). False, having run
+  //! nothing, when cuBLASLt has no algorithm for the key: the caller then runs its plain path.
   bool matmul(const Key& key, const float* a, const float* b, float* d, const void* vector,
               cudaStream_t stream) {
     Plan* p = find(key, vector);
@@ -188,11 +189,23 @@ class CudaLtPlans {
     XPIPE_CUBLAS_CHECK(cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->d, d,
                                       p->d, &p->algo, workspace_, workspace_bytes, stream));
     ++fused_;
+    for (auto& [epilogue, calls] : fused_by_epilogue_)
+      if (epilogue == key.epilogue || calls == 0) {
+        epilogue = key.epilogue;
+        ++calls;
+        break;
+      }
     return true;
   }
 
   //! GEMMs that ran with their epilogue (the others fell back to GEMM + kernels).
   long fused_calls() const { return fused_; }
+  //! Those that ran with epilogue e. Usage: `lt.fused_calls(CUBLASLT_EPILOGUE_RELU_BIAS)`.
+  long fused_calls(cublasLtEpilogue_t e) const {
+    for (const auto& [epilogue, calls] : fused_by_epilogue_)
+      if (epilogue == e && calls > 0) return calls;
+    return 0;
+  }
 
   //! The largest power of two (up to 256) dividing the address: what cuBLASLt may assume of it.
   static std::uint32_t alignment(const void* p) {
@@ -280,6 +293,8 @@ class CudaLtPlans {
   int device_ = 0;
   std::vector<Plan> plans_;
   long fused_ = 0;
+  // Calls per epilogue, in the order first used (three are used: BIAS, RELU_BIAS, BGRADA).
+  std::array<std::pair<cublasLtEpilogue_t, long>, 8> fused_by_epilogue_{};
 };
 
 //! Owns a stream and a cuBLAS handle bound to it, on one device. Usage:

@@ -67,6 +67,14 @@ inline int mpi_link_tag(int g, int direction, int tag_ub) {
 //! that slot's previous send has completed.
 template <class B = Host>
 class MpiLink {
+  // MPI_Isend/MPI_Irecv take the slots' addresses and the host threads test the requests: the
+  // slots must be host memory (Open MPI as Debian builds it is not CUDA-aware).
+  static_assert(
+      requires { requires B::host_memory; },
+      "xpipe: MpiChannel carries host memory between ranks: a device backend "
+      "(Pipeline<..., MpiChannel, Cuda>) cannot use it; train a host Pipeline per "
+      "rank, or a CUDA Pipeline in one process (CudaExecutor)");
+
  public:
   MpiLink() = default;
   MpiLink(int capacity, index_t rows, index_t cols)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 
 #include "xpipe/core/config.hpp"
 
@@ -11,6 +12,7 @@ namespace xpipe::math {
 struct Identity {
   XPIPE_HOST_DEVICE static float forward(float x) { return x; }
   XPIPE_HOST_DEVICE static float backward(float /*x*/, float /*y*/, float dy) { return dy; }
+  XPIPE_HOST_DEVICE static float backward_from_output(float /*y*/, float dy) { return dy; }
 };
 
 //! f(x) = max(x, 0); the gradient at 0 is taken as 0, as in PyTorch. A NaN input stays NaN
@@ -20,6 +22,20 @@ struct Relu {
   XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
     return x > 0.f ? dy : 0.f;
   }
+  //! The same gradient from the output alone: y = max(x, 0) > 0 exactly where x > 0 (a NaN x
+  //! gives a NaN y, and both comparisons are false), so the bits equal backward's.
+  XPIPE_HOST_DEVICE static float backward_from_output(float y, float dy) {
+    return y > 0.f ? dy : 0.f;
+  }
+};
+
+//! An activation whose gradient follows from its output y alone (ReLU, identity), so a layer
+//! that fuses it into a GEMM need not keep the pre-activation (GELU's does not: x Phi(x) takes
+//! some outputs at two inputs). Required: `static float backward_from_output(float y, float dy)`.
+//! Usage: `static_assert(math::OutputDifferentiable<math::Relu>);`
+template <class Act>
+concept OutputDifferentiable = requires(float y, float dy) {
+  { Act::backward_from_output(y, dy) } -> std::convertible_to<float>;
 };
 
 //! Exact GELU, f(x) = x * Phi(x) with Phi the standard normal CDF (PyTorch's default form).
@@ -40,5 +56,8 @@ template <class Act>
 XPIPE_HOST_DEVICE float bias_activation(float z, float b) {
   return Act::forward(z + b);
 }
+
+static_assert(OutputDifferentiable<Relu> && OutputDifferentiable<Identity>);
+static_assert(!OutputDifferentiable<Gelu>);
 
 }  // namespace xpipe::math

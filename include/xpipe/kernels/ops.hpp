@@ -58,6 +58,16 @@ struct ActivationBackward {
   }
 };
 
+//! dz(r, c) = Act'(y(r, c)) * dy(r, c), the gradient taken from the output y alone.
+template <class Act>
+struct ActivationBackwardFromOutput {
+  ConstMatrix y, dy;
+  Matrix dz;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    dz(r, c) = Act::backward_from_output(y(r, c), dy(r, c));
+  }
+};
+
 //! db (+)= the column sums of dy over column block b of Width columns.
 template <index_t Width>
 struct ColumnSums {
@@ -243,6 +253,12 @@ void activation_backward(const Ctx& ctx, ConstMatrix x, ConstMatrix y, ConstMatr
   for_each_element(ctx, x.rows, x.cols, ops::ActivationBackward<Act>{x, y, dy, dx});
 }
 
+//! dz = Act'(y) * dy from the activation's output y (math::OutputDifferentiable); dz may alias dy.
+template <class Act, class Ctx>
+void activation_backward_from_output(const Ctx& ctx, ConstMatrix y, ConstMatrix dy, Matrix dz) {
+  for_each_element(ctx, y.rows, y.cols, ops::ActivationBackwardFromOutput<Act>{y, dy, dz});
+}
+
 //! db[c] (+)= sum over rows of dy[r][c], rows summed in order 0..rows-1 for every column, so the
 //! bits do not depend on the thread count. `accumulate` adds to db instead of overwriting it.
 //! One index per block of the backend's column_block columns (a wide row segment per CPU
@@ -254,14 +270,16 @@ void bias_grad(const Ctx& ctx, ConstMatrix dy, float* db, bool accumulate) {
   for_each_index(ctx, blocks, dy.rows * dy.cols, ops::ColumnSums<width>{dy, db, accumulate});
 }
 
-//! y = x W + b, a Linear layer's forward: W is x.cols x y.cols row-major (leading dimension
-//! y.cols), b has y.cols entries. A GEMM, then the bias pass; on CUDA one cuBLASLt call with
-//! the bias epilogue does both (kernels/cuda/linear.cuh).
-template <class Ctx>
+//! y = Act(x W + b), a Linear (Act = identity) or Dense layer's forward: W is x.cols x y.cols
+//! row-major (leading dimension y.cols), b has y.cols entries. A GEMM, then one pass adding the
+//! bias and applying Act; on CUDA one cuBLASLt call with the bias (+ ReLU) epilogue does both
+//! (kernels/cuda/linear.cuh).
+//! Usage: `linear_forward(ctx, x, w, b, y);`, `linear_forward<math::Relu>(ctx, x, w, b, y);`
+template <class Act = math::Identity, class Ctx>
 void linear_forward(const Ctx& ctx, ConstMatrix x, const float* w, const float* b, Matrix y) {
   gemm(ctx, Trans::No, Trans::No, x.rows, y.cols, x.cols, 1.f, x.data, x.ld, w, y.cols, 0.f, y.data,
        y.ld);
-  bias_activation_forward<math::Identity>(ctx, y, b, y);
+  bias_activation_forward<Act>(ctx, y, b, y);
 }
 
 //! dW (+)= x^T dy and db (+)= the column sums of dy: a Linear layer's parameter gradients (dW

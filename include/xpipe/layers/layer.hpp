@@ -3,6 +3,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -41,7 +42,34 @@ concept HasBackward = requires(const typename B::Context& ctx, const float* p, f
                                ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx) {
   L::backward(ctx, p, g, acc, x, y, dy, dx);
 };
+// A backward that also takes a writable buffer of rows x out_width floats, distinct from dy and
+// dx, for an intermediate gradient (Dense's dz).
+template <class L, class B>
+concept HasScratchBackward = requires(const typename B::Context& ctx, const float* p, float* g,
+                                      bool acc, ConstMatrix x, ConstMatrix y, ConstMatrix dy,
+                                      Matrix dx, Matrix scratch) {
+  L::backward(ctx, p, g, acc, x, y, dy, dx, scratch);
+};
 }  // namespace detail
+
+//! How many of a model's layer numbers (seed sub-streams of Stage::init) layer L takes: 1, or
+//! L::init_streams where L declares it (Dense stands for a Linear and its activation: 2, so it
+//! draws the weights `Linear, ReLU` draw from the same seed).
+//! Usage: `static_assert(init_streams<Dense<4, 3, ReLU>>() == 2);`
+template <class L>
+consteval std::size_t init_streams() {
+  if constexpr (requires { L::init_streams; }) {
+    static_assert(L::init_streams >= 1, "xpipe: Layer: init_streams must be at least 1");
+    return static_cast<std::size_t>(L::init_streams);
+  } else {
+    return 1;
+  }
+}
+
+//! Whether layer L's backward takes a gradient scratch buffer on backend B (Stage provides one).
+//! Usage: `if constexpr (takes_grad_scratch<L, Ctx::backend>) L::backward(..., dx, scratch);`
+template <class L, class B = Host>
+inline constexpr bool takes_grad_scratch = detail::HasScratchBackward<L, B>;
 
 //! Layer: a stateless description of one layer; its parameters live in the stage's flat buffer.
 //! Its compute functions are probed with backend B's context (a layer written only for CUDA
@@ -54,10 +82,15 @@ concept HasBackward = requires(const typename B::Context& ctx, const float* p, f
 //!   - `static void forward(const Ctx&, const float* params, ConstMatrix x, Matrix y)`;
 //!   - `static void backward(const Ctx&, const float* params, float* grads, bool accumulate,
 //!                           ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx)`,
-//!     where dx may be empty (the first layer of a model needs no input gradient).
+//!     where dx may be empty (the first layer of a model needs no input gradient); or the same
+//!     with a last `Matrix scratch` argument: rows x out_width floats of the stage's, distinct
+//!     from dy and dx, for the layer to write an intermediate gradient into (Dense).
+//! Optional: `static constexpr std::size_t init_streams` (default 1), how many of the model's
+//! layer numbers, and so seed sub-streams, the layer takes (Dense: 2, as `Linear, ReLU`).
 template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
-    detail::HasInit<L> && detail::HasForward<L, B> && detail::HasBackward<L, B>;
+    detail::HasInit<L> && detail::HasForward<L, B> &&
+    (detail::HasBackward<L, B> || detail::HasScratchBackward<L, B>);
 
 //! Fails to compile with a message naming the first backend-free member L lacks (widths,
 //! param_count, init): what Stage<...> needs whatever the backend.
@@ -77,9 +110,9 @@ consteval bool check_layer() {
   static_assert(detail::HasForward<L, B>,
                 "xpipe: Layer: missing static forward(ctx, params, ConstMatrix x, Matrix y) for "
                 "this backend's context");
-  static_assert(detail::HasBackward<L, B>,
+  static_assert(detail::HasBackward<L, B> || detail::HasScratchBackward<L, B>,
                 "xpipe: Layer: missing static backward(ctx, params, grads, accumulate, x, y, dy, "
-                "dx) for this backend's context");
+                "dx[, scratch]) for this backend's context");
   return true;
 }
 

@@ -106,8 +106,19 @@ struct Stage {
     return m;
   }
 
-  //! Seeded initialisation. Layer i of the stage draws from sub-stream first_layer + i of the
-  //! seed, so a model split into stages differently gets the same weights.
+  //! init_stream_offsets[i]: the seed sub-stream of layer i counted from the stage's first;
+  //! one per layer, two for a Dense layer (xpipe::init_streams). seed_streams: the stage's total.
+  static constexpr std::array<std::size_t, layer_count + 1> init_stream_offsets = [] {
+    constexpr std::array<std::size_t, layer_count> n{xpipe::init_streams<Ls>()...};
+    std::array<std::size_t, layer_count + 1> o{};
+    for (std::size_t i = 0; i < layer_count; ++i) o[i + 1] = o[i] + n[i];
+    return o;
+  }();
+  static constexpr std::size_t seed_streams = init_stream_offsets[layer_count];
+
+  //! Seeded initialisation. Layer i of the stage draws from sub-stream first_layer +
+  //! init_stream_offsets[i] of the seed (first_layer + i without Dense layers), so a model split
+  //! into stages differently, or with its ReLUs fused into Dense layers, gets the same weights.
   static void init(std::span<float> params, std::uint64_t seed, std::size_t first_layer = 0) {
     if (static_cast<index_t>(params.size()) != param_count)
       throw ShapeError("xpipe: Stage::init: parameter buffer has " + std::to_string(params.size()) +
@@ -115,7 +126,7 @@ struct Stage {
     std::fill(params.begin(), params.end(), 0.f);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer<I>::init(params.subspan(param_offsets[I], layer<I>::param_count),
-                      derive_seed(seed, first_layer + I)),
+                      derive_seed(seed, first_layer + init_stream_offsets[I])),
        ...);
     }
     (std::make_index_sequence<layer_count>{});
@@ -159,22 +170,30 @@ struct Stage {
     typename B::template Buffer<float> storage_;
   };
 
-  //! Two ping-pong buffers for gradients flowing back between layers; one per stage suffices,
-  //! since a stage runs one backward at a time.
+  //! Whether some layer's backward takes a gradient scratch buffer (Dense) on backend B.
+  template <class B>
+  static constexpr bool needs_grad_scratch = (xpipe::takes_grad_scratch<Ls, B> || ...);
+
+  //! Two ping-pong buffers for gradients flowing back between layers (0 and 1), and a third (2)
+  //! for the layers whose backward takes one, allocated only when some layer does; one set per
+  //! stage suffices, since a stage runs one backward at a time.
   template <class B = DefaultBackend>
   class GradScratch {
    public:
     explicit GradScratch(index_t max_rows)
-        : max_rows_(max_rows), a_(max_rows * max_width()), b_(max_rows * max_width()) {}
+        : max_rows_(max_rows),
+          a_(max_rows * max_width()),
+          b_(max_rows * max_width()),
+          c_(needs_grad_scratch<B> ? max_rows * max_width() : 0) {}
     Matrix get(int which, index_t rows, int width) const {
-      float* p = const_cast<float*>(which == 0 ? a_.data() : b_.data());
-      return {p, rows, width};
+      const auto& buffer = which == 0 ? a_ : which == 1 ? b_ : c_;
+      return {const_cast<float*>(buffer.data()), rows, width};
     }
     index_t max_rows() const { return max_rows_; }
 
    private:
     index_t max_rows_;
-    typename B::template Buffer<float> a_, b_;
+    typename B::template Buffer<float> a_, b_, c_;
   };
 
   //! Runs every layer on `x` with the given flat parameters (latest, stashed or predicted);
@@ -209,8 +228,14 @@ struct Stage {
           [&] {
             constexpr std::size_t I = layer_count - 1 - J;
             Matrix down = I == 0 ? dx : scratch.get(static_cast<int>(J % 2), rows, widths[I]);
-            layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I], accumulate,
-                               acts.boundary(I), acts.boundary(I + 1), upstream, down);
+            if constexpr (xpipe::takes_grad_scratch<layer<I>, typename Ctx::backend>)
+              layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
+                                 accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down,
+                                 scratch.get(2, rows, widths[I + 1]));
+            else
+              layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
+                                 accumulate, acts.boundary(I), acts.boundary(I + 1), upstream,
+                                 down);
             upstream = down;
           }(),
           ...);

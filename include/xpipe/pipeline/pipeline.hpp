@@ -254,11 +254,12 @@ class Pipeline {
 
   template <std::size_t... I>
   static auto make_runtimes(optimizer opt, const PipelineOptions& o, std::index_sequence<I...>) {
-    // Layer i of the model draws from seed sub-stream i whatever stage holds it.
-    constexpr std::array<std::size_t, stage_count> layers{stage<I>::layer_count...};
+    // Layer i of the model draws from seed sub-stream i whatever stage holds it (a Dense layer
+    // counts as the two it stands for: Stage::seed_streams).
+    constexpr std::array<std::size_t, stage_count> streams{stage<I>::seed_streams...};
     auto first = [&](std::size_t k) {
       std::size_t n = 0;
-      for (std::size_t i = 0; i < k; ++i) n += layers[i];
+      for (std::size_t i = 0; i < k; ++i) n += streams[i];
       return n;
     };
     return std::tuple<std::unique_ptr<Runtime<I>>...>{std::make_unique<Runtime<I>>(

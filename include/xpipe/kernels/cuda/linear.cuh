@@ -1,26 +1,29 @@
-// The Linear layer's GEMMs on CUDA with cuBLASLt epilogues: the forward's bias added by the GEMM
-// itself (CUBLASLT_EPILOGUE_BIAS), and the backward's bias gradient summed by the weight-gradient
-// GEMM (CUBLASLT_EPILOGUE_BGRADA) when it does not accumulate. One library call instead of a
-// GEMM and a kernel each: at the reference MLP's sizes a step is bound by launches, not FLOPs.
-// Include through xpipe/xpipe_cuda.cuh.
+// The Linear and Dense layers' GEMMs on CUDA with cuBLASLt epilogues: the forward's bias (and a
+// Dense layer's ReLU) applied by the GEMM itself (CUBLASLT_EPILOGUE_BIAS, _RELU_BIAS), and the
+// backward's bias gradient summed by the weight-gradient GEMM (CUBLASLT_EPILOGUE_BGRADA) when it
+// does not accumulate. One library call instead of a GEMM and a kernel each: at the reference MLP's
+// sizes a step is bound by launches, not FLOPs. Include through xpipe/xpipe_cuda.cuh.
 #pragma once
 
 #if !defined(__CUDACC__)
 #error "xpipe/kernels/cuda/linear.cuh is for CUDA translation units (nvcc); link xpipe::cuda"
 #endif
 
+#include <type_traits>
+
 #include "xpipe/backend/cuda.cuh"
 #include "xpipe/core/tensor.hpp"
 #include "xpipe/kernels/ops.hpp"
 
 // Hooked in as overloads of kernels/ops.hpp's linear_forward and linear_param_grads for a
-// CudaContext: Linear finds them by argument-dependent lookup (a non-template exact match beats
-// the template), and falls back to the template (GEMM + kernels) where the context has no
-// cuBLASLt plans (CudaContext::lt null) or cuBLASLt offers no algorithm for a shape. Every CUDA
-// unit must see these overloads (include xpipe/xpipe_cuda.cuh, not backend/cuda.cuh alone), or
-// two units would instantiate Linear differently. Results differ from the host's in the last
-// bits (another summation order), as the plain cuBLAS GEMM's do; each run of one shape on one
-// GPU takes the same algorithm, so two runs agree bitwise.
+// CudaContext: Linear and Dense find them by argument-dependent lookup (taking a CudaContext,
+// they are more specialised than the templates over any context), and fall back to the template
+// (GEMM + kernels) where the context has no cuBLASLt plans (CudaContext::lt null) or cuBLASLt
+// offers no algorithm for a shape. Every CUDA unit must see these overloads (include
+// xpipe/xpipe_cuda.cuh, not backend/cuda.cuh alone), or two units would instantiate Linear
+// differently. Results differ from the host's in the last bits (another summation order), as the
+// plain cuBLAS GEMM's do; each run of one shape on one GPU takes the same algorithm, so two runs
+// agree bitwise.
 
 namespace xpipe {
 
@@ -31,25 +34,40 @@ namespace detail {
 inline bool lt_shape_ok(index_t a, index_t b, index_t c) {
   return a > 1 && b > 1 && c > 1;
 }
+
+//! The cuBLASLt epilogue that computes Act(z + bias) for a Linear (identity) or Dense (ReLU)
+//! layer, or CUBLASLT_EPILOGUE_DEFAULT where there is none that matches our math (GELU: the
+//! library's is the tanh approximation, ours the exact erf form).
+template <class Act>
+constexpr cublasLtEpilogue_t bias_epilogue() {
+  if constexpr (std::is_same_v<Act, math::Identity>) return CUBLASLT_EPILOGUE_BIAS;
+  if constexpr (std::is_same_v<Act, math::Relu>) return CUBLASLT_EPILOGUE_RELU_BIAS;
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
 }  // namespace detail
 
-//! y = x W + b in one cuBLASLt call with the bias epilogue (else GEMM + bias kernel).
-//! Usage: `linear_forward(ctx, x, w, b, y);` (Linear::forward; the host's is kernels/ops.hpp's).
-inline void linear_forward(const CudaContext& ctx, ConstMatrix x, const float* w, const float* b,
-                           Matrix y) {
-  if (ctx.lt != nullptr && detail::lt_shape_ok(x.rows, x.cols, y.cols)) {
+//! y = Act(x W + b) in one cuBLASLt call with the bias (Linear) or bias + ReLU (Dense) epilogue;
+//! else GEMM + one bias-activation kernel.
+//! Usage: `linear_forward<math::Relu>(ctx, x, w, b, y);` (Linear and Dense forward; the host's is
+//! kernels/ops.hpp's).
+template <class Act = math::Identity>
+void linear_forward(const CudaContext& ctx, ConstMatrix x, const float* w, const float* b,
+                    Matrix y) {
+  constexpr cublasLtEpilogue_t epilogue = detail::bias_epilogue<Act>();
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && ctx.lt != nullptr &&
+      detail::lt_shape_ok(x.rows, x.cols, y.cols)) {
     // Row-major y (rows x Out) = x W is column-major y^T (Out x rows) = W^T x^T: A is W read as
     // column-major Out x In (ld Out), B is x read as column-major In x rows (ld x.ld); the bias
     // runs along D's rows (Out of them).
     CudaLtPlans::Key key;
     key.m = y.cols, key.n = x.rows, key.k = x.cols;
     key.lda = y.cols, key.ldb = x.ld, key.ldd = y.ld;
-    key.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    key.epilogue = epilogue;
     key.align_a = CudaLtPlans::alignment(w), key.align_b = CudaLtPlans::alignment(x.data);
     key.align_d = CudaLtPlans::alignment(y.data), key.align_bias = CudaLtPlans::alignment(b);
     if (ctx.lt->matmul(key, w, x.data, y.data, b, ctx.stream)) return;
   }
-  linear_forward<CudaContext>(ctx, x, w, b, y);
+  linear_forward<Act, CudaContext>(ctx, x, w, b, y);
 }
 
 //! dW = x^T dy with db = the column sums of dy from the same cuBLASLt call (bias-gradient
