@@ -135,6 +135,34 @@ TEST_CASE("A NaN loss stops training with a clear error", "[stage][train]") {
   REQUIRE(t.state().steps_taken() == 0);  // the bad batch did not update the weights
 }
 
+namespace {
+// Stage S's output, then its parameter gradients, then its input gradient, after
+// `micro_batches` forward + backward passes over the same rows: the first writes the
+// gradients, the later ones add to them.
+template <class S>
+std::vector<float> forward_backward(const std::vector<float>& w, const std::vector<float>& x,
+                                    const std::vector<float>& dy, index_t rows, int micro_batches) {
+  const HostContext ctx{};
+  typename S::template Activations<Host> acts(rows);
+  typename S::template GradScratch<Host> scratch(rows);
+  std::vector<float> g(S::param_count), dx(x.size());
+  ConstMatrix y;
+  for (int micro = 0; micro < micro_batches; ++micro) {
+    y = S::forward(ctx, w.data(), {x.data(), rows, S::in_width}, acts);
+    S::backward(ctx, w.data(), g.data(), micro > 0, acts, {dy.data(), rows, S::out_width},
+                {dx.data(), rows, S::in_width}, scratch);
+  }
+  std::vector<float> out(y.data, y.data + rows * S::out_width);
+  out.insert(out.end(), g.begin(), g.end());
+  out.insert(out.end(), dx.begin(), dx.end());
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+}  // namespace
+
 TEST_CASE("Dense layers give the bits of Linear then ReLU, keeping fewer activations",
           "[stage][dense]") {
   using Split = Stage<Linear<6, 8>, ReLU, Linear<8, 5>, ReLU, Linear<5, 3>>;
@@ -158,24 +186,13 @@ TEST_CASE("Dense layers give the bits of Linear then ReLU, keeping fewer activat
   xpipe::test::fill_uniform(x, rng);
   xpipe::test::fill_uniform(dy, rng);
   x[6] = std::nanf("");  // row 1 holds a NaN: it must reach the output, not vanish in a ReLU
-
-  Split::Activations<Host> as(rows);
-  Fused::Activations<Host> af(rows);
-  Split::GradScratch<Host> ss(rows);
-  Fused::GradScratch<Host> sf(rows);
-  std::vector<float> gs(Split::param_count), gf(Fused::param_count), dxs(rows * 6), dxf(rows * 6);
-  for (int micro = 0; micro < 2; ++micro) {  // writes the gradients, then accumulates onto them
-    const ConstMatrix ys = Split::forward(ctx, w.data(), {x.data(), rows, 6}, as);
-    const ConstMatrix yf = Fused::forward(ctx, w.data(), {x.data(), rows, 6}, af);
-    REQUIRE(std::memcmp(ys.data, yf.data, rows * 3 * sizeof(float)) == 0);
-    for (int c = 0; c < 3; ++c) REQUIRE(std::isnan(yf(1, c)));
-    REQUIRE(std::isfinite(yf(0, 0)));
-    Split::backward(ctx, w.data(), gs.data(), micro > 0, as, {dy.data(), rows, 3},
-                    {dxs.data(), rows, 6}, ss);
-    Fused::backward(ctx, w.data(), gf.data(), micro > 0, af, {dy.data(), rows, 3},
-                    {dxf.data(), rows, 6}, sf);
-    REQUIRE(std::memcmp(gs.data(), gf.data(), gs.size() * sizeof(float)) == 0);
-    REQUIRE(std::memcmp(dxs.data(), dxf.data(), dxs.size() * sizeof(float)) == 0);
+  for (int micro_batches : {1, 2}) {  // gradients written, then also accumulated
+    INFO(micro_batches << " micro-batch(es)");
+    const auto split = forward_backward<Split>(w, x, dy, rows, micro_batches);
+    const auto fused = forward_backward<Fused>(w, x, dy, rows, micro_batches);
+    REQUIRE(same_bits(split, fused));
+    for (int c = 0; c < 3; ++c) REQUIRE(std::isnan(fused[3 + c]));  // output row 1
+    REQUIRE(std::isfinite(fused[0]));
   }
   // The same seed draws the same weights: a Dense layer takes the two layer numbers of the
   // Linear and ReLU it stands for, so the last Linear is layer 4 in both.
@@ -209,7 +226,6 @@ TEST_CASE("A Dense layer last in its stage reads the stage's incoming gradient, 
   // the stage's third scratch buffer, not into dy.
   using Split = Stage<Linear<6, 8>, Linear<8, 5>, ReLU>;
   using Fused = Stage<Linear<6, 8>, Dense<8, 5, ReLU>>;
-  const HostContext ctx{};
   const index_t rows = 4;
   std::vector<float> w(Split::param_count);
   Split::init(w, 5);
@@ -218,18 +234,8 @@ TEST_CASE("A Dense layer last in its stage reads the stage's incoming gradient, 
   xpipe::test::fill_uniform(x, rng);
   xpipe::test::fill_uniform(dy, rng);
   const std::vector<float> dy_given = dy;
-  Split::Activations<Host> as(rows);
-  Fused::Activations<Host> af(rows);
-  Split::GradScratch<Host> ss(rows);
-  Fused::GradScratch<Host> sf(rows);
-  std::vector<float> gs(Split::param_count), gf(Fused::param_count), dxs(rows * 6), dxf(rows * 6);
-  Split::forward(ctx, w.data(), {x.data(), rows, 6}, as);
-  Fused::forward(ctx, w.data(), {x.data(), rows, 6}, af);
-  Split::backward(ctx, w.data(), gs.data(), false, as, {dy.data(), rows, 5}, {dxs.data(), rows, 6},
-                  ss);
-  Fused::backward(ctx, w.data(), gf.data(), false, af, {dy.data(), rows, 5}, {dxf.data(), rows, 6},
-                  sf);
+  const auto split = forward_backward<Split>(w, x, dy, rows, 1);
+  const auto fused = forward_backward<Fused>(w, x, dy, rows, 1);
   REQUIRE(dy == dy_given);
-  REQUIRE(gs == gf);
-  REQUIRE(dxs == dxf);
+  REQUIRE(same_bits(split, fused));
 }
