@@ -153,6 +153,27 @@ void compare_one(const Schedule& s, const Dataset& d, O opt, const std::vector<i
   }
 }
 
+// Stages 0 and 2 as Dense layers (the ReLU in the forward GEMM's epilogue, the stage's third
+// gradient buffer on the device): from the same seed they start from the host's Linear-then-ReLU
+// weights, train async 1F1B x XPipe on the GPU to them within the tolerance above, twice bitwise.
+void dense_stages(const Dataset& d, const Adam& adam) {
+  using D0 = Stage<Dense<64, 96, ReLU>>;
+  using D2 = Stage<Dense<96, 64, ReLU>>;
+  const Schedule s = async_1f1b(K, M, mini_batches);
+  const PipelineOptions options{.batch = batch, .micro_batches = M, .seed = 11, .devices = {0}};
+  auto gpu_run = [&] {
+    Pipeline<D0, S1, D2, S3, XPipe, Adam, Cuda> p(adam, options);
+    CudaExecutor e;
+    p.train(s, epoch_of(d), e);
+    return p.weights();
+  };
+  const Outcome host = train<XPipe, Adam, Host>(s, d, adam, ReferenceExecutor{}, {});
+  const std::vector<float> gpu = gpu_run();
+  check_close("Dense stages, async-1f1b x xpipe: GPU vs host Linear+ReLU", host.weights, gpu,
+              weight_tol, weight_eps);
+  check_same("Dense stages: two GPU runs bitwise", gpu, gpu_run());
+}
+
 // The loss sum on the device reports a NaN input as the host path does, word for word.
 void non_finite_loss(const Dataset& clean) {
   Dataset d = head(clean, rows);
@@ -316,6 +337,7 @@ int main() {
     non_finite_loss(d);
     resume_from_checkpoint(d);
     stalled_queues(d);
+    dense_stages(d, adam);
     bad_setup(d, devices);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
