@@ -3,10 +3,13 @@
 // device-to-device copy moving the same bytes; the MLP's Linear forward + backward through our
 // layer code against its cuBLAS SGEMMs alone; and the whole K = 1 training step of the
 // 784-1024-1024-1024-10 MLP at batch 128 (samples/s, eager and replayed from a CUDA graph), with
-// Linear then ReLU and with Dense layers (the ReLU in the GEMM's epilogue).
+// Linear then ReLU and with Dense layers (the ReLU in the GEMM's epilogue); and the Pipeline
+// (async 1F1B x XPipe) with K = 2 and K = 4 stages on streams of one GPU against K = 1.
 // A program of its own (the lent GPU machine has no Google Benchmark). Exits 77 without a device.
 //   bench_gpu [--short] [--json PATH]
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -295,6 +298,87 @@ void training_steps(const xpipe::CudaContext& ctx, const Options& o) {
          "Linear then ReLU, graph", 0});
 }
 
+// ---- 4. the pipeline on one GPU's streams (and on two GPUs) ----------------------------------
+// Pipeline<..., Cuda> trained with CudaExecutor, async 1F1B x XPipe, M = 1, batch 128, over an
+// epoch of synthetic rows: K = 1, K = 2 and K = 4 stages on streams of device 0 (one host thread
+// and stream per stage), and K = 2 on devices 0 and 1 where there are two of one model with peer
+// access. Timed on the host around train(), which returns after every stream has finished (the
+// epoch's upload included); median of repeats after a warm-up epoch.
+namespace pipe {
+using L1 = xpipe::Linear<784, 1024>;
+using L2 = xpipe::Linear<1024, 1024>;
+using L4 = xpipe::Linear<1024, 10>;
+using xpipe::ReLU;
+using K1 = xpipe::models::FashionMlp;
+using K2a = xpipe::Stage<L1, ReLU, L2, ReLU>;
+using K2b = xpipe::Stage<L2, ReLU, L4>;
+using A = xpipe::Stage<L1, ReLU>;
+using B = xpipe::Stage<L2, ReLU>;
+using D = xpipe::Stage<L4>;
+
+template <class... Stages>
+double samples_per_s(const Options& o, const xpipe::EpochData& epoch, int k,
+                     std::vector<int> devices) {
+  constexpr index_t batch = 128;
+  const index_t count = epoch.inputs.rows;
+  const int mini_batches = static_cast<int>(count / batch);
+  xpipe::Pipeline<Stages..., xpipe::XPipe, xpipe::Adam, xpipe::Cuda> p(
+      xpipe::Adam{.lr = 1e-3f},
+      {.batch = batch, .micro_batches = 1, .seed = 1, .devices = std::move(devices)});
+  const xpipe::Schedule s = xpipe::async_1f1b(k, 1, mini_batches);
+  xpipe::CudaExecutor exec;
+  p.train(s, epoch, exec);  // warm-up: plans, lazy loading, clocks
+  std::vector<double> t;
+  for (int r = 0; r < (o.quick ? 2 : 7); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    p.train(s, epoch, exec);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return static_cast<double>(count) / t[t.size() / 2];
+}
+}  // namespace pipe
+
+//! Whether devices 0 and 1 are of one model and can access each other's memory (what the
+//! pipeline needs to put adjacent stages on them).
+bool two_gpus_with_peer_access(int devices) {
+  if (devices < 2) return false;
+  cudaDeviceProp a{}, b{};
+  XPIPE_CUDA_CHECK(cudaGetDeviceProperties(&a, 0));
+  XPIPE_CUDA_CHECK(cudaGetDeviceProperties(&b, 1));
+  int ab = 0, ba = 0;
+  XPIPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&ab, 0, 1));
+  XPIPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&ba, 1, 0));
+  return std::strcmp(a.name, b.name) == 0 && ab && ba;
+}
+
+void pipelines(const Options& o, int devices, bool two_gpus) {
+  const index_t count = 128 * (o.quick ? 8 : 64);
+  xpipe::HostBuffer<float> x(count * 784);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(count));
+  xpipe::Rng rng{3};
+  for (float& v : x) v = rng.uniform(0.f, 1.f);
+  for (auto& v : y) v = static_cast<std::int32_t>(rng.below(10));
+  const xpipe::EpochData epoch{{x.data(), count, 784}, y.data()};
+  using namespace pipe;
+  const double k1 = samples_per_s<K1>(o, epoch, 1, {0});
+  const double k2 = samples_per_s<K2a, K2b>(o, epoch, 2, {0});
+  const double k4 = samples_per_s<A, B, B, D>(o, epoch, 4, {0});
+  std::printf("%-44s %12.1f samples/s\n", "pipeline K=1, async 1F1B x XPipe, M=1", k1);
+  rows.push_back({"pipeline_k1_samples_per_s", k1, "samples/s", 0, "", 0});
+  add({"pipeline K=2 on 2 streams of one GPU", k2, "samples/s", k1, "K=1 (one stream)", 0});
+  add({"pipeline K=4 on 4 streams of one GPU", k4, "samples/s", k1, "K=1 (one stream)", 1.0});
+  if (two_gpus) {
+    const double across = samples_per_s<K2a, K2b>(o, epoch, 2, {0, 1});
+    add({"pipeline K=2 on 2 GPUs", across, "samples/s", k1, "K=1 on one GPU", 1.8});
+  } else {
+    std::printf(
+        "pipeline K=2 on 2 GPUs: not measured (%d device(s) of one model with peer "
+        "access needed: 2)\n",
+        devices);
+  }
+}
+
 std::string escape(const std::string& s) {
   std::string r;
   for (char c : s) r += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
@@ -355,6 +439,7 @@ int main(int argc, char** argv) {
     linear_layers(ctx, o);
     training_steps(ctx, o);
     stream.synchronize();
+    pipelines(o, devices, two_gpus_with_peer_access(devices));
     if (!o.json.empty()) write_json(o.json, prop);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
