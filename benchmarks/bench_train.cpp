@@ -48,19 +48,14 @@ void BM_TrainStep(benchmark::State& st) {
   st.counters["gemm_bound_samples/s"] = batch / gemm_bound_seconds(threads);
 }
 
+// 1 and 2 threads, wall-clock time, in ms.
+void thread_counts(benchmark::internal::Benchmark* b) {
+  b->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace
 
-BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp)
-    ->ArgName("threads")
-    ->Arg(1)
-    ->Arg(2)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)
-    ->ArgName("threads")
-    ->Arg(1)
-    ->Arg(2)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp)->Apply(thread_counts);
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)->Apply(thread_counts);
 
 BENCHMARK_MAIN();

@@ -1,7 +1,9 @@
 // Stage<Layers...>: widths, flat layout, seeded split-invariant init, chaining, and training.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "support/support.hpp"
@@ -158,6 +160,16 @@ std::vector<float> forward_backward(const std::vector<float>& w, const std::vect
   return out;
 }
 
+// Random inputs (rows x in) and output gradients (rows x out) in [-1, 1) from `seed`.
+std::pair<std::vector<float>, std::vector<float>> random_rows(index_t rows, int in, int out,
+                                                              std::uint64_t seed) {
+  Rng rng{seed};
+  std::vector<float> x(rows * in), dy(rows * out);
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  return {x, dy};
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -181,10 +193,7 @@ TEST_CASE("Dense layers give the bits of Linear then ReLU, keeping fewer activat
   const index_t rows = 5;
   std::vector<float> w(Split::param_count);
   Split::init(w, 11);
-  Rng rng{2};
-  std::vector<float> x(rows * 6), dy(rows * 3);
-  xpipe::test::fill_uniform(x, rng);
-  xpipe::test::fill_uniform(dy, rng);
+  auto [x, dy] = random_rows(rows, 6, 3, 2);
   x[6] = std::nanf("");  // row 1 holds a NaN: it must reach the output, not vanish in a ReLU
   for (int micro_batches : {1, 2}) {  // gradients written, then also accumulated
     INFO(micro_batches << " micro-batch(es)");
@@ -229,10 +238,7 @@ TEST_CASE("A Dense layer last in its stage reads the stage's incoming gradient, 
   const index_t rows = 4;
   std::vector<float> w(Split::param_count);
   Split::init(w, 5);
-  Rng rng{6};
-  std::vector<float> x(rows * 6), dy(rows * 5);
-  xpipe::test::fill_uniform(x, rng);
-  xpipe::test::fill_uniform(dy, rng);
+  const auto [x, dy] = random_rows(rows, 6, 5, 6);
   const std::vector<float> dy_given = dy;
   const auto split = forward_backward<Split>(w, x, dy, rows, 1);
   const auto fused = forward_backward<Fused>(w, x, dy, rows, 1);

@@ -188,7 +188,6 @@ class CudaLtPlans {
     const float alpha = 1.f, beta = key.accumulate ? 1.f : 0.f;
     XPIPE_CUBLAS_CHECK(cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->d, d,
                                       p->d, &p->algo, workspace_, workspace_bytes, stream));
-    ++fused_;
     for (auto& [epilogue, calls] : fused_by_epilogue_)
       if (epilogue == key.epilogue || calls == 0) {
         epilogue = key.epilogue;
@@ -199,7 +198,11 @@ class CudaLtPlans {
   }
 
   //! GEMMs that ran with their epilogue (the others fell back to GEMM + kernels).
-  long fused_calls() const { return fused_; }
+  long fused_calls() const {
+    long n = 0;
+    for (const auto& [epilogue, calls] : fused_by_epilogue_) n += calls;
+    return n;
+  }
   //! Those that ran with epilogue e. Usage: `lt.fused_calls(CUBLASLT_EPILOGUE_RELU_BIAS)`.
   long fused_calls(cublasLtEpilogue_t e) const {
     for (const auto& [epilogue, calls] : fused_by_epilogue_)
@@ -292,7 +295,6 @@ class CudaLtPlans {
   void* workspace_ = nullptr;
   int device_ = 0;
   std::vector<Plan> plans_;
-  long fused_ = 0;
   // Calls per epilogue, in the order first used (three are used: BIAS, RELU_BIAS, BGRADA).
   std::array<std::pair<cublasLtEpilogue_t, long>, 8> fused_by_epilogue_{};
 };

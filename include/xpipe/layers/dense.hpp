@@ -47,40 +47,33 @@ struct Dense {
   //! W from Init, b = 0: the draws of Linear<In, Out, Init> with the same seed.
   static void init(std::span<float> params, std::uint64_t seed) { linear::init(params, seed); }
 
-  //! An input of other than In columns, an output (gradient) of other than Out, or a scratch
-  //! buffer smaller than the gradient is a ShapeError naming the layer.
-  static void check_shapes(ConstMatrix in, ConstMatrix out, const char* where,
-                           ConstMatrix scratch = {}) {
-    const std::string layer =
-        "xpipe: Dense<" + std::to_string(In) + ", " + std::to_string(Out) + ">::" + where + ": ";
-    if (in.cols != In || out.cols != Out)
-      throw ShapeError(layer + "got " + std::to_string(in.cols) + " input and " +
-                       std::to_string(out.cols) + " output columns");
-    if (scratch.data != nullptr && (scratch.rows < out.rows || scratch.cols < Out))
-      throw ShapeError(layer + "the scratch buffer is " + std::to_string(scratch.rows) + "x" +
-                       std::to_string(scratch.cols) + ", the gradient needs " +
-                       std::to_string(out.rows) + "x" + std::to_string(Out));
+  //! "Dense<In, Out>", as its errors name it.
+  static std::string name() {
+    return "Dense<" + std::to_string(In) + ", " + std::to_string(Out) + ">";
   }
 
   //! y = Act(x W + b).
   template <class Ctx>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y) {
-    check_shapes(x, y, "forward");
+    detail::check_fc_widths(name(), In, Out, x, y, "forward");
     linear_forward<function>(ctx, x, params, params + weight_count, y);
   }
 
   //! dz = Act'(y) dy into `scratch` (at least rows x Out), then dW (+)= x^T dz, db (+)= column
-  //! sums of dz, dx = dz W^T (skipped when dx is empty).
+  //! sums of dz, dx = dz W^T (skipped when dx is empty). Wrong widths, or a scratch buffer
+  //! missing or too small, are a ShapeError naming the layer.
   template <class Ctx>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx, Matrix scratch) {
-    if (scratch.data == nullptr)
-      throw ShapeError("xpipe: Dense<" + std::to_string(In) + ", " + std::to_string(Out) +
-                       ">::backward: needs a scratch buffer for the gradient (Stage passes one)");
-    check_shapes(x, dy, "backward", scratch);
+    detail::check_fc_widths(name(), In, Out, x, dy, "backward");
+    if (scratch.data == nullptr || scratch.rows < dy.rows || scratch.cols < Out)
+      throw ShapeError("xpipe: " + name() + "::backward: needs a scratch buffer of at least " +
+                       std::to_string(dy.rows) + "x" + std::to_string(Out) + " for dz, got " +
+                       std::to_string(scratch.rows) + "x" + std::to_string(scratch.cols) +
+                       " (Stage passes one)");
     const Matrix dz{scratch.data, dy.rows, Out};
     activation_backward_from_output<function>(ctx, y, dy, dz);
-    linear::backward(ctx, params, grads, accumulate, x, y, dz, dx);
+    linear::gradients(ctx, params, grads, accumulate, x, dz, dx);
   }
 };
 

@@ -12,6 +12,19 @@
 
 namespace xpipe {
 
+namespace detail {
+// The widths check of a fully connected layer named `layer` ("Linear<784, 1024>"): its GEMMs
+// take their sizes from the views, so an input of other than `in` columns or an output
+// (gradient) of other than `out` is a ShapeError naming the layer and the call, not a product
+// of the wrong shape.
+inline void check_fc_widths(const std::string& layer, int in, int out, ConstMatrix x, ConstMatrix y,
+                            const char* where) {
+  if (x.cols != in || y.cols != out)
+    throw ShapeError("xpipe: " + layer + "::" + where + ": got " + std::to_string(x.cols) +
+                     " input and " + std::to_string(y.cols) + " output columns");
+}
+}  // namespace detail
+
 //! Fully connected layer. Parameters: W (In x Out, row-major) then b (Out).
 //! Usage: `Stage<Linear<784, 1024>, ReLU, Linear<1024, 10>>`.
 template <int In, int Out, class Init = HeUniform>
@@ -28,13 +41,11 @@ struct Linear {
     std::fill(params.begin() + weight_count, params.end(), 0.f);
   }
 
-  //! The GEMMs take their sizes from the views: an input of other than In columns, or an
-  //! output (gradient) of other than Out, is a ShapeError, not a product of the wrong shape.
+  //! An input of other than In columns, or an output (gradient) of other than Out, is a
+  //! ShapeError naming the layer (detail::check_fc_widths).
   static void check_widths(ConstMatrix in, ConstMatrix out, const char* where) {
-    if (in.cols != In || out.cols != Out)
-      throw ShapeError(std::string("xpipe: Linear<") + std::to_string(In) + ", " +
-                       std::to_string(Out) + ">::" + where + ": got " + std::to_string(in.cols) +
-                       " input and " + std::to_string(out.cols) + " output columns");
+    detail::check_fc_widths("Linear<" + std::to_string(In) + ", " + std::to_string(Out) + ">", In,
+                            Out, in, out, where);
   }
 
   //! y = x W + b.
@@ -49,6 +60,13 @@ struct Linear {
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx) {
     check_widths(x, dy, "backward");
+    gradients(ctx, params, grads, accumulate, x, dy, dx);
+  }
+
+  //! backward's work on views already checked (Dense calls it with its dz as dy).
+  template <class Ctx>
+  static void gradients(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                        ConstMatrix x, ConstMatrix dy, Matrix dx) {
     linear_param_grads(ctx, x, dy, grads, grads + weight_count, accumulate);
     if (!dx.empty())
       gemm(ctx, Trans::No, Trans::Yes, dy.rows, In, Out, 1.f, dy.data, dy.ld, params, Out, 0.f,
