@@ -47,15 +47,10 @@ struct Dense {
   //! W from Init, b = 0: the draws of Linear<In, Out, Init> with the same seed.
   static void init(std::span<float> params, std::uint64_t seed) { linear::init(params, seed); }
 
-  //! "Dense<In, Out>", as its errors name it.
-  static std::string name() {
-    return "Dense<" + std::to_string(In) + ", " + std::to_string(Out) + ">";
-  }
-
   //! y = Act(x W + b).
   template <class Ctx>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y) {
-    detail::check_fc_widths(name(), In, Out, x, y, "forward");
+    detail::check_fc_widths("Dense", In, Out, x, y, "forward");
     linear_forward<function>(ctx, x, params, params + weight_count, y);
   }
 
@@ -65,12 +60,12 @@ struct Dense {
   template <class Ctx>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx, Matrix scratch) {
-    detail::check_fc_widths(name(), In, Out, x, dy, "backward");
+    detail::check_fc_widths("Dense", In, Out, x, dy, "backward");
     if (scratch.data == nullptr || scratch.rows < dy.rows || scratch.cols < Out)
-      throw ShapeError("xpipe: " + name() + "::backward: needs a scratch buffer of at least " +
-                       std::to_string(dy.rows) + "x" + std::to_string(Out) + " for dz, got " +
-                       std::to_string(scratch.rows) + "x" + std::to_string(scratch.cols) +
-                       " (Stage passes one)");
+      throw ShapeError("xpipe: " + detail::fc_name("Dense", In, Out) +
+                       "::backward: needs a scratch buffer of at least " + std::to_string(dy.rows) +
+                       "x" + std::to_string(Out) + " for dz, got " + std::to_string(scratch.rows) +
+                       "x" + std::to_string(scratch.cols) + " (Stage passes one)");
     const Matrix dz{scratch.data, dy.rows, Out};
     activation_backward_from_output<function>(ctx, y, dy, dz);
     linear::gradients(ctx, params, grads, accumulate, x, dz, dx);

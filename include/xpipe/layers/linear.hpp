@@ -13,15 +13,21 @@
 namespace xpipe {
 
 namespace detail {
-// The widths check of a fully connected layer named `layer` ("Linear<784, 1024>"): its GEMMs
-// take their sizes from the views, so an input of other than `in` columns or an output
-// (gradient) of other than `out` is a ShapeError naming the layer and the call, not a product
-// of the wrong shape.
-inline void check_fc_widths(const std::string& layer, int in, int out, ConstMatrix x, ConstMatrix y,
+// "Linear<784, 1024>": how errors name a fully connected layer of kind `kind`.
+inline std::string fc_name(const char* kind, int in, int out) {
+  return std::string(kind) + "<" + std::to_string(in) + ", " + std::to_string(out) + ">";
+}
+
+// The widths check of a fully connected layer: its GEMMs take their sizes from the views, so an
+// input of other than `in` columns or an output (gradient) of other than `out` is a ShapeError
+// naming the layer and the call, not a product of the wrong shape. Called every forward and
+// backward: it builds no string unless it throws.
+inline void check_fc_widths(const char* kind, int in, int out, ConstMatrix x, ConstMatrix y,
                             const char* where) {
   if (x.cols != in || y.cols != out)
-    throw ShapeError("xpipe: " + layer + "::" + where + ": got " + std::to_string(x.cols) +
-                     " input and " + std::to_string(y.cols) + " output columns");
+    throw ShapeError("xpipe: " + fc_name(kind, in, out) + "::" + where + ": got " +
+                     std::to_string(x.cols) + " input and " + std::to_string(y.cols) +
+                     " output columns");
 }
 }  // namespace detail
 
@@ -44,8 +50,7 @@ struct Linear {
   //! An input of other than In columns, or an output (gradient) of other than Out, is a
   //! ShapeError naming the layer (detail::check_fc_widths).
   static void check_widths(ConstMatrix in, ConstMatrix out, const char* where) {
-    detail::check_fc_widths("Linear<" + std::to_string(In) + ", " + std::to_string(Out) + ">", In,
-                            Out, in, out, where);
+    detail::check_fc_widths("Linear", In, Out, in, out, where);
   }
 
   //! y = x W + b.
