@@ -812,7 +812,7 @@ std::vector<int> allowed_cpus() {
 
 }  // namespace
 
-TEST_CASE("Pinned stage threads run on their CPUs with the same bits; a bad CPU is named",
+TEST_CASE("Pinned stage threads run on their CPUs with the same bits, a bad CPU is named",
           "[faults][executor]") {
   const auto d = test::random_classification(8 * 20, 8, 4, 5);
   std::vector<int> cpus = allowed_cpus();

@@ -245,7 +245,7 @@ TEST_CASE("2BW + error feedback: W -= u_t + (u_t - u_t-1), the first step uncorr
   REQUIRE(opt.weights()[0] == Approx(0.1f));
 }
 
-TEST_CASE("PACI: a stage steps once per delay with the mean gradient; the epoch's end flushes",
+TEST_CASE("PACI: a stage steps once per delay with the mean gradient, the epoch's end flushes",
           "[predict][remedies]") {
   // K = 4, M = 1, 7 mini-batches: stage 0's delay is 3, so it steps after mini-batches 3, 6 and
   // (the epoch's end) 7.
@@ -288,7 +288,7 @@ std::vector<float> four_stages(const Schedule& s, const test::LabelledData& d, O
 }
 }  // namespace
 
-TEST_CASE("Every remedy: threaded = reference bitwise; the no-ops on synchronous schedules",
+TEST_CASE("Every remedy: threaded = reference bitwise, the no-ops on synchronous schedules",
           "[pipeline][oracle][remedies]") {
   const auto d = test::random_classification(166, 20, 4, 1);
   [&]<class... P>(std::tuple<P...>*) {
