@@ -1,0 +1,274 @@
+// The device half of Pipeline (what a CUDA pipeline runs: the epoch uploaded, queues ordered by
+// events between streams, the loss summed on the device and read once after the run, weights,
+// evaluation and checkpoints copied through the host), run here without a GPU on an emulated
+// device (support/emulated_device.hpp): streams are worker threads that lag the host by random
+// delays, so a missing event wait shows as wrong bits. The math is the host's, so every result
+// must equal the host pipeline's bit for bit.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "support/emulated_device.hpp"
+#include "support/support.hpp"
+#include "xpipe/pipeline/checkpoint.hpp"
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using Catch::Contains;
+using test::EmulatedDevice;
+
+namespace {
+
+using S0 = Stage<Linear<20, 32>, ReLU>;
+using S1 = Stage<Linear<32, 32>, GELU>;
+using S2 = Stage<Linear<32, 16>, ReLU>;
+using S3 = Stage<Linear<16, 4>>;
+
+constexpr index_t batch = 16;
+constexpr int mini_batches = 11;
+
+// The emulation's settings for one test, restored after it.
+struct Emulation {
+  Emulation(int devices, int jitter_us, int slow_stage = -1, int slow_us = 0) {
+    EmulatedDevice::devices = devices;
+    EmulatedDevice::jitter_us = jitter_us;
+    EmulatedDevice::slow_stage = slow_stage;
+    EmulatedDevice::slow_us = slow_us;
+  }
+  ~Emulation() {
+    EmulatedDevice::devices = 1;
+    EmulatedDevice::jitter_us = 0;
+    EmulatedDevice::slow_stage = -1;
+    EmulatedDevice::slow_us = 0;
+  }
+};
+
+struct Outcome {
+  std::vector<float> weights;
+  double loss = 0;
+  double accuracy = 0;
+};
+
+template <class P, class B, class O, class E>
+Outcome train(const Schedule& s, const test::LabelledData& d, O opt, E exec) {
+  Pipeline<S0, S1, S2, S3, P, O, B> p(
+      opt, {.batch = batch, .micro_batches = s.micro_batches, .seed = 3});
+  const EpochResult r = p.train(s, d.epoch(), exec);
+  Dataset eval;
+  eval.count = d.rows;
+  eval.width = d.cols;
+  eval.classes = 4;
+  eval.features = HostBuffer<float>(d.rows * d.cols);
+  std::copy(d.x.begin(), d.x.end(), eval.features.begin());
+  eval.labels = d.y;
+  return {p.weights(), r.loss, p.evaluate(eval)};
+}
+
+void require_same(const Outcome& host, const Outcome& device) {
+  REQUIRE(device.weights == host.weights);
+  REQUIRE(device.loss == host.loss);  // summed on the "device" in the host's order
+  REQUIRE(device.accuracy == host.accuracy);
+}
+
+// A layer that makes its stage's stream fail at the first forward, as a faulting kernel does.
+struct FaultOnStream {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 0;
+  static void init(std::span<float>, std::uint64_t) {}
+  template <class Ctx>
+  static void forward(const Ctx& ctx, const float* p, ConstMatrix x, Matrix y) {
+    test::fail_on_stream(ctx, "illegal address (injected)");
+    Activation<math::Identity>::forward(ctx, p, x, y);
+  }
+  template <class Ctx>
+  static void backward(const Ctx& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
+    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("The emulated device keeps CUDA's rules on devices, launches and events",
+          "[device][emulated]") {
+  Emulation two(2, 0);
+  test::EmulatedStreamOwner s0(Placement{.stage = 0}), s1(Placement{.stage = 1});
+  REQUIRE(s0.ctx().device == 0);
+  REQUIRE(s1.ctx().device == 1);  // stage k on device k % 2; device 1 is now current
+  test::EmulatedBuffer<float> x(4);
+  const auto fill = [p = x.data()](index_t i) { p[i] = static_cast<float>(i); };
+  REQUIRE_THROWS_WITH(for_each_index(s0.ctx(), 4, fill),
+                      Contains("stream of device 0 while device 1 is current"));
+  activate(s0.ctx());
+  for_each_index(s0.ctx(), 4, fill);
+  synchronize(s0.ctx());
+  REQUIRE(x.data()[3] == 3.f);
+
+  test::EmulatedEvent on_device0;  // created while device 0 is current
+  REQUIRE_THROWS_WITH(on_device0.record(s1.ctx()),
+                      Contains("event of device 0 recorded on a stream of device 1"));
+
+  // A wait takes the record current when it is enqueued: stream 1 waits for stream 0's first
+  // task only, not for what stream 0 is given after the wait.
+  std::atomic<int> stage{0};
+  on_device0.record(s0.ctx());  // nothing pending on stream 0: complete at once
+  on_device0.wait(s1.ctx());
+  s0.ctx().stream->enqueue([&] {
+    while (stage.load() == 0) std::this_thread::yield();  // held until stream 1 has run
+  });
+  s1.ctx().stream->enqueue([&] { stage = 1; });
+  synchronize(s1.ctx());
+  synchronize(s0.ctx());
+  REQUIRE(stage.load() == 1);
+
+  // A failed task fails its stream: what follows is skipped, synchronize throws.
+  test::fail_on_stream(s0.ctx(), "injected");
+  float y = 0;
+  const float one = 1.f;
+  copy_to_host(s1.ctx(), &one, &y, 1);  // another stream is unaffected
+  REQUIRE(y == 1.f);
+  REQUIRE_THROWS_WITH(synchronize(s0.ctx()), Contains("injected"));
+}
+
+TEST_CASE("A pipeline on an emulated device gives the host's bits for every schedule x predictor",
+          "[pipeline][device][emulated][oracle]") {
+  Emulation lagging(1, 40);  // every stream sleeps 0..40 us before each task
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  [&]<class... P>(std::tuple<P...>*) {
+    auto one = [&]<class Pr>(std::type_identity<Pr>) {
+      for (const auto& [name, M] : std::vector<std::pair<const char*, int>>{
+               {"async-1f1b", 1}, {"async-1f1b", 4}, {"2bw", 4}, {"gpipe", 2}, {"1f1b-flush", 4}}) {
+        const Schedule s = make_schedule(name, 4, M, mini_batches);
+        for (const AnyOptimizer o :
+             {AnyOptimizer{Adam{.lr = 1e-2f}}, AnyOptimizer{SGD{.lr = 0.05f, .momentum = 0.9f}}}) {
+          INFO(Pr::name << " on " << name << " M=" << M << " with " << o.chosen_name());
+          Outcome host;
+          try {
+            host = train<Pr, Host>(s, d, o, ReferenceExecutor{});
+          } catch (const ConfigError&) {  // 2BW and 2BW + EF need M >= K
+            REQUIRE((std::string(Pr::name).rfind("2bw", 0) == 0 && M < 4));
+            continue;
+          }
+          require_same(host, train<Pr, EmulatedDevice>(s, d, o, ThreadedExecutor{}));
+        }
+      }
+    };
+    (one(std::type_identity<P>{}), ...);
+  }(static_cast<BuiltinPredictors*>(nullptr));
+}
+
+TEST_CASE("An emulated stream lagging its neighbours by whole micro-batches changes no bit",
+          "[pipeline][device][emulated]") {
+  // A stage whose stream is slow lets its neighbours' host threads run a ring's length ahead:
+  // a producer that wrote a slot without waiting for the slow consumer's read of it, or a
+  // consumer that read one before the slow producer filled it, would change the weights.
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  const Adam adam{.lr = 1e-2f};
+  for (const Schedule& s : {async_1f1b(4, 4, mini_batches), gpipe(4, 4, mini_batches)}) {
+    const Outcome host = train<XPipe, Host>(s, d, adam, ReferenceExecutor{});
+    for (int slow = 0; slow < 4; ++slow) {
+      INFO(s.name << ", stage " << slow << " slow");
+      Emulation lag(1, 0, slow, 150);
+      require_same(host, train<XPipe, EmulatedDevice>(s, d, adam, ThreadedExecutor{}));
+    }
+  }
+}
+
+TEST_CASE("An emulated pipeline over two devices, by one thread, or of Dense layers: same bits",
+          "[pipeline][device][emulated]") {
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  const Schedule s = async_1f1b(4, 4, mini_batches);
+  const Adam adam{.lr = 1e-2f};
+  const Outcome host = train<XPipe, Host>(s, d, adam, ReferenceExecutor{});
+  {
+    Emulation two(2, 40);  // stage k on device k % 2: every activate() must be in place
+    require_same(host, train<XPipe, EmulatedDevice>(s, d, adam, ThreadedExecutor{}));
+    require_same(host, train<XPipe, EmulatedDevice>(s, d, adam, ReferenceExecutor{}));
+    // Dense layers (and the gradient scratch buffer they need, in device memory) give the bits
+    // of Linear then ReLU.
+    Pipeline<Stage<Dense<20, 32, ReLU>>, S1, Stage<Dense<32, 16, ReLU>>, S3, XPipe, Adam,
+             EmulatedDevice>
+        dense(adam, {.batch = batch, .micro_batches = 4, .seed = 3});
+    ThreadedExecutor e;
+    dense.train(s, d.epoch(), e);
+    REQUIRE(dense.weights() == host.weights);
+  }
+  Emulation one(1, 40);
+  require_same(train<Stash, Host>(s, d, adam, ReferenceExecutor{}),
+               train<Stash, EmulatedDevice>(s, d, adam, ReferenceExecutor{}));
+}
+
+TEST_CASE("An emulated pipeline reports a NaN input after the run as the host does, word for word",
+          "[pipeline][device][emulated][errors]") {
+  Emulation lagging(1, 20);
+  auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  d.x[(3 * batch + 5) * 20 + 7] = std::nanf("");  // a row of mini-batch 3
+  const Schedule s = async_1f1b(4, 4, mini_batches);
+  auto message = [&]<class B>() -> std::string {
+    Pipeline<S0, S1, S2, S3, XPipe, Adam, B> p(Adam{.lr = 1e-3f},
+                                               {.batch = batch, .micro_batches = 4});
+    ThreadedExecutor e;
+    try {
+      p.train(s, d.epoch(), e);
+    } catch (const StageError& err) {
+      return err.what();
+    }
+    return "no error";
+  };
+  const std::string host = message.template operator()<Host>();
+  REQUIRE_THAT(host, Contains("loss is NaN") && Contains("input row 53 holds NaN"));
+  REQUIRE(message.template operator()<EmulatedDevice>() == host);
+}
+
+TEST_CASE("An emulated stream that fails mid-run surfaces after the run as a StageError",
+          "[pipeline][device][emulated][errors]") {
+  Emulation lagging(1, 20);
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  Pipeline<S0, S1, Stage<Linear<32, 16>, FaultOnStream, ReLU>, S3, XPipe, Adam, EmulatedDevice> p(
+      Adam{}, {.batch = batch, .micro_batches = 4});
+  ThreadedExecutor e;
+  REQUIRE_THROWS_WITH(
+      p.train(async_1f1b(4, 4, mini_batches), d.epoch(), e),
+      Contains("stage 2, action end of run") && Contains("illegal address (injected)"));
+}
+
+TEST_CASE(
+    "An emulated pipeline's checkpoint resumes bitwise, bad placements and labels are refused",
+    "[pipeline][device][emulated][checkpoint]") {
+  Emulation lagging(1, 20);
+  const auto d = test::random_classification(batch * 10, 20, 4, 1);
+  const index_t half = batch * 5;
+  const EpochData first{d.features().slice_rows(0, half), d.y.data()};
+  const EpochData second{d.features().slice_rows(half, half), d.y.data() + half};
+  const Schedule s = async_1f1b(4, 4, 5);
+  using P = Pipeline<S0, S1, S2, S3, XPipe, Adam, EmulatedDevice>;
+  const PipelineOptions o{.batch = batch, .micro_batches = 4, .seed = 3};
+  ThreadedExecutor e;
+  P straight(Adam{.lr = 1e-2f}, o);
+  straight.train(s, first, e);
+  straight.train(s, second, e);
+  P before(Adam{.lr = 1e-2f}, o);
+  before.train(s, first, e);
+  const auto root = test::scratch_dir("emulated_ckpt");
+  std::filesystem::remove_all(root);
+  const auto folder = save_checkpoint(before, root, "ckpt-000001");
+  P resumed(Adam{.lr = 1e-2f}, o);
+  load_checkpoint(resumed, read_checkpoint(folder));
+  resumed.train(s, second, e);
+  std::filesystem::remove_all(root);
+  REQUIRE(resumed.weights() == straight.weights());
+
+  REQUIRE_THROWS_WITH((P(Adam{}, {.batch = batch, .devices = {3}})),
+                      Contains("stage 0 placed on emulated device 3"));
+  auto bad = d;
+  bad.y[70] = 4;
+  P p(Adam{}, o);
+  const std::vector<float> untouched = p.weights();
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 10), bad.epoch(), e), Contains("label 4 at row 70"));
+  REQUIRE(p.weights() == untouched);
+}
