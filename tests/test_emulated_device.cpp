@@ -1,14 +1,20 @@
-// The device half of Pipeline (what a CUDA pipeline runs: the epoch uploaded, queues ordered by
-// events between streams, the loss summed on the device and read once after the run, weights,
-// evaluation and checkpoints copied through the host), run here without a GPU on an emulated
-// device (support/emulated_device.hpp): streams are worker threads that lag the host by random
-// delays, so a missing event wait shows as wrong bits. The math is the host's, so every result
-// must equal the host pipeline's bit for bit.
+// The device half of Pipeline (what a CUDA pipeline runs around its kernels: the epoch uploaded,
+// queues ordered by events between streams, the loss summed on the device and read once after
+// the run, weights, evaluation and checkpoints copied through the host), run here without a GPU
+// on an emulated device (support/emulated_device.hpp): streams are worker threads that lag the
+// host by random delays, so a missing event wait shows as wrong bits. The math is the host's, so
+// every result must equal the host pipeline's bit for bit.
 
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -32,19 +38,22 @@ using S3 = Stage<Linear<16, 4>>;
 constexpr index_t batch = 16;
 constexpr int mini_batches = 11;
 
-// The emulation's settings for one test, restored after it.
+// The emulation's settings for one test, reset to the defaults after it. The streams' delays
+// are drawn from Catch's seed: `--rng-seed N` replays one interleaving, another N tries another.
 struct Emulation {
   Emulation(int devices, int jitter_us, int slow_stage = -1, int slow_us = 0) {
     EmulatedDevice::devices = devices;
     EmulatedDevice::jitter_us = jitter_us;
     EmulatedDevice::slow_stage = slow_stage;
     EmulatedDevice::slow_us = slow_us;
+    EmulatedDevice::seed = Catch::rngSeed();
   }
   ~Emulation() {
     EmulatedDevice::devices = 1;
     EmulatedDevice::jitter_us = 0;
     EmulatedDevice::slow_stage = -1;
     EmulatedDevice::slow_us = 0;
+    EmulatedDevice::skip_waits = false;
   }
 };
 
@@ -99,40 +108,78 @@ TEST_CASE("The emulated device keeps CUDA's rules on devices, launches and event
   Emulation two(2, 0);
   test::EmulatedStreamOwner s0(Placement{.stage = 0}), s1(Placement{.stage = 1});
   REQUIRE(s0.ctx().device == 0);
-  REQUIRE(s1.ctx().device == 1);  // stage k on device k % 2; device 1 is now current
-  test::EmulatedBuffer<float> x(4);
+  REQUIRE(s1.ctx().device == 1);     // stage k on device k % 2; device 1 is now current
+  test::EmulatedBuffer<float> x(4);  // on device 1
   const auto fill = [p = x.data()](index_t i) { p[i] = static_cast<float>(i); };
   REQUIRE_THROWS_WITH(for_each_index(s0.ctx(), 4, fill),
                       Contains("stream of device 0 while device 1 is current"));
   activate(s0.ctx());
   for_each_index(s0.ctx(), 4, fill);
   synchronize(s0.ctx());
-  REQUIRE(x.data()[3] == 3.f);
+  float back[4] = {};
+  copy_to_host(s0.ctx(), x.data(), back, 4);
+  REQUIRE(back[3] == 3.f);
+
+  // Operands: host memory, and another device's memory without peer access, are refused.
+  test::EmulatedBuffer<float> y(4);  // on device 0
+  REQUIRE_THROWS_WITH(
+      gemm(s0.ctx(), Trans::No, Trans::No, 2, 2, 2, 1.f, back, 2, y.data(), 2, 0.f, y.data(), 2),
+      Contains("operand A is not in any live emulated buffer"));
+  REQUIRE_THROWS_WITH(gemm(s0.ctx(), Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, y.data(), 2,
+                           0.f, y.data(), 2),
+                      Contains("memory of device 1, which device 0 has no peer access to"));
+  connect(s0.ctx(), s1.ctx());
+  activate(s0.ctx());
+  gemm(s0.ctx(), Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, y.data(), 2, 0.f, y.data(), 2);
+  REQUIRE_THROWS_WITH(copy_from_pinned_async(s0.ctx(), back, y.data(), 4),
+                      Contains("upload source is not in any live emulated buffer"));
 
   test::EmulatedEvent on_device0;  // created while device 0 is current
   REQUIRE_THROWS_WITH(on_device0.record(s1.ctx()),
                       Contains("event of device 0 recorded on a stream of device 1"));
 
-  // A wait takes the record current when it is enqueued: stream 1 waits for stream 0's first
-  // task only, not for what stream 0 is given after the wait.
-  std::atomic<int> stage{0};
-  on_device0.record(s0.ctx());  // nothing pending on stream 0: complete at once
+  // A wait orders: stream 1 reads what a slow task of stream 0 wrote before the record.
+  std::atomic<int> written{0}, seen{-1};
+  s0.ctx().stream->enqueue([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    written = 1;
+  });
+  on_device0.record(s0.ctx());
+  on_device0.wait(s1.ctx());
+  s1.ctx().stream->enqueue([&] { seen = written.load(); });
+  synchronize(s1.ctx());
+  REQUIRE(seen.load() == 1);
+  // A wait takes the record current when it is enqueued: recording the event again behind a task
+  // that waits for stream 1 must not hold stream 1 (were it held, the task would time out).
+  std::atomic<bool> released{false}, timed_out{false};
   on_device0.wait(s1.ctx());
   s0.ctx().stream->enqueue([&] {
-    while (stage.load() == 0) std::this_thread::yield();  // held until stream 1 has run
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!released && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    timed_out = !released;
   });
-  s1.ctx().stream->enqueue([&] { stage = 1; });
+  on_device0.record(s0.ctx());
+  s1.ctx().stream->enqueue([&] { released = true; });
   synchronize(s1.ctx());
   synchronize(s0.ctx());
-  REQUIRE(stage.load() == 1);
+  REQUIRE_FALSE(timed_out.load());
+  test::EmulatedEvent never;  // never recorded: complete
+  never.wait(s1.ctx());
+  synchronize(s1.ctx());
 
-  // A failed task fails its stream: what follows is skipped, synchronize throws.
+  // A fault is its device's: later work on every stream of it is skipped, every synchronisation
+  // there throws; device 1 goes on.
+  Emulation one_per_stage(2, 0);
+  test::EmulatedStreamOwner s2(Placement{.stage = 2});  // device 0 again
   test::fail_on_stream(s0.ctx(), "injected");
-  float y = 0;
-  const float one = 1.f;
-  copy_to_host(s1.ctx(), &one, &y, 1);  // another stream is unaffected
-  REQUIRE(y == 1.f);
   REQUIRE_THROWS_WITH(synchronize(s0.ctx()), Contains("injected"));
+  std::atomic<bool> ran{false};
+  s2.ctx().stream->enqueue([&] { ran = true; });
+  REQUIRE_THROWS_WITH(synchronize(s2.ctx()), Contains("injected"));
+  REQUIRE_FALSE(ran.load());
+  float z = 0;
+  copy_to_host(s1.ctx(), x.data(), &z, 1);
+  REQUIRE(z == 0.f);
 }
 
 TEST_CASE("A pipeline on an emulated device gives the host's bits for every schedule x predictor",
@@ -164,9 +211,8 @@ TEST_CASE("A pipeline on an emulated device gives the host's bits for every sche
 
 TEST_CASE("An emulated stream lagging its neighbours by whole micro-batches changes no bit",
           "[pipeline][device][emulated]") {
-  // A stage whose stream is slow lets its neighbours' host threads run a ring's length ahead:
-  // a producer that wrote a slot without waiting for the slow consumer's read of it, or a
-  // consumer that read one before the slow producer filled it, would change the weights.
+  // A stage whose stream is slow lets its neighbours' host threads and streams run ahead: a
+  // consumer that read a slot before the slow producer filled it would change the weights.
   const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
   const Adam adam{.lr = 1e-2f};
   for (const Schedule& s : {async_1f1b(4, 4, mini_batches), gpipe(4, 4, mini_batches)}) {
@@ -177,6 +223,19 @@ TEST_CASE("An emulated stream lagging its neighbours by whole micro-batches chan
       require_same(host, train<XPipe, EmulatedDevice>(s, d, adam, ThreadedExecutor{}));
     }
   }
+}
+
+TEST_CASE("The emulated device sees unordered streams: without event waits the bits differ",
+          "[pipeline][device][emulated]") {
+  // The self-check of the tests above: with every event wait dropped and stage 0's stream slow,
+  // stage 1 reads its queue slots before stage 0 fills them.
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  const Schedule s = async_1f1b(4, 4, mini_batches);
+  const Adam adam{.lr = 1e-2f};
+  const Outcome host = train<XPipe, Host>(s, d, adam, ReferenceExecutor{});
+  Emulation unordered(1, 0, 0, 150);
+  EmulatedDevice::skip_waits = true;
+  REQUIRE(train<XPipe, EmulatedDevice>(s, d, adam, ThreadedExecutor{}).weights != host.weights);
 }
 
 TEST_CASE("An emulated pipeline over two devices, by one thread, or of Dense layers: same bits",
@@ -232,9 +291,10 @@ TEST_CASE("An emulated stream that fails mid-run surfaces after the run as a Sta
   Pipeline<S0, S1, Stage<Linear<32, 16>, FaultOnStream, ReLU>, S3, XPipe, Adam, EmulatedDevice> p(
       Adam{}, {.batch = batch, .micro_batches = 4});
   ThreadedExecutor e;
-  REQUIRE_THROWS_WITH(
-      p.train(async_1f1b(4, 4, mini_batches), d.epoch(), e),
-      Contains("stage 2, action end of run") && Contains("illegal address (injected)"));
+  // The fault is the device's (one device here), so the first stage synchronised reports it,
+  // not necessarily the one whose stream faulted.
+  REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, mini_batches), d.epoch(), e),
+                      Contains("action end of run") && Contains("illegal address (injected)"));
 }
 
 TEST_CASE(

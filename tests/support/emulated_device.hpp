@@ -1,32 +1,38 @@
-// A device backend emulated on the host, for testing the device half of Pipeline (what runs on
-// CUDA) on machines without a GPU: the same host math, but run the way a GPU runs it. Each stage
-// context is a stream, a worker thread that runs what the stage enqueues, later and in order;
-// the host thread that enqueued it goes on at once. Streams order each other only through
-// events. Buffers are host memory that the pipeline must treat as device memory (the context
-// is not a HostContext, so Pipeline::on_device holds and every device path is taken: the epoch
-// upload, the loss summed "on the device" and read after the run, copies for weights(),
-// evaluate() and checkpoints).
+// A device backend emulated on the host, for testing the device half of Pipeline (what a CUDA
+// pipeline runs outside its kernels) on machines without a GPU.
 //
-// The CUDA rules that the emulation enforces (each a BackendError naming what broke it):
-//   - a kernel or GEMM may be enqueued only on a stream of the current device (cudaSetDevice:
-//     `activate`); copies may go to any stream (CUDA allows both);
+// The math is the host's; what is emulated is how a GPU runs it. Each stage context is a
+// stream, a worker thread that runs what the stage enqueues later and in order, while the host
+// thread that enqueued it goes on. Streams order each other only through events. Buffers are
+// host memory that the pipeline must treat as device memory: the context is not a HostContext,
+// so Pipeline::on_device holds and its device paths run (the epoch upload, the loss summed "on
+// the device" and read after the run, copies for weights(), evaluate() and checkpoints). Not
+// run: the CUDA kernels themselves (cuBLASLt, the vectorised passes, the CUB loss sum).
+//
+// The CUDA rules the emulation enforces, each a BackendError naming what broke it:
+//   - a kernel or GEMM may be enqueued only on a stream of the current device (`activate`);
+//     copies may go to any stream;
+//   - what a GEMM, a copy or the loss sum reads or writes must be emulated device memory (an
+//     EmulatedBuffer), on the stream's device or on one `connect`ed to it (peer access); an
+//     asynchronous upload must come from pinned memory (an EmulatedPinnedBuffer). Element loops
+//     take their pointers inside function objects and are not checked;
 //   - an event is recorded only on a stream of the device it was created on; a stream may wait
-//     on an event of any device;
-//   - a wait takes the event's record current when the wait is enqueued (cudaStreamWaitEvent);
+//     on an event of any device; a wait takes the record current when the wait is enqueued, and
 //     an event never recorded is complete;
-//   - a buffer is freed only once every stream is idle (cudaFree synchronises the device).
-// A task that throws makes its stream fail: what follows on that stream is skipped and the
-// next synchronize() throws the error, as a failed kernel's error surfaces in CUDA.
+//   - freeing a buffer first waits for every stream of its device (cudaFree synchronises);
+//   - a task that throws is a fault of its device, sticky as an illegal address is in CUDA:
+//     every later task on every stream of that device is skipped and every synchronisation
+//     there throws it, until the device's last stream is gone.
 //
-// With EmulatedDevice::jitter_us > 0 every stream sleeps a random 0..jitter_us microseconds
-// before each task, so streams run at varying speeds and a missing wait lets a stream read a
-// slot before it is written; with slow_stage = k, stage k's stream also sleeps slow_us before
-// each task, so it lags its neighbours by whole micro-batches and a producer that does not wait
-// overwrites a slot before it is read. Either way the weights then differ from the host's. Bits:
-// element loops and GEMMs run as on the host with one thread, so a pipeline on this backend gives
-// the host backend's bits.
+// Timing: with EmulatedDevice::jitter_us > 0 every stream sleeps a random 0..jitter_us
+// microseconds before each task, so streams run at varying speeds and a consumer that does not
+// wait for a slot to be filled reads it early; with slow_stage = k, stage k's stream also sleeps
+// slow_us before each task, so it lags its neighbours by whole micro-batches. Either way the
+// weights then differ from the host's. The element loops and GEMMs run as on the host with one
+// thread, so a pipeline on this backend gives the host backend's bits.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -36,9 +42,11 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -62,127 +70,199 @@ inline int& current_device() {
   return device;
 }
 
-class Stream;
-
-// Every live stream, so that freeing a buffer can wait for all of them (as cudaFree does).
-struct Registry {
+// A stream's queue and counters: shared with the tasks of other streams that wait on it, so a
+// wait never outlives what it waits on.
+struct StreamCore {
   std::mutex m;
-  std::vector<Stream*> streams;
-  static Registry& get() {
-    static Registry r;
-    return r;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> tasks;
+  std::uint64_t enqueued = 0, completed = 0;
+  bool stop = false;
+
+  //! Blocks the caller until the first `pos` tasks have run (or been skipped).
+  void wait_for(std::uint64_t pos) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return completed >= pos; });
+  }
+  std::uint64_t position() {
+    std::lock_guard lock(m);
+    return enqueued;
   }
 };
+
+// What the emulated devices share: the live streams, each device's sticky fault, the device
+// pairs connected for peer access, and every live buffer's address range.
+struct Machine {
+  struct Range {
+    std::uintptr_t end;
+    int device;
+    bool pinned;
+  };
+  std::mutex m;
+  std::vector<std::pair<int, std::shared_ptr<StreamCore>>> streams;  // (device, stream)
+  std::map<int, std::exception_ptr> fault;
+  std::set<std::pair<int, int>> peers;
+  std::map<std::uintptr_t, Range> memory;  // by first address
+
+  static Machine& get() {
+    static Machine machine;
+    return machine;
+  }
+  std::exception_ptr fault_of(int device) {
+    std::lock_guard lock(m);
+    const auto it = fault.find(device);
+    return it == fault.end() ? nullptr : it->second;
+  }
+};
+
+// The worker threads' marker: a stream's task must not wait for its own device to go idle.
+inline bool& on_worker() {
+  thread_local bool worker = false;
+  return worker;
+}
+
+// Waits until every stream of `device` has run what was enqueued on it (cudaFree's implicit
+// synchronisation).
+inline void wait_for_device(int device) {
+  if (on_worker())
+    throw BackendError("xpipe: emulated device: a stream's task freed device memory");
+  std::vector<std::pair<std::shared_ptr<StreamCore>, std::uint64_t>> marks;
+  {
+    Machine& mc = Machine::get();
+    std::lock_guard lock(mc.m);
+    for (const auto& [d, core] : mc.streams)
+      if (d == device) marks.emplace_back(core, core->position());
+  }
+  for (auto& [core, pos] : marks) core->wait_for(pos);
+}
 
 //! One emulated stream: a worker thread running enqueued tasks in order.
 class Stream {
  public:
-  Stream(int device, int stage, int jitter_us, int slow_us)
+  Stream(int device, unsigned seed, int jitter_us, int slow_us)
       : device_(device),
         jitter_us_(jitter_us),
         slow_us_(slow_us),
-        rng_(0x9e3779b9u * (stage + 1) + device) {
+        core_(std::make_shared<StreamCore>()),
+        rng_(seed) {
+    Machine& mc = Machine::get();
+    {
+      std::lock_guard lock(mc.m);
+      mc.streams.emplace_back(device_, core_);
+    }
     worker_ = std::thread([this] { work(); });
-    std::lock_guard lock(Registry::get().m);
-    Registry::get().streams.push_back(this);
   }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
+  //! Runs what is still enqueued, then ends; the device's fault is forgotten with its last
+  //! stream (as a reset device starts clean).
   ~Stream() {
     {
-      std::lock_guard lock(Registry::get().m);
-      auto& all = Registry::get().streams;
-      std::erase(all, this);
+      std::lock_guard lock(core_->m);
+      core_->stop = true;
     }
-    {
-      std::lock_guard lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
+    core_->cv.notify_all();
     worker_.join();
+    Machine& mc = Machine::get();
+    std::lock_guard lock(mc.m);
+    std::erase_if(mc.streams, [&](const auto& s) { return s.second == core_; });
+    if (std::none_of(mc.streams.begin(), mc.streams.end(),
+                     [&](const auto& s) { return s.first == device_; }))
+      mc.fault.erase(device_);
   }
 
   int device() const { return device_; }
+  const std::shared_ptr<StreamCore>& core() const { return core_; }
 
-  //! Appends a task; returns the stream position after it (the count of tasks enqueued).
-  std::uint64_t enqueue(std::function<void()> task) {
-    std::lock_guard lock(m_);
-    tasks_.push_back(std::move(task));
-    ++enqueued_;
-    cv_.notify_all();
-    return enqueued_;
+  //! Appends a task.
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard lock(core_->m);
+      core_->tasks.push_back(std::move(task));
+      ++core_->enqueued;
+    }
+    core_->cv.notify_all();
   }
-  //! Position of everything enqueued so far (what an event record captures).
-  std::uint64_t position() {
-    std::lock_guard lock(m_);
-    return enqueued_;
-  }
-  //! Blocks the caller until the first `pos` tasks have run.
-  void wait_for(std::uint64_t pos) {
-    std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return completed_ >= pos; });
-  }
-  //! Waits for everything enqueued so far; rethrows the stream's failure if a task failed.
+  //! Waits for everything enqueued so far; throws the device's fault if it has one.
   void synchronize() {
-    wait_for(position());
-    std::lock_guard lock(m_);
-    if (failure_) std::rethrow_exception(failure_);
+    core_->wait_for(core_->position());
+    if (const std::exception_ptr f = Machine::get().fault_of(device_)) std::rethrow_exception(f);
   }
 
  private:
   void work() {
+    on_worker() = true;
     ScopedFlushDenormals ftz;  // as the host executors' stage threads: the same bits
     std::uniform_int_distribution<int> pause(0, jitter_us_ > 0 ? jitter_us_ : 0);
+    StreamCore& c = *core_;
     for (;;) {
       std::function<void()> task;
-      bool skip = false;
       {
-        std::unique_lock lock(m_);
-        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping, nothing left
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-        skip = failure_ != nullptr;
+        std::unique_lock lock(c.m);
+        c.cv.wait(lock, [&] { return c.stop || !c.tasks.empty(); });
+        if (c.tasks.empty()) return;  // stopping, nothing left
+        task = std::move(c.tasks.front());
+        c.tasks.pop_front();
       }
       const int us = slow_us_ + (jitter_us_ > 0 ? pause(rng_) : 0);
       if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
-      std::exception_ptr failed;
-      if (!skip) {
+      if (!Machine::get().fault_of(device_)) {
         try {
           task();
         } catch (...) {
-          failed = std::current_exception();
+          Machine& mc = Machine::get();
+          std::lock_guard lock(mc.m);
+          mc.fault.emplace(device_, std::current_exception());  // the first fault stays
         }
       }
       {
-        std::lock_guard lock(m_);
-        if (failed && !failure_) failure_ = failed;
-        ++completed_;
+        std::lock_guard lock(c.m);
+        ++c.completed;
       }
-      cv_.notify_all();
+      c.cv.notify_all();
     }
   }
 
   const int device_;
   const int jitter_us_, slow_us_;
+  std::shared_ptr<StreamCore> core_;
   std::minstd_rand rng_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  std::uint64_t enqueued_ = 0, completed_ = 0;
-  std::exception_ptr failure_;
-  bool stop_ = false;
   std::thread worker_;
 };
 
-// Waits until every live stream has run what was enqueued on it (cudaFree's implicit sync).
-inline void wait_all_streams() {
-  std::vector<std::pair<Stream*, std::uint64_t>> marks;
-  {
-    std::lock_guard lock(Registry::get().m);
-    for (Stream* s : Registry::get().streams) marks.emplace_back(s, s->position());
-  }
-  for (auto [s, pos] : marks) s->wait_for(pos);
+// Records [p, p + bytes) as memory of `device` (pinned host memory when `pinned`).
+inline void add_memory(const void* p, std::size_t bytes, int device, bool pinned) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  Machine& mc = Machine::get();
+  std::lock_guard lock(mc.m);
+  mc.memory[at] = {at + bytes, device, pinned};
+}
+inline void remove_memory(const void* p) {
+  Machine& mc = Machine::get();
+  std::lock_guard lock(mc.m);
+  mc.memory.erase(reinterpret_cast<std::uintptr_t>(p));
+}
+
+// Throws unless p lies in a live buffer: device memory that a stream of `device` may touch
+// (its own, or a connected peer's; any device when device < 0, as a copy may), or pinned host
+// memory when `pinned`. `what` names the operand in the message.
+inline void check_memory(const void* p, int device, bool pinned, const char* what) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  Machine& mc = Machine::get();
+  std::lock_guard lock(mc.m);
+  auto it = mc.memory.upper_bound(at);
+  const bool inside = it != mc.memory.begin() && at < (--it)->second.end;
+  std::string fault;
+  if (!inside)
+    fault = "is not in any live emulated buffer (host memory handed to the device?)";
+  else if (it->second.pinned != pinned)
+    fault = pinned ? "is device memory, not pinned host memory" : "is pinned host memory";
+  else if (!pinned && device >= 0 && it->second.device != device &&
+           !mc.peers.contains({device, it->second.device}))
+    fault = "is memory of device " + std::to_string(it->second.device) + ", which device " +
+            std::to_string(device) + " has no peer access to";
+  if (!fault.empty())
+    throw BackendError(std::string("xpipe: emulated device: ") + what + " " + fault);
 }
 
 }  // namespace emu
@@ -193,6 +273,36 @@ struct EmulatedContext {
   using backend = EmulatedDevice;
   emu::Stream* stream = nullptr;
   int device = 0;
+};
+
+class EmulatedStreamOwner;
+template <class T>
+class EmulatedBuffer;
+template <class T>
+class EmulatedPinnedBuffer;
+class EmulatedEvent;
+
+//! The backend tag. The settings apply to contexts (streams) made after they are set.
+struct EmulatedDevice {
+  using Context = EmulatedContext;
+  using ContextOwner = EmulatedStreamOwner;
+  template <class T>
+  using Buffer = EmulatedBuffer<T>;
+  template <class T>
+  using PinnedBuffer = EmulatedPinnedBuffer<T>;
+  using Event = EmulatedEvent;
+  static constexpr const char* name = "emulated-device";
+  static constexpr index_t column_block = Host::column_block;  // the host's bits
+  //! Emulated devices; stage k goes to device k % devices unless placed.
+  static inline std::atomic<int> devices{1};
+  //! Each stream sleeps a random 0..jitter_us microseconds before each task (seeded by `seed`
+  //! and the stage), and stage slow_stage's stream slow_us more.
+  static inline std::atomic<int> jitter_us{0};
+  static inline std::atomic<int> slow_stage{-1}, slow_us{0};
+  static inline std::atomic<unsigned> seed{1};
+  //! A self-check of the tests, never for use: event waits do nothing, so streams run
+  //! unordered and a pipeline's bits must come out wrong.
+  static inline std::atomic<bool> skip_waits{false};
 };
 
 namespace emu {
@@ -208,6 +318,7 @@ inline void check_launch(const EmulatedContext& ctx, const char* what) {
 
 //! Owns one stage's stream. Placement as on CUDA: device p.device, or p.stage % devices; leaves
 //! that device current (the stage's buffers are allocated next).
+//! Usage: `EmulatedStreamOwner owner(Placement{.stage = 1}); owner.ctx()`.
 class EmulatedStreamOwner {
  public:
   explicit EmulatedStreamOwner(const Placement& p);
@@ -218,13 +329,15 @@ class EmulatedStreamOwner {
   EmulatedContext ctx_;
 };
 
-//! An owning array of T in emulated device memory: host memory, zero-filled, remembered with
-//! the device current at its creation. Freeing it waits for every stream first.
+//! An owning array of T in emulated device memory: host memory, zero-filled, registered as
+//! memory of the device current at its creation. Freeing it waits for that device's streams.
 template <class T>
 class EmulatedBuffer {
  public:
   EmulatedBuffer() = default;
-  explicit EmulatedBuffer(index_t size) : data_(size), device_(emu::current_device()) {}
+  explicit EmulatedBuffer(index_t size) : data_(size), device_(emu::current_device()) {
+    if (data_.data() != nullptr) emu::add_memory(data_.data(), data_.bytes(), device_, false);
+  }
   EmulatedBuffer(EmulatedBuffer&& o) noexcept = default;
   EmulatedBuffer& operator=(EmulatedBuffer&& o) noexcept {
     if (this != &o) {
@@ -238,15 +351,47 @@ class EmulatedBuffer {
   T* data() noexcept { return data_.data(); }
   const T* data() const noexcept { return data_.data(); }
   index_t size() const noexcept { return data_.size(); }
-  int device() const noexcept { return device_; }
 
  private:
   void release() noexcept {
-    if (data_.data() != nullptr) emu::wait_all_streams();
+    if (data_.data() == nullptr) return;
+    emu::wait_for_device(device_);
+    emu::remove_memory(data_.data());
     data_ = HostBuffer<T>();
   }
   HostBuffer<T> data_;
   int device_ = 0;
+};
+
+//! Page-locked host memory of the emulation: host memory, registered as pinned, that an
+//! asynchronous upload may read. Freeing it waits for every device's streams.
+template <class T>
+class EmulatedPinnedBuffer {
+ public:
+  EmulatedPinnedBuffer() = default;
+  explicit EmulatedPinnedBuffer(index_t size) : data_(size) {
+    if (data_.data() != nullptr) emu::add_memory(data_.data(), data_.bytes(), -1, true);
+  }
+  EmulatedPinnedBuffer(EmulatedPinnedBuffer&&) noexcept = default;
+  EmulatedPinnedBuffer& operator=(EmulatedPinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::move(o.data_);
+    }
+    return *this;
+  }
+  ~EmulatedPinnedBuffer() { release(); }
+  T* data() noexcept { return data_.data(); }
+  const T* data() const noexcept { return data_.data(); }
+  index_t size() const noexcept { return data_.size(); }
+
+ private:
+  void release() noexcept {
+    if (data_.data() == nullptr) return;
+    emu::remove_memory(data_.data());
+    data_ = HostBuffer<T>();
+  }
+  HostBuffer<T> data_;
 };
 
 //! An event: a mark in one stream (cudaEventRecord) that other streams wait on.
@@ -255,52 +400,40 @@ class EmulatedEvent {
   EmulatedEvent() : state_(std::make_unique<State>()) { state_->device = emu::current_device(); }
   //! Marks the point ctx's stream has reached in what is enqueued on it so far.
   void record(const EmulatedContext& ctx) {
+    check_live();
     if (ctx.device != state_->device)
       throw BackendError("xpipe: emulated device: an event of device " +
                          std::to_string(state_->device) + " recorded on a stream of device " +
                          std::to_string(ctx.device) + " (CUDA: cudaErrorInvalidResourceHandle)");
     std::lock_guard lock(state_->m);
-    state_->stream = ctx.stream;
-    state_->position = ctx.stream->position();
+    state_->stream = ctx.stream->core();
+    state_->position = state_->stream->position();
   }
   //! Makes ctx's stream wait for the record current now (later records do not move it).
   void wait(const EmulatedContext& ctx) const {
-    emu::Stream* on = nullptr;
+    check_live();
+    std::shared_ptr<emu::StreamCore> on;
     std::uint64_t pos = 0;
     {
       std::lock_guard lock(state_->m);
       on = state_->stream;
       pos = state_->position;
     }
-    if (on == nullptr) return;  // never recorded: complete
+    if (on == nullptr || EmulatedDevice::skip_waits) return;  // never recorded: complete
     ctx.stream->enqueue([on, pos] { on->wait_for(pos); });
   }
 
  private:
+  void check_live() const {
+    if (!state_) throw BackendError("xpipe: emulated device: use of a moved-from event");
+  }
   struct State {
     std::mutex m;
     int device = 0;
-    emu::Stream* stream = nullptr;
+    std::shared_ptr<emu::StreamCore> stream;
     std::uint64_t position = 0;
   };
   std::unique_ptr<State> state_;
-};
-
-//! The backend tag. `devices`, `jitter_us`, `slow_stage` and `slow_us` apply to contexts made
-//! after they are set.
-struct EmulatedDevice {
-  using Context = EmulatedContext;
-  using ContextOwner = EmulatedStreamOwner;
-  template <class T>
-  using Buffer = EmulatedBuffer<T>;
-  template <class T>
-  using PinnedBuffer = HostBuffer<T>;
-  using Event = EmulatedEvent;
-  static constexpr const char* name = "emulated-device";
-  static constexpr index_t column_block = Host::column_block;  // the host's bits
-  static inline std::atomic<int> devices{1};
-  static inline std::atomic<int> jitter_us{0};
-  static inline std::atomic<int> slow_stage{-1}, slow_us{0};
 };
 
 inline EmulatedStreamOwner::EmulatedStreamOwner(const Placement& p) {
@@ -310,7 +443,8 @@ inline EmulatedStreamOwner::EmulatedStreamOwner(const Placement& p) {
                       std::to_string(p.device) + ", but there are " + std::to_string(count));
   const int device = p.device >= 0 ? p.device : p.stage % count;
   stream_ = std::make_unique<emu::Stream>(
-      device, p.stage, EmulatedDevice::jitter_us.load(),
+      device, EmulatedDevice::seed.load() * 7919u + static_cast<unsigned>(p.stage),
+      EmulatedDevice::jitter_us.load(),
       p.stage == EmulatedDevice::slow_stage.load() ? EmulatedDevice::slow_us.load() : 0);
   ctx_ = {stream_.get(), device};
   emu::current_device() = device;
@@ -318,21 +452,34 @@ inline EmulatedStreamOwner::EmulatedStreamOwner(const Placement& p) {
 
 // ---- what kernels/ops.hpp and Pipeline call on a device context (found by ADL) ---------------
 
+//! Makes ctx's device current on the calling thread (cudaSetDevice).
 inline void activate(const EmulatedContext& ctx) {
   emu::current_device() = ctx.device;
 }
+//! Waits for ctx's stream; throws its device's fault, if any.
 inline void synchronize(const EmulatedContext& ctx) {
   ctx.stream->synchronize();
 }
-//! Every emulated device reaches every other (peer access everywhere).
-inline void connect(const EmulatedContext&, const EmulatedContext&) {}
+//! Peer access between the two contexts' devices, both ways; leaves b's device current, as
+//! the CUDA backend's connect does when the devices differ.
+inline void connect(const EmulatedContext& a, const EmulatedContext& b) {
+  if (a.device == b.device) return;
+  emu::Machine& mc = emu::Machine::get();
+  {
+    std::lock_guard lock(mc.m);
+    mc.peers.insert({a.device, b.device});
+    mc.peers.insert({b.device, a.device});
+  }
+  emu::current_device() = b.device;
+}
 
+//! The host element loop, enqueued on ctx's stream (one thread: the host's bits).
 template <class F>
 void for_each_index(const EmulatedContext& ctx, index_t n, index_t work, const F& f) {
   static_assert(std::is_trivially_copyable_v<F>,
                 "xpipe: a device element loop needs a trivially copyable function object");
-  emu::check_launch(ctx, "a kernel");
   if (n <= 0) return;
+  emu::check_launch(ctx, "a kernel");
   ctx.stream->enqueue([n, work, f] { for_each_index(HostContext{}, n, work, f); });
 }
 template <class F>
@@ -343,15 +490,19 @@ template <class F>
 void for_each_element(const EmulatedContext& ctx, index_t rows, index_t cols, const F& f) {
   static_assert(std::is_trivially_copyable_v<F>,
                 "xpipe: a device element loop needs a trivially copyable function object");
-  emu::check_launch(ctx, "a kernel");
   if (rows <= 0 || cols <= 0) return;
+  emu::check_launch(ctx, "a kernel");
   ctx.stream->enqueue([rows, cols, f] { for_each_element(HostContext{}, rows, cols, f); });
 }
 
+//! The host GEMM, enqueued on ctx's stream; its operands must be device memory it may reach.
 inline void gemm(const EmulatedContext& ctx, Trans ta, Trans tb, index_t m, index_t n, index_t k,
                  float alpha, const float* a, index_t lda, const float* b, index_t ldb, float beta,
                  float* c, index_t ldc) {
   emu::check_launch(ctx, "a GEMM");
+  emu::check_memory(a, ctx.device, false, "GEMM operand A");
+  emu::check_memory(b, ctx.device, false, "GEMM operand B");
+  emu::check_memory(c, ctx.device, false, "GEMM result C");
   ctx.stream->enqueue(
       [=] { gemm(HostContext{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
 }
@@ -360,27 +511,40 @@ namespace emu {
 template <class T>
 void copy_async(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
   static_assert(std::is_trivially_copyable_v<T>);
-  if (n <= 0) return;
   const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
   ctx.stream->enqueue([src, dst, bytes] { std::memcpy(dst, src, bytes); });
 }
 }  // namespace emu
 
+//! dst = src between device buffers (of any devices), on ctx's stream.
 inline void copy_buffer(const EmulatedContext& ctx, const float* src, float* dst, index_t n) {
+  if (n <= 0) return;
+  emu::check_memory(src, -1, false, "copy source");
+  emu::check_memory(dst, -1, false, "copy destination");
   emu::copy_async(ctx, src, dst, n);
 }
+//! Host to device, waited for.
 template <class T>
 void copy_from_host(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  emu::check_memory(dst, -1, false, "upload destination");
   emu::copy_async(ctx, src, dst, n);
   synchronize(ctx);
 }
+//! Device to host, after what ctx's stream has before it, waited for.
 template <class T>
 void copy_to_host(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  emu::check_memory(src, -1, false, "download source");
   emu::copy_async(ctx, src, dst, n);
   synchronize(ctx);
 }
+//! Pinned host memory to the device, enqueued on ctx's stream.
 template <class T>
 void copy_from_pinned_async(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  emu::check_memory(src, -1, true, "asynchronous upload source");
+  emu::check_memory(dst, -1, false, "asynchronous upload destination");
   emu::copy_async(ctx, src, dst, n);
 }
 
@@ -389,6 +553,8 @@ void copy_from_pinned_async(const EmulatedContext& ctx, const T* src, T* dst, in
 inline void sum_row_losses_async(const EmulatedContext& ctx, const float* row_loss, index_t rows,
                                  MicroBatchLoss* out) {
   emu::check_launch(ctx, "the loss sum");
+  emu::check_memory(row_loss, ctx.device, false, "the row losses");
+  emu::check_memory(out, ctx.device, false, "the loss sum's output");
   ctx.stream->enqueue([row_loss, rows, out] {
     MicroBatchLoss l;
     for (index_t r = 0; r < rows; ++r) {
@@ -402,8 +568,8 @@ inline void sum_row_losses_async(const EmulatedContext& ctx, const float* row_lo
   });
 }
 
-//! Enqueues a task that fails on ctx's stream, as a kernel that faults: the error surfaces at
-//! the stream's next synchronisation. For tests of that path.
+//! Enqueues a task that faults on ctx's stream, as a kernel reading an illegal address does:
+//! the fault is its device's from then on. Usage: `fail_on_stream(ctx, "illegal address");`
 inline void fail_on_stream(const EmulatedContext& ctx, std::string why) {
   ctx.stream->enqueue([why] { throw BackendError("xpipe: emulated device: " + why); });
 }

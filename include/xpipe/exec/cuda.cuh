@@ -35,7 +35,9 @@ namespace xpipe {
 //!   - the host synchronises once, after the run (Pipeline::train), and reads the loss sums.
 //! Errors: a failing CUDA call throws inside the action and reaches the caller as a StageError
 //! naming the stage and action; a kernel that fails asynchronously surfaces at the final
-//! synchronisation as a StageError naming the stage whose stream reported it ("end of run").
+//! synchronisation as a StageError ("end of run") naming the first stage whose stream reported
+//! it: a sticky fault (an illegal address) is reported by every stream of its device, so that
+//! is the first stage on the device, not necessarily the one that faulted.
 //! Usage: `Pipeline<S0, S1, S2, S3, XPipe, Adam, Cuda> p; CudaExecutor e; p.train(s, data, e);`
 class CudaExecutor {
  public:
