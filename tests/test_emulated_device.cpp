@@ -84,6 +84,15 @@ void require_same(const Outcome& host, const Outcome& device) {
   REQUIRE(device.accuracy == host.accuracy);
 }
 
+// What several cases share: async 1F1B x XPipe at M = 4 on the same data, and the oracle, the
+// host's run of it.
+struct AsyncXPipe {
+  test::LabelledData d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  Schedule s = async_1f1b(4, 4, mini_batches);
+  Adam adam{.lr = 1e-2f};
+  Outcome host = train<XPipe, Host>(s, d, adam, ReferenceExecutor{});
+};
+
 // A layer that makes its stage's stream fail at the first forward, as a faulting kernel does.
 struct FaultOnStream {
   static constexpr int in_width = any_width, out_width = any_width;
@@ -230,21 +239,17 @@ TEST_CASE("The emulated device sees unordered streams: without event waits the b
   // The self-check of the tests above: with every event wait dropped and stage 0's stream slow,
   // stage 1 reads its queue slots before stage 0 fills them. A data race by design, so not
   // tagged [pipeline]: ThreadSanitizer's run (scripts/sanitize.sh tsan) would rightly stop at it.
-  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
-  const Schedule s = async_1f1b(4, 4, mini_batches);
-  const Adam adam{.lr = 1e-2f};
-  const Outcome host = train<XPipe, Host>(s, d, adam, ReferenceExecutor{});
+  const AsyncXPipe c;
   Emulation unordered(1, 0, 0, 150);
   EmulatedDevice::skip_waits = true;
-  REQUIRE(train<XPipe, EmulatedDevice>(s, d, adam, ThreadedExecutor{}).weights != host.weights);
+  REQUIRE(train<XPipe, EmulatedDevice>(c.s, c.d, c.adam, ThreadedExecutor{}).weights !=
+          c.host.weights);
 }
 
 TEST_CASE("An emulated pipeline over two devices, by one thread, or of Dense layers: same bits",
           "[pipeline][device][emulated]") {
-  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
-  const Schedule s = async_1f1b(4, 4, mini_batches);
-  const Adam adam{.lr = 1e-2f};
-  const Outcome host = train<XPipe, Host>(s, d, adam, ReferenceExecutor{});
+  const AsyncXPipe c;
+  const auto& [d, s, adam, host] = c;
   {
     Emulation two(2, 40);  // stage k on device k % 2: every activate() must be in place
     require_same(host, train<XPipe, EmulatedDevice>(s, d, adam, ThreadedExecutor{}));

@@ -276,10 +276,14 @@ struct EmulatedContext {
 };
 
 class EmulatedStreamOwner;
+template <class T, bool Pinned>
+class EmulatedMemory;
+//! Emulated device memory.
 template <class T>
-class EmulatedBuffer;
+using EmulatedBuffer = EmulatedMemory<T, false>;
+//! Emulated pinned host memory.
 template <class T>
-class EmulatedPinnedBuffer;
+using EmulatedPinnedBuffer = EmulatedMemory<T, true>;
 class EmulatedEvent;
 
 //! The backend tag. The settings apply to contexts (streams) made after they are set.
@@ -329,17 +333,19 @@ class EmulatedStreamOwner {
   EmulatedContext ctx_;
 };
 
-//! An owning array of T in emulated device memory: host memory, zero-filled, registered as
-//! memory of the device current at its creation. Freeing it waits for that device's streams.
-template <class T>
-class EmulatedBuffer {
+//! An owning array of T in emulated memory: host memory, zero-filled, registered as memory of
+//! the device current at its creation or, when Pinned, as pinned host memory (what an
+//! asynchronous upload may read). Freeing device memory first waits for that device's streams.
+template <class T, bool Pinned>
+class EmulatedMemory {
  public:
-  EmulatedBuffer() = default;
-  explicit EmulatedBuffer(index_t size) : data_(size), device_(emu::current_device()) {
-    if (data_.data() != nullptr) emu::add_memory(data_.data(), data_.bytes(), device_, false);
+  EmulatedMemory() = default;
+  explicit EmulatedMemory(index_t size)
+      : data_(size), device_(Pinned ? -1 : emu::current_device()) {
+    if (data_.data() != nullptr) emu::add_memory(data_.data(), data_.bytes(), device_, Pinned);
   }
-  EmulatedBuffer(EmulatedBuffer&& o) noexcept = default;
-  EmulatedBuffer& operator=(EmulatedBuffer&& o) noexcept {
+  EmulatedMemory(EmulatedMemory&& o) noexcept = default;
+  EmulatedMemory& operator=(EmulatedMemory&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::move(o.data_);
@@ -347,7 +353,7 @@ class EmulatedBuffer {
     }
     return *this;
   }
-  ~EmulatedBuffer() { release(); }
+  ~EmulatedMemory() { release(); }
   T* data() noexcept { return data_.data(); }
   const T* data() const noexcept { return data_.data(); }
   index_t size() const noexcept { return data_.size(); }
@@ -355,43 +361,12 @@ class EmulatedBuffer {
  private:
   void release() noexcept {
     if (data_.data() == nullptr) return;
-    emu::wait_for_device(device_);
+    if (!Pinned) emu::wait_for_device(device_);
     emu::remove_memory(data_.data());
     data_ = HostBuffer<T>();
   }
   HostBuffer<T> data_;
-  int device_ = 0;
-};
-
-//! Page-locked host memory of the emulation: host memory, registered as pinned, that an
-//! asynchronous upload may read. Freeing it waits for every device's streams.
-template <class T>
-class EmulatedPinnedBuffer {
- public:
-  EmulatedPinnedBuffer() = default;
-  explicit EmulatedPinnedBuffer(index_t size) : data_(size) {
-    if (data_.data() != nullptr) emu::add_memory(data_.data(), data_.bytes(), -1, true);
-  }
-  EmulatedPinnedBuffer(EmulatedPinnedBuffer&&) noexcept = default;
-  EmulatedPinnedBuffer& operator=(EmulatedPinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      data_ = std::move(o.data_);
-    }
-    return *this;
-  }
-  ~EmulatedPinnedBuffer() { release(); }
-  T* data() noexcept { return data_.data(); }
-  const T* data() const noexcept { return data_.data(); }
-  index_t size() const noexcept { return data_.size(); }
-
- private:
-  void release() noexcept {
-    if (data_.data() == nullptr) return;
-    emu::remove_memory(data_.data());
-    data_ = HostBuffer<T>();
-  }
-  HostBuffer<T> data_;
+  int device_ = -1;
 };
 
 //! An event: a mark in one stream (cudaEventRecord) that other streams wait on.
@@ -514,6 +489,16 @@ void copy_async(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
   const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
   ctx.stream->enqueue([src, dst, bytes] { std::memcpy(dst, src, bytes); });
 }
+// A copy between the host and the device that the host waits for; `device_side` (src or dst)
+// must be device memory, `what` names it.
+template <class T>
+void copy_waited(const EmulatedContext& ctx, const T* src, T* dst, index_t n,
+                 const void* device_side, const char* what) {
+  if (n <= 0) return;
+  check_memory(device_side, -1, false, what);
+  copy_async(ctx, src, dst, n);
+  ctx.stream->synchronize();
+}
 }  // namespace emu
 
 //! dst = src between device buffers (of any devices), on ctx's stream.
@@ -526,18 +511,12 @@ inline void copy_buffer(const EmulatedContext& ctx, const float* src, float* dst
 //! Host to device, waited for.
 template <class T>
 void copy_from_host(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
-  if (n <= 0) return;
-  emu::check_memory(dst, -1, false, "upload destination");
-  emu::copy_async(ctx, src, dst, n);
-  synchronize(ctx);
+  emu::copy_waited(ctx, src, dst, n, dst, "upload destination");
 }
 //! Device to host, after what ctx's stream has before it, waited for.
 template <class T>
 void copy_to_host(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
-  if (n <= 0) return;
-  emu::check_memory(src, -1, false, "download source");
-  emu::copy_async(ctx, src, dst, n);
-  synchronize(ctx);
+  emu::copy_waited(ctx, src, dst, n, src, "download source");
 }
 //! Pinned host memory to the device, enqueued on ctx's stream.
 template <class T>
