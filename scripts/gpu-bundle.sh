@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds every gpu-labelled test and the GPU benchmark for one GPU architecture and packs them,
-# with the shared libraries a bare machine with only the CUDA toolkit lacks, into gpu-bundle/
-# (ignored by git), for scripts/gpu-check.sh to run on a lent GPU machine (README: "Checking on a
-# GPU"). Runs here, without a GPU.
+# Builds every gpu-labelled test, the GPU benchmark and xpipe-train (for its --device cuda run)
+# for one GPU architecture and packs them, with the shared libraries a bare machine with only the
+# CUDA toolkit lacks and the Fashion-MNIST files (when found), into gpu-bundle/ (ignored by git),
+# for scripts/gpu-check.sh to run on a lent GPU machine (README: "Checking on a GPU"). Runs here,
+# without a GPU.
 #   scripts/gpu-bundle.sh [--arch 90] [--build-dir build-gpu-sm90] [--out gpu-bundle] [--compress]
-#                         [--no-limit]
+#                         [--no-limit] [--data-dir DIR | --no-data]
+# --data-dir: the four Fashion-MNIST .gz files (default: xpipe-train's, the Debian package's
+# /usr/share/datasets/fashion-mnist); without them, or with --no-data, gpu-check.sh skips the
+# xpipe-train run.
 # The bundle must fit the device tool's 64 MiB carry limit together with the checkout: it is
 # stored plain when it fits (or --compress is not given), else as bundle.tar.xz; over the limit
 # even compressed, it fails.
@@ -21,6 +25,7 @@ build=""
 out="$root/gpu-bundle"
 limit=1
 compress=0
+data_dir=/usr/share/datasets/fashion-mnist
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --arch) [[ $# -ge 2 ]] || usage; arch=$2; shift 2 ;;
@@ -28,6 +33,8 @@ while [[ $# -gt 0 ]]; do
     --out) [[ $# -ge 2 ]] || usage; out=$2; shift 2 ;;
     --no-limit) limit=0; shift ;;
     --compress) compress=1; shift ;;
+    --data-dir) [[ $# -ge 2 ]] || usage; data_dir=$2; shift 2 ;;
+    --no-data) data_dir=""; shift ;;
     -h|--help) usage ;;
     *) echo "gpu-bundle.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -81,6 +88,9 @@ if [[ -z "$targets" ]]; then
   echo "gpu-bundle.sh: CTest lists no gpu-labelled test in $build" >&2
   exit 1
 fi
+# xpipe-train, built with its --device cuda unit where CUDA is found (tools/CMakeLists.txt).
+targets="$targets
+xpipe-train"
 echo "gpu-bundle: building $(echo "$targets" | tr '\n' ' ')"
 # shellcheck disable=SC2086  # one target per word
 cmake --build "$build" -j"$(nproc)" --target $targets
@@ -111,6 +121,22 @@ open(os.path.join(stage, "tests.tsv"), "w").write("\n".join(rows) + "\n")
 # bench_gpu is a gpu test (bench.gpu, --short); gpu-check.sh also runs it in full from bin/.
 [[ -x "$stage/bin/bench_gpu" ]] || { echo "gpu-bundle.sh: bench_gpu not among the gpu tests" >&2; exit 1; }
 cp "$root/benchmarks/cuda/torch_step.py" "$stage/"
+cp "$build/tools/xpipe-train" "$stage/bin/"
+data_files=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz
+  t10k-labels-idx1-ubyte.gz)
+data_note="none (gpu-check.sh skips the xpipe-train run)"
+if [[ -n "$data_dir" ]]; then
+  have=0
+  for f in "${data_files[@]}"; do [[ -f "$data_dir/$f" ]] && have=$((have + 1)); done
+  if [[ $have -eq ${#data_files[@]} ]]; then
+    mkdir -p "$stage/data/fashion-mnist"
+    for f in "${data_files[@]}"; do cp "$data_dir/$f" "$stage/data/fashion-mnist/"; done
+    data_note="Fashion-MNIST from $data_dir"
+  else
+    echo "gpu-bundle: note: $data_dir lacks the four Fashion-MNIST .gz files; no data bundled" \
+      "(gpu-check.sh will skip the xpipe-train run)"
+  fi
+fi
 
 # Libraries: everything ldd resolves except what a machine with the CUDA toolkit and a driver
 # has anyway: glibc's own libraries, the driver (libcuda, libnvidia-*) and the toolkit's (under
@@ -141,10 +167,11 @@ dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | hea
   echo "commit: $commit${dirty:+ (with uncommitted changes)}"
   echo "arch: sm_$arch"
   echo "nvcc: $("$nvcc" --version | grep -o 'release [0-9.]*')"
+  echo "data: $data_note"
   echo "tests (name, timeout s, skip code, command):"
   sed 's/^/  /' "$stage/tests.tsv"
   echo "files:"
-  (cd "$stage" && find bin lib -type f -printf '  %p %s bytes\n' | sort)
+  (cd "$stage" && find bin lib data -type f -printf '  %p %s bytes\n' 2>/dev/null | sort)
 } >"$stage/manifest.txt"
 
 # ---- size: the carry limit is 64 MiB for the checkout and the bundle together ----------------

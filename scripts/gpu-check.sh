@@ -19,10 +19,19 @@ usage() {
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 report="$root/gpu-report.md"
 logs="$root/gpu-logs"
+data_dir=""
+train_epochs=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --report) [[ $# -ge 2 ]] || usage; report=$2; shift 2 ;;
     --logs) [[ $# -ge 2 ]] || usage; logs=$2; shift 2 ;;
+    --data-dir) [[ $# -ge 2 ]] || usage; data_dir=$2; shift 2 ;;
+    --train-epochs)
+      [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]{0,2}$ ]] || {
+        echo "gpu-check.sh: --train-epochs wants a whole number from 1 to 999" >&2
+        usage
+      }
+      train_epochs=$2; shift 2 ;;
     -h|--help) usage ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -154,10 +163,35 @@ done <"$bundle/tests.tsv"
 
 # ---- the benchmark (full run) and PyTorch's baseline ----------------------------------------
 bench_json="$work/bench.json"
-(cd "$work" && run_bundled "$bundle/bin/bench_gpu" --json "$bench_json") >"$logs/bench_gpu.log" 2>&1
+(cd "$work" && run_bundled "$bundle/bin/bench_gpu" --gemm-detail --json "$bench_json") >"$logs/bench_gpu.log" 2>&1
 bench_rc=$?
 echo "gpu-check: bench_gpu exit $bench_rc (log: $logs/bench_gpu.log)"
 [[ $bench_rc -eq 0 || $bench_rc -eq 77 ]] || failed=1
+# ---- the study on the GPU: xpipe-train --device cuda --compare -----------------------------
+train_note=""
+train_table=""
+[[ -z "$data_dir" && -d "$bundle/data/fashion-mnist" ]] && data_dir="$bundle/data/fashion-mnist"
+if [[ ! -x "$bundle/bin/xpipe-train" ]]; then
+  train_note="xpipe-train is not in the bundle: no study run"
+elif [[ -z "$data_dir" ]]; then
+  train_note="no Fashion-MNIST here (none bundled, no --data-dir): no study run"
+else
+  train_out="$work/train-out"
+  (cd "$work" && run_bundled timeout 900 "$bundle/bin/xpipe-train" --device cuda --compare \
+    --epochs "$train_epochs" --data-dir "$data_dir" --out "$train_out") >"$logs/xpipe-train.log" 2>&1
+  train_rc=$?
+  echo "gpu-check: xpipe-train --device cuda --compare exit $train_rc (log: $logs/xpipe-train.log)"
+  if [[ $train_rc -ne 0 ]]; then
+    failed=1
+    train_note="xpipe-train --device cuda --compare --epochs $train_epochs FAILED (exit $train_rc)"
+  fi
+  # The summary table: from its header line ('run ... samples/s ...') to the next blank line.
+  train_table=$(awk '/^run .*samples\/s/ {on = 1} on && /^$/ {exit} on && !/^xpipe-train:/' \
+    "$logs/xpipe-train.log")
+  for f in runs.csv runs.json accuracy.csv; do
+    [[ -f "$train_out/$f" ]] && cp "$train_out/$f" "$logs/xpipe-train-$f"
+  done
+fi
 skipped=$(awk -F'\t' '$2 == "skip"' "$results" | wc -l)
 torch_json="$work/torch.json"
 torch_note=""
@@ -241,6 +275,20 @@ EOF
     echo '```'
   fi
   [[ -n "$torch_note" ]] && printf '\n%s\n' "$torch_note"
+  echo
+  echo "## the study on the GPU: xpipe-train --device cuda --compare --epochs $train_epochs"
+  echo
+  if [[ -n "$train_table" ]]; then
+    data_label=$data_dir
+    [[ "$data_dir" == "$bundle/"* ]] && data_label="the bundle's data/fashion-mnist"
+    echo "Fashion-MNIST from $data_label; mlp over 4 stages, M = 4, batch 128 (stage k on" \
+      "device k mod count; samples/s over each epoch's train() call, its upload included)."
+    echo
+    echo '```'
+    echo "$train_table"
+    echo '```'
+  fi
+  [[ -n "$train_note" ]] && echo "$train_note"
   echo
   echo "xpipe's graph row replays one captured step (Adam's bias corrections of that step);"
   echo "see benchmarks/cuda/bench_gpu.cu."

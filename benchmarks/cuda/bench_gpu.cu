@@ -6,7 +6,7 @@
 // Linear then ReLU and with Dense layers (the ReLU in the GEMM's epilogue); and the Pipeline
 // (async 1F1B x XPipe) with K = 2 and K = 4 stages on streams of one GPU against K = 1.
 // A program of its own (the lent GPU machine has no Google Benchmark). Exits 77 without a device.
-//   bench_gpu [--short] [--json PATH]
+//   bench_gpu [--short] [--gemm-detail] [--json PATH]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -26,7 +26,8 @@ using xpipe::index_t;
 using Mlp = xpipe::models::FashionMlp;
 
 struct Options {
-  bool quick = false;  // --short: fewer repeats, no 64 M pass (the CTest smoke run)
+  bool quick = false;        // --short: fewer repeats, no 64 M pass (the CTest smoke run)
+  bool gemm_detail = false;  // --gemm-detail: each GEMM alone, with cuBLASLt's algorithms
   std::string json;
 };
 
@@ -141,30 +142,55 @@ void optimizer_passes(const xpipe::CudaContext& ctx, index_t n, const char* labe
 }
 
 // ---- 2. Linear forward + backward of the MLP against its SGEMMs alone ------------------------
-// Our layer code (Stage::forward, Stage::backward: per layer forward one cuBLASLt GEMM with the
-// bias epilogue + ReLU kernel; per layer backward ReLU backward, the dW GEMM with the
+// The MLP's four Linear layers (784-1024-1024-1024-10) through our layer code (Stage::forward,
+// Stage::backward: per layer forward GEMM + bias kernel, or one cuBLASLt call with the bias
+// epilogue where CudaLtPlans::forward_epilogues is on; backward the dW GEMM with the
 // bias-gradient epilogue, dX GEMM; no dX for the stage input) against the same 11 cuBLAS SGEMMs
-// called directly with the same operands; and the layer code without epilogues (CudaContext::lt
-// null: GEMM + bias kernel, GEMM + column sums), so the epilogues' gain is measured too.
+// called directly with the same operands (aim >= 0.9); the same with the forward epilogues on
+// and with no epilogue at all (CudaContext::lt null), against the default; and the whole MLP
+// with its ReLUs, as Linear then ReLU (a kernel each way per hidden layer) and as Dense layers.
+using LinearLayers = xpipe::Stage<xpipe::Linear<784, 1024>, xpipe::Linear<1024, 1024>,
+                                  xpipe::Linear<1024, 1024>, xpipe::Linear<1024, 10>>;
+static_assert(LinearLayers::param_count == Mlp::param_count);
+
+//! One forward + backward of a stage at batch `batch` over fixed operands; ms<Model>(c) is the
+//! median milliseconds per call on c.
+struct LayerCode {
+  index_t batch;
+  const float* params;
+  float* grads;
+  const float* x;
+  const float* dy;
+  int reps, iters;
+
+  template <class Model>
+  double ms(const xpipe::CudaContext& c) const {
+    typename Model::template Activations<xpipe::Cuda> acts(batch);
+    typename Model::template GradScratch<xpipe::Cuda> scratch(batch);
+    return median_ms(c.stream, reps, iters, [&] {
+      Model::forward(c, params, {x, batch, 784}, acts);
+      Model::backward(c, params, grads, false, acts, {dy, batch, 10}, xpipe::Matrix{}, scratch);
+    });
+  }
+};
+
 void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
   constexpr index_t batch = 128;
   xpipe::DeviceBuffer<float> params(Mlp::param_count), grads(Mlp::param_count), x(batch * 784),
       dy(batch * 10);
   fill(params.data(), Mlp::param_count, -0.05f, 0.05f, 5);
   fill(x.data(), batch * 784, 0.f, 1.f, 6), fill(dy.data(), batch * 10, -0.1f, 0.1f, 7);
-  Mlp::Activations<xpipe::Cuda> acts(batch);
-  Mlp::GradScratch<xpipe::Cuda> scratch(batch);
   const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 200;
-  const auto layer_code = [&](const xpipe::CudaContext& c) {
-    return median_ms(c.stream, reps, iters, [&] {
-      Mlp::forward(c, params.data(), {x.data(), batch, 784}, acts);
-      Mlp::backward(c, params.data(), grads.data(), false, acts, {dy.data(), batch, 10},
-                    xpipe::Matrix{}, scratch);
-    });
-  };
+  const LayerCode code{batch, params.data(), grads.data(), x.data(), dy.data(), reps, iters};
   xpipe::CudaContext no_epilogues = ctx;
   no_epilogues.lt = nullptr;
-  const double ours = layer_code(ctx), plain = layer_code(no_epilogues);
+  const double linear = code.ms<LinearLayers>(ctx), plain = code.ms<LinearLayers>(no_epilogues);
+  const bool forward_epilogues = ctx.lt->forward_epilogues;
+  ctx.lt->forward_epilogues = true;
+  const double fused_forward = code.ms<LinearLayers>(ctx);
+  ctx.lt->forward_epilogues = forward_epilogues;
+  const double with_relu = code.ms<Mlp>(ctx);
+  const double dense = code.ms<xpipe::models::FashionMlpFused>(ctx);
   // The GEMMs alone, row-major C = A B as column-major C^T = B^T A^T (as backend/cuda.cuh does).
   constexpr index_t widths[5] = {784, 1024, 1024, 1024, 10};
   xpipe::DeviceBuffer<float> act(batch * 1024 * 4), dact(batch * 1024 * 2);
@@ -196,12 +222,175 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
               dact.data() + ((l + 1) % 2) * batch * 1024, i);
     }
   });
-  add({"MLP Linear fwd+bwd, batch 128 (layer code)", 1.0 / ours, "calls/ms", 1.0 / gemms,
+  add({"MLP Linear layers fwd+bwd, batch 128", 1.0 / linear, "calls/ms", 1.0 / gemms,
        "its 11 cuBLAS SGEMMs alone", 0.9});
-  add({"MLP Linear fwd+bwd, batch 128 (no epilogues)", 1.0 / plain, "calls/ms", 1.0 / gemms,
+  add({"MLP Linear layers: forward epilogues on", 1.0 / fused_forward, "calls/ms", 1.0 / linear,
+       "default: GEMM + bias kernel forward", 0});
+  add({"MLP Linear layers: no epilogues", 1.0 / plain, "calls/ms", 1.0 / linear,
+       "default: bias-gradient epilogue", 0});
+  add({"MLP Linear, ReLU fwd+bwd (with ReLUs)", 1.0 / with_relu, "calls/ms", 1.0 / gemms,
        "its 11 cuBLAS SGEMMs alone", 0});
-  add({"MLP Linear fwd+bwd: cuBLASLt epilogues", 1.0 / ours, "calls/ms", 1.0 / plain,
-       "GEMM + bias / column-sum kernels", 0});
+  add({"MLP Dense fwd+bwd (ReLU fused)", 1.0 / dense, "calls/ms", 1.0 / gemms,
+       "its 11 cuBLAS SGEMMs alone", 0});
+}
+
+// ---- 2b. --gemm-detail: each of those 11 GEMMs alone, three ways ----------------------------
+// Per GEMM of the MLP at batch 128: cublasSgemm on the stage's handle (what the plain path and
+// the baseline above call); cuBLASLt with the layer's epilogue (BIAS forward, BGRADA for dW, none
+// for dX) for each algorithm the heuristic offers (up to 8, the first is what CudaLtPlans takes),
+// with its tile, split-K and waves; and the layer call (linear_forward / linear_param_grads) with
+// the stage's default plans and with none (GEMM + kernel). Microseconds per call, median of
+// repeats. A diagnosis, not a ratio row: where the time of the layer code above goes, and the
+// evidence for CudaLtPlans::forward_epilogues' default.
+namespace detail_gemm {
+struct LtAlgo {
+  cublasLtMatmulAlgo_t algo;
+  std::size_t workspace;
+  float waves;
+};
+
+int config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  std::uint32_t v = 0;
+  std::size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
+      CUBLAS_STATUS_SUCCESS)
+    return -1;
+  return static_cast<int>(v);
+}
+
+void one(const xpipe::CudaContext& ctx, cublasLtHandle_t lt, void* ws, std::size_t ws_bytes,
+         const char* name, const xpipe::CudaLtPlans::Key& key, const float* a, const float* b,
+         float* d, const float* bias, const std::function<void()>& sgemm,
+         const std::function<void()>& layer_lt, const std::function<void()>& layer_plain, int reps,
+         int iters) {
+  const double us_sgemm = 1e3 * median_ms(ctx.stream, reps, iters, sgemm);
+  const double us_lt_layer = 1e3 * median_ms(ctx.stream, reps, iters, layer_lt);
+  const double us_plain_layer = 1e3 * median_ms(ctx.stream, reps, iters, layer_plain);
+  std::printf("%-26s sgemm %6.1f us | layer call: default plans %6.1f us, no plans %6.1f us\n",
+              name, us_sgemm, us_lt_layer, us_plain_layer);
+  cublasLtMatmulDesc_t desc = nullptr;
+  XPIPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  XPIPE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  XPIPE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  XPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &key.epilogue, sizeof(key.epilogue)));
+  if (bias != nullptr)
+    XPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias, sizeof(bias)));
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  XPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, key.trans_a ? key.k : key.m,
+                                                key.trans_a ? key.m : key.k, key.lda));
+  XPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, key.trans_b ? key.n : key.k,
+                                                key.trans_b ? key.k : key.n, key.ldb));
+  XPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, key.m, key.n, key.ldd));
+  cublasLtMatmulPreference_t pref = nullptr;
+  XPIPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t wsb = ws_bytes;
+  XPIPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+  cublasLtMatmulHeuristicResult_t res[8] = {};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, res, &found);
+  if (st != CUBLAS_STATUS_SUCCESS) found = 0;
+  for (int i = 0; i < found; ++i) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
+    const float alpha = 1.f, beta = 0.f;
+    const double us =
+        1e3 * median_ms(ctx.stream, reps, iters, [&] {
+          XPIPE_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
+                                            &res[i].algo, ws, ws_bytes, ctx.stream));
+        });
+    std::printf(
+        "    heuristic #%d: %6.1f us  algo %d tile %d split-k %d reduction %d stages %d "
+        "waves %.2f workspace %zu\n",
+        i, us, config(res[i].algo, CUBLASLT_ALGO_CONFIG_ID),
+        config(res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+        config(res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+        config(res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+        config(res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), res[i].wavesCount,
+        res[i].workspaceSize);
+  }
+  if (found == 0) std::printf("    cuBLASLt offers no algorithm (status %d)\n", int(st));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(ld), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatmulDescDestroy(desc);
+}
+}  // namespace detail_gemm
+
+void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
+  using detail_gemm::one;
+  constexpr index_t batch = 128;
+  constexpr index_t widths[5] = {784, 1024, 1024, 1024, 10};
+  const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 200;
+  xpipe::DeviceBuffer<float> params(Mlp::param_count), grads(Mlp::param_count), x(batch * 1024),
+      y(batch * 1024), dy(batch * 1024), dx(batch * 1024);
+  fill(params.data(), Mlp::param_count, -0.05f, 0.05f, 5);
+  fill(x.data(), batch * 1024, 0.f, 1.f, 6), fill(dy.data(), batch * 1024, -0.1f, 0.1f, 7);
+  cublasLtHandle_t lt = nullptr;
+  XPIPE_CUBLAS_CHECK(cublasLtCreate(&lt));
+  xpipe::DeviceBuffer<std::uint8_t> ws(xpipe::CudaLtPlans::workspace_bytes);
+  xpipe::CudaContext plain = ctx;
+  plain.lt = nullptr;
+  std::printf("-- --gemm-detail: the MLP's GEMMs at batch %ld, microseconds per call\n",
+              static_cast<long>(batch));
+  index_t off = 0;
+  for (int l = 0; l < 4; ++l) {
+    const index_t in = widths[l], out = widths[l + 1];
+    const float* w = params.data() + off;
+    const float* b = w + in * out;
+    float* dw = grads.data() + off;
+    float* db = dw + in * out;
+    off += in * out + out;
+    char name[64];
+    const xpipe::ConstMatrix xm{x.data(), batch, in};
+    const xpipe::Matrix ym{y.data(), batch, out};
+    const xpipe::ConstMatrix dym{dy.data(), batch, out};
+    xpipe::CudaLtPlans::Key fwd;
+    fwd.m = out, fwd.n = batch, fwd.k = in, fwd.lda = out, fwd.ldb = in, fwd.ldd = out;
+    fwd.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    std::snprintf(name, sizeof(name), "forward %ld-%ld", long(in), long(out));
+    one(
+        ctx, lt, ws.data(), xpipe::CudaLtPlans::workspace_bytes, name, fwd, w, x.data(), y.data(),
+        b,
+        [&] {
+          xpipe::gemm(ctx, xpipe::Trans::No, xpipe::Trans::No, batch, out, in, 1.f, x.data(), in, w,
+                      out, 0.f, y.data(), out);
+        },
+        [&] { xpipe::linear_forward(ctx, xm, w, b, ym); },
+        [&] { xpipe::linear_forward(plain, xm, w, b, ym); }, reps, iters);
+    xpipe::CudaLtPlans::Key bwd;
+    bwd.m = out, bwd.n = in, bwd.k = batch, bwd.lda = out, bwd.ldb = in, bwd.ldd = out;
+    bwd.trans_b = true;
+    bwd.epilogue = CUBLASLT_EPILOGUE_BGRADA;
+    std::snprintf(name, sizeof(name), "dW %ld-%ld", long(in), long(out));
+    one(
+        ctx, lt, ws.data(), xpipe::CudaLtPlans::workspace_bytes, name, bwd, dy.data(), x.data(), dw,
+        db,
+        [&] {
+          xpipe::gemm(ctx, xpipe::Trans::Yes, xpipe::Trans::No, in, out, batch, 1.f, x.data(), in,
+                      dy.data(), out, 0.f, dw, out);
+        },
+        [&] { xpipe::linear_param_grads(ctx, xm, dym, dw, db, false); },
+        [&] { xpipe::linear_param_grads(plain, xm, dym, dw, db, false); }, reps, iters);
+    if (l == 0) continue;
+    // dX = dY W^T: column-major dX^T (in x batch) = W_cm^T dY^T, W_cm the out x in view of W.
+    xpipe::CudaLtPlans::Key dxk;
+    dxk.m = in, dxk.n = batch, dxk.k = out, dxk.lda = out, dxk.ldb = out, dxk.ldd = in;
+    dxk.trans_a = true;
+    std::snprintf(name, sizeof(name), "dX %ld-%ld", long(in), long(out));
+    const auto dx_gemm = [&] {
+      xpipe::gemm(ctx, xpipe::Trans::No, xpipe::Trans::Yes, batch, in, out, 1.f, dy.data(), out, w,
+                  out, 0.f, dx.data(), in);
+    };
+    one(ctx, lt, ws.data(), xpipe::CudaLtPlans::workspace_bytes, name, dxk, w, dy.data(), dx.data(),
+        nullptr, dx_gemm, dx_gemm, dx_gemm, reps, iters);
+  }
+  cublasLtDestroy(lt);
 }
 
 // ---- 3. the whole training step, K = 1 -------------------------------------------------------
@@ -410,12 +599,14 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--short") {
       o.quick = true;
+    } else if (a == "--gemm-detail") {
+      o.gemm_detail = true;
     } else if (a == "--json" && i + 1 < argc) {
       o.json = argv[++i];
     } else {
       std::fprintf(stderr,
                    "bench_gpu: unknown or incomplete argument '%s'\n"
-                   "usage: bench_gpu [--short] [--json PATH]\n",
+                   "usage: bench_gpu [--short] [--gemm-detail] [--json PATH]\n",
                    a.c_str());
       return 2;
     }
@@ -437,6 +628,7 @@ int main(int argc, char** argv) {
     optimizer_passes(ctx, Mlp::param_count, "MLP 2.9 M", o);
     if (!o.quick) optimizer_passes(ctx, 64L << 20, "64 M", o);
     linear_layers(ctx, o);
+    if (o.gemm_detail) gemm_detail(ctx, o);
     training_steps(ctx, o);
     stream.synchronize();
     pipelines(o, devices, two_gpus_with_peer_access(devices));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xpipe/xpipe_cuda.cuh"
@@ -285,9 +286,11 @@ void vectorized_ops(const xpipe::CudaContext& cctx) {
 // The Linear layers' cuBLASLt epilogues (kernels/cuda/linear.cuh) against the host and against
 // the same stage with them off (CudaContext::lt null: GEMM + kernels): forward, a backward that
 // writes the gradients and one that accumulates onto them (the epilogue cannot add: the plain
-// path takes it). The forward's bias epilogue must run fused, and on sm_90+ the bias-gradient
-// epilogue too. Two fused runs agree bitwise.
-void linear_epilogues(const xpipe::CudaContext& cctx) {
+// path takes it). With CudaLtPlans::forward_epilogues on (`cctx` has it on), the forward's bias
+// epilogue must run fused, and on sm_90+ the bias-gradient epilogue too; two fused runs agree
+// bitwise. With the default plans (`defaults`: forward epilogues off) no forward is fused and
+// the weight gradients still are.
+void linear_epilogues(const xpipe::CudaContext& cctx, const xpipe::CudaContext& defaults) {
   const xpipe::HostContext hctx{};
   xpipe::CudaContext plain = cctx;
   plain.lt = nullptr;
@@ -333,7 +336,10 @@ void linear_epilogues(const xpipe::CudaContext& cctx) {
   const auto fused = cuda_run(cctx, &forward_fused, &backward_fused);
   const auto again = cuda_run(cctx, nullptr, nullptr);
   const auto kernels = cuda_run(plain, nullptr, nullptr);
+  long default_forward = 0, default_backward = 0;
+  const auto by_default = cuda_run(defaults, &default_forward, &default_backward);
   check("linear, cuBLASLt vs host", host, fused, 1e-5f, 1e-3f);
+  check("linear, default plans vs host", host, by_default, 1e-5f, 1e-3f);
   check("linear, GEMM+kernels vs host", host, kernels, 1e-5f, 1e-3f);
   const bool same = std::memcmp(fused.data(), again.data(), fused.size() * 4) == 0;
   std::printf("%-28s %s\n", "linear, cuBLASLt twice", same ? "ok (bitwise)" : "FAIL (bits differ)");
@@ -351,6 +357,12 @@ void linear_epilogues(const xpipe::CudaContext& cctx) {
       "linear, epilogues used", forward_ok && backward_ok ? "ok" : "FAIL", forward_fused,
       backward_fused, major < 9 ? ", not required below sm_90" : ", required on sm_90+");
   failures += !(forward_ok && backward_ok);
+  const bool default_ok = default_forward == 0 && (default_backward == 3 || major < 9);
+  std::printf(
+      "%-28s %s (default plans: %ld of 3 forward GEMMs fused, expected 0; %ld of 3 "
+      "weight-gradient GEMMs)\n",
+      "linear, default epilogues", default_ok ? "ok" : "FAIL", default_forward, default_backward);
+  failures += !default_ok;
 }
 
 // Dense layers (the ReLU fused into the GEMM: CUBLASLT_EPILOGUE_RELU_BIAS) against the host's
@@ -358,7 +370,9 @@ void linear_epilogues(const xpipe::CudaContext& cctx) {
 // and a writing backward, the epilogue used by both Dense layers (and the bias epilogue by the
 // last Linear), two runs bitwise, and a NaN input row that stays NaN through the epilogue's ReLU
 // (ours keeps a NaN so that divergence reaches the loss check; the library documents no rule).
-void dense_epilogues(const xpipe::CudaContext& cctx) {
+// `cctx` takes the forward epilogues; `defaults` (forward epilogues off: GEMM + one bias-ReLU
+// kernel) must match the host too and keep the NaN as well.
+void dense_epilogues(const xpipe::CudaContext& cctx, const xpipe::CudaContext& defaults) {
   using Split = xpipe::Stage<xpipe::Linear<96, 128>, xpipe::ReLU, xpipe::Linear<128, 64>,
                              xpipe::ReLU, xpipe::Linear<64, 10>>;
   using Fused = xpipe::Stage<xpipe::Dense<96, 128, xpipe::ReLU>, xpipe::Dense<128, 64, xpipe::ReLU>,
@@ -381,26 +395,34 @@ void dense_epilogues(const xpipe::CudaContext& cctx) {
   auto dx = to_device(x);
   // Forward GEMMs run with the bias + ReLU and with the bias epilogue.
   auto fused = [&](cublasLtEpilogue_t e) { return cctx.lt ? cctx.lt->fused_calls(e) : 0; };
-  auto cuda_run = [&](long* relu_bias, long* bias) {
+  auto cuda_run = [&](long* relu_bias, long* bias, const xpipe::CudaContext& ctx) {
     Fused::Activations<xpipe::Cuda> a(rows);
     Fused::GradScratch<xpipe::Cuda> sc(rows);
     xpipe::DeviceBuffer<float> g(Fused::param_count);
     const long r0 = fused(CUBLASLT_EPILOGUE_RELU_BIAS), b0 = fused(CUBLASLT_EPILOGUE_BIAS);
-    const auto y = Fused::forward(cctx, dw.data(), {dx.data(), rows, 96}, a);
+    const auto y = Fused::forward(ctx, dw.data(), {dx.data(), rows, 96}, a);
     if (relu_bias) *relu_bias = fused(CUBLASLT_EPILOGUE_RELU_BIAS) - r0;
     if (bias) *bias = fused(CUBLASLT_EPILOGUE_BIAS) - b0;
-    Fused::backward(cctx, dw.data(), g.data(), false, a, {ddy.data(), rows, 10}, xpipe::Matrix{},
+    Fused::backward(ctx, dw.data(), g.data(), false, a, {ddy.data(), rows, 10}, xpipe::Matrix{},
                     sc);
-    XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
     std::vector<float> out(static_cast<std::size_t>(rows * 10 + Fused::param_count));
     XPIPE_CUDA_CHECK(cudaMemcpy(out.data(), y.data, rows * 10 * 4, cudaMemcpyDeviceToHost));
     g.copy_to_host(out.data() + rows * 10, Fused::param_count);
     return out;
   };
   long relu_bias = 0, bias = 0;
-  const auto first = cuda_run(&relu_bias, &bias);
-  const auto again = cuda_run(nullptr, nullptr);
+  const auto first = cuda_run(&relu_bias, &bias, cctx);
+  const auto again = cuda_run(nullptr, nullptr, cctx);
+  long default_relu_bias = 0, default_bias = 0;
+  const auto by_default = cuda_run(&default_relu_bias, &default_bias, defaults);
   check("dense, cuBLASLt vs host", host, first, 1e-5f, 1e-3f);
+  check("dense, default plans vs host", host, by_default, 1e-5f, 1e-3f);
+  const bool default_unfused = default_relu_bias == 0 && default_bias == 0;
+  std::printf("%-28s %s (default plans: %ld forward GEMMs with RELU_BIAS, %ld with BIAS)\n",
+              "dense, default unfused", default_unfused ? "ok" : "FAIL", default_relu_bias,
+              default_bias);
+  failures += !default_unfused;
   const bool same = std::memcmp(first.data(), again.data(), first.size() * 4) == 0;
   std::printf("%-28s %s\n", "dense, cuBLASLt twice", same ? "ok (bitwise)" : "FAIL (bits differ)");
   failures += !same;
@@ -409,26 +431,30 @@ void dense_epilogues(const xpipe::CudaContext& cctx) {
       "%-28s %s (forward GEMMs with RELU_BIAS: %ld of 2 Dense, with BIAS: %ld of 1 Linear)\n",
       "dense, epilogues used", used ? "ok" : "FAIL", relu_bias, bias);
   failures += !used;
-  // Row 5 of the input becomes NaN: every output of that row must be NaN, every other finite.
+  // Row 5 of the input becomes NaN: every output of that row must be NaN, every other finite,
+  // through the epilogue's ReLU and through the bias-ReLU kernel alike.
   x[5 * 96 + 7] = std::nanf("");
   dx.copy_from_host(x.data(), dx.size());
-  const auto nan_run = cuda_run(nullptr, nullptr);
-  int kept = 0, finite = 0;
-  for (xpipe::index_t r = 0; r < rows; ++r)
-    for (int c = 0; c < 10; ++c) {
-      const float v = nan_run[static_cast<std::size_t>(r * 10 + c)];
-      if (r == 5)
-        kept += std::isnan(v) ? 1 : 0;
-      else
-        finite += std::isfinite(v) ? 1 : 0;
-    }
-  const bool nan_ok = kept == 10 && finite == (rows - 1) * 10;
-  // A FAIL here with the checks above ok means cuBLASLt's ReLU epilogue turns NaN into 0 (its
-  // documentation says max(x, 0) and no more): Dense must then not take RELU_BIAS on CUDA.
-  std::printf("%-28s %s (%d of 10 outputs of the NaN row NaN, %d of %ld others finite)\n",
-              "dense, NaN kept by ReLU", nan_ok ? "ok" : "FAIL (the epilogue's ReLU drops NaN)",
-              kept, finite, static_cast<long>((rows - 1) * 10));
-  failures += !nan_ok;
+  for (const auto& [label, ctx] : {std::pair{"dense, NaN kept by ReLU", &cctx},
+                                   std::pair{"dense, NaN kept, default", &defaults}}) {
+    const auto nan_run = cuda_run(nullptr, nullptr, *ctx);
+    int kept = 0, finite = 0;
+    for (xpipe::index_t r = 0; r < rows; ++r)
+      for (int c = 0; c < 10; ++c) {
+        const float v = nan_run[static_cast<std::size_t>(r * 10 + c)];
+        if (r == 5)
+          kept += std::isnan(v) ? 1 : 0;
+        else
+          finite += std::isfinite(v) ? 1 : 0;
+      }
+    const bool nan_ok = kept == 10 && finite == (rows - 1) * 10;
+    // A FAIL on the first with the checks above ok means cuBLASLt's ReLU epilogue turns NaN into
+    // 0 (its documentation says max(x, 0) and no more): Dense must then not take RELU_BIAS.
+    std::printf("%-28s %s (%d of 10 outputs of the NaN row NaN, %d of %ld others finite)\n", label,
+                nan_ok ? "ok" : "FAIL (the ReLU drops NaN)", kept, finite,
+                static_cast<long>((rows - 1) * 10));
+    failures += !nan_ok;
+  }
 }
 
 }  // namespace
@@ -446,8 +472,10 @@ int main() {
     element_ops(stream.ctx());
     vectorized_ops(stream.ctx());
     stage_and_optimizer(stream.ctx());
-    linear_epilogues(stream.ctx());
-    dense_epilogues(stream.ctx());
+    xpipe::CudaStreamContext fused;  // a stream whose plans take the forward epilogues too
+    fused.ctx().lt->forward_epilogues = true;
+    linear_epilogues(fused.ctx(), stream.ctx());
+    dense_epilogues(fused.ctx(), stream.ctx());
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

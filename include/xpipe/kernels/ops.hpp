@@ -272,8 +272,8 @@ void bias_grad(const Ctx& ctx, ConstMatrix dy, float* db, bool accumulate) {
 
 //! y = Act(x W + b), a Linear (Act = identity) or Dense layer's forward: W is x.cols x y.cols
 //! row-major (leading dimension y.cols), b has y.cols entries. A GEMM, then one pass adding the
-//! bias and applying Act; on CUDA one cuBLASLt call with the bias (+ ReLU) epilogue does both
-//! (kernels/cuda/linear.cuh).
+//! bias and applying Act; on CUDA one cuBLASLt call with the bias (+ ReLU) epilogue can do both
+//! (kernels/cuda/linear.cuh; off unless CudaLtPlans::forward_epilogues).
 //! Usage: `linear_forward(ctx, x, w, b, y);`, `linear_forward<math::Relu>(ctx, x, w, b, y);`
 template <class Act = math::Identity, class Ctx>
 void linear_forward(const Ctx& ctx, ConstMatrix x, const float* w, const float* b, Matrix y) {

@@ -1,8 +1,9 @@
-// The Linear and Dense layers' GEMMs on CUDA with cuBLASLt epilogues: the forward's bias (and a
-// Dense layer's ReLU) applied by the GEMM itself (CUBLASLT_EPILOGUE_BIAS, _RELU_BIAS), and the
-// backward's bias gradient summed by the weight-gradient GEMM (CUBLASLT_EPILOGUE_BGRADA) when it
-// does not accumulate. One library call instead of a GEMM and a kernel each: at the reference MLP's
-// sizes a step is bound by launches, not FLOPs. Include through xpipe/xpipe_cuda.cuh.
+// The Linear and Dense layers' GEMMs on CUDA with cuBLASLt epilogues: the backward's bias
+// gradient summed by the weight-gradient GEMM (CUBLASLT_EPILOGUE_BGRADA) when it does not
+// accumulate, and, where CudaLtPlans::forward_epilogues is on, the forward's bias (and a Dense
+// layer's ReLU) applied by the GEMM itself (CUBLASLT_EPILOGUE_BIAS, _RELU_BIAS). One library call
+// instead of a GEMM and a kernel each, taken where measured faster (see forward_epilogues).
+// Include through xpipe/xpipe_cuda.cuh.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -46,15 +47,16 @@ constexpr cublasLtEpilogue_t bias_epilogue() {
 }
 }  // namespace detail
 
-//! y = Act(x W + b) in one cuBLASLt call with the bias (Linear) or bias + ReLU (Dense) epilogue;
-//! else GEMM + one bias-activation kernel.
+//! y = Act(x W + b) in one cuBLASLt call with the bias (Linear) or bias + ReLU (Dense) epilogue
+//! where the plans allow it (CudaLtPlans::forward_epilogues, off by default: slower where
+//! measured); else GEMM + one bias-activation kernel.
 //! Usage: `linear_forward<math::Relu>(ctx, x, w, b, y);` (Linear and Dense forward; the host's is
 //! kernels/ops.hpp's).
 template <class Act = math::Identity>
 void linear_forward(const CudaContext& ctx, ConstMatrix x, const float* w, const float* b,
                     Matrix y) {
   constexpr cublasLtEpilogue_t epilogue = detail::bias_epilogue<Act>();
-  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && ctx.lt != nullptr &&
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && ctx.lt != nullptr && ctx.lt->forward_epilogues &&
       detail::lt_shape_ok(x.rows, x.cols, y.cols)) {
     // Row-major y (rows x Out) = x W is column-major y^T (Out x rows) = W^T x^T: A is W read as
     // column-major Out x In (ld Out), B is x read as column-major In x rows (ld x.ld); the bias
