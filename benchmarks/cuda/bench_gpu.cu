@@ -53,6 +53,49 @@ double median_ms(cudaStream_t stream, int reps, int iters, const std::function<v
   return t[t.size() / 2];
 }
 
+//! Median milliseconds per call of `op` with the host out of the way: `per_graph` back-to-back
+//! calls captured once in a CUDA graph, the graph replayed (`reps` timings of 5 replays), the
+//! time divided by the calls. What the device spends on the calls' kernels, where the eager
+//! timing of median_ms is bound by the host's launches at these sizes (and moves with the host's
+//! speed). One eager call first (plans made, kernels loaded); 0 where the capture fails (a call
+//! the capture does not allow).
+double graph_median_ms(cudaStream_t stream, int reps, int per_graph,
+                       const std::function<void()>& op) {
+  op();
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  XPIPE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  try {
+    for (int i = 0; i < per_graph; ++i) op();
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!ok) {
+    (void)cudaGetLastError();
+    return 0.0;
+  }
+  const double ms =
+      median_ms(stream, reps, 5, [&] { XPIPE_CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+  XPIPE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  return ms / per_graph;
+}
+
+//! A call's milliseconds eager (median_ms: host launches included) and replayed from a graph
+//! (graph_median_ms: the device's work alone; 0 where it could not be captured).
+struct Timing {
+  double eager = 0, graph = 0;
+};
+
+Timing eager_and_graph_ms(cudaStream_t stream, int reps, int iters,
+                          const std::function<void()>& op) {
+  return {median_ms(stream, reps, iters, op), graph_median_ms(stream, reps, 20, op)};
+}
+
 struct Row {
   std::string name;
   double value;  // the measured rate (GB/s, samples/s) or time
@@ -153,8 +196,8 @@ using LinearLayers = xpipe::Stage<xpipe::Linear<784, 1024>, xpipe::Linear<1024, 
                                   xpipe::Linear<1024, 1024>, xpipe::Linear<1024, 10>>;
 static_assert(LinearLayers::param_count == Mlp::param_count);
 
-//! One forward + backward of a stage at batch `batch` over fixed operands; ms<Model>(c) is the
-//! median milliseconds per call on c.
+//! One forward + backward of a stage at batch `batch` over fixed operands; ms<Model>(c) is its
+//! time per call on c, eager and from a graph.
 struct LayerCode {
   index_t batch;
   const float* params;
@@ -164,10 +207,10 @@ struct LayerCode {
   int reps, iters;
 
   template <class Model>
-  double ms(const xpipe::CudaContext& c) const {
+  Timing ms(const xpipe::CudaContext& c) const {
     typename Model::template Activations<xpipe::Cuda> acts(batch);
     typename Model::template GradScratch<xpipe::Cuda> scratch(batch);
-    return median_ms(c.stream, reps, iters, [&] {
+    return eager_and_graph_ms(c.stream, reps, iters, [&] {
       Model::forward(c, params, {x, batch, 784}, acts);
       Model::backward(c, params, grads, false, acts, {dy, batch, 10}, xpipe::Matrix{}, scratch);
     });
@@ -184,13 +227,13 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
   const LayerCode code{batch, params.data(), grads.data(), x.data(), dy.data(), reps, iters};
   xpipe::CudaContext no_epilogues = ctx;
   no_epilogues.lt = nullptr;
-  const double linear = code.ms<LinearLayers>(ctx), plain = code.ms<LinearLayers>(no_epilogues);
+  const Timing linear = code.ms<LinearLayers>(ctx), plain = code.ms<LinearLayers>(no_epilogues);
   const bool forward_epilogues = ctx.lt->forward_epilogues;
   ctx.lt->forward_epilogues = true;
-  const double fused_forward = code.ms<LinearLayers>(ctx);
+  const Timing fused_forward = code.ms<LinearLayers>(ctx);
   ctx.lt->forward_epilogues = forward_epilogues;
-  const double with_relu = code.ms<Mlp>(ctx);
-  const double dense = code.ms<xpipe::models::FashionMlpFused>(ctx);
+  const Timing with_relu = code.ms<Mlp>(ctx);
+  const Timing dense = code.ms<xpipe::models::FashionMlpFused>(ctx);
   // The GEMMs alone, row-major C = A B as column-major C^T = B^T A^T (as backend/cuda.cuh does).
   constexpr index_t widths[5] = {784, 1024, 1024, 1024, 10};
   xpipe::DeviceBuffer<float> act(batch * 1024 * 4), dact(batch * 1024 * 2);
@@ -201,7 +244,7 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &one, b,
                                    int(ldb), a, int(lda), &zero, c, int(ldc)));
   };
-  const double gemms = median_ms(ctx.stream, reps, iters, [&] {
+  const Timing gemms = eager_and_graph_ms(ctx.stream, reps, iters, [&] {
     index_t off = 0;
     const float* in = x.data();
     for (int l = 0; l < 4; ++l) {  // forward: y = x W
@@ -222,16 +265,25 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
               dact.data() + ((l + 1) % 2) * batch * 1024, i);
     }
   });
-  add({"MLP Linear layers fwd+bwd, batch 128", 1.0 / linear, "calls/ms", 1.0 / gemms,
-       "its 11 cuBLAS SGEMMs alone", 0.9});
-  add({"MLP Linear layers: forward epilogues on", 1.0 / fused_forward, "calls/ms", 1.0 / linear,
-       "default: GEMM + bias kernel forward", 0});
-  add({"MLP Linear layers: no epilogues", 1.0 / plain, "calls/ms", 1.0 / linear,
-       "default: bias-gradient epilogue", 0});
-  add({"MLP Linear, ReLU fwd+bwd (with ReLUs)", 1.0 / with_relu, "calls/ms", 1.0 / gemms,
-       "its 11 cuBLAS SGEMMs alone", 0});
-  add({"MLP Dense fwd+bwd (ReLU fused)", 1.0 / dense, "calls/ms", 1.0 / gemms,
-       "its 11 cuBLAS SGEMMs alone", 0});
+  if (linear.graph > 0 && gemms.graph > 0) {
+    add({"MLP Linear layers fwd+bwd, batch 128, graph", 1.0 / linear.graph, "calls/ms",
+         1.0 / gemms.graph, "its 11 cuBLAS SGEMMs alone, graph", 0.9});
+  } else {
+    std::printf("MLP Linear layers: not captured in a CUDA graph: no graph rows\n");
+  }
+  add({"MLP Linear layers fwd+bwd, batch 128, eager", 1.0 / linear.eager, "calls/ms",
+       1.0 / gemms.eager, "its 11 cuBLAS SGEMMs alone, eager", 0});
+  if (linear.graph > 0 && gemms.graph > 0 && fused_forward.graph > 0 && plain.graph > 0 &&
+      with_relu.graph > 0 && dense.graph > 0) {
+    add({"Linear layers, graph: forward epilogues on", 1.0 / fused_forward.graph, "calls/ms",
+         1.0 / linear.graph, "default: GEMM + bias kernel forward", 0});
+    add({"Linear layers, graph: no epilogues", 1.0 / plain.graph, "calls/ms", 1.0 / linear.graph,
+         "default: bias-gradient epilogue", 0});
+    add({"MLP Linear, ReLU fwd+bwd, graph", 1.0 / with_relu.graph, "calls/ms", 1.0 / gemms.graph,
+         "its 11 cuBLAS SGEMMs alone, graph", 0});
+    add({"MLP Dense fwd+bwd (ReLU fused), graph", 1.0 / dense.graph, "calls/ms", 1.0 / gemms.graph,
+         "its 11 cuBLAS SGEMMs alone, graph", 0});
+  }
 }
 
 // ---- 2b. --gemm-detail: each of those 11 GEMMs alone, three ways ----------------------------
@@ -239,9 +291,9 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
 // the baseline above call); cuBLASLt with the layer's epilogue (BIAS forward, BGRADA for dW, none
 // for dX) for each algorithm the heuristic offers (up to 8, the first is what CudaLtPlans takes),
 // with its tile, split-K and waves; and the layer call (linear_forward / linear_param_grads) with
-// the stage's default plans and with none (GEMM + kernel). Microseconds per call, median of
-// repeats. A diagnosis, not a ratio row: where the time of the layer code above goes, and the
-// evidence for CudaLtPlans::forward_epilogues' default.
+// the stage's default plans and with none (GEMM + kernel). Microseconds per call from CUDA graphs
+// of 20 calls (the device's time, not the host's launches). A diagnosis, not a ratio row: where the
+// time of the layer code above goes, and the evidence for CudaLtPlans::forward_epilogues' default.
 namespace detail_gemm {
 struct LtAlgo {
   cublasLtMatmulAlgo_t algo;
@@ -261,11 +313,11 @@ int config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t a
 void one(const xpipe::CudaContext& ctx, cublasLtHandle_t lt, void* ws, std::size_t ws_bytes,
          const char* name, const xpipe::CudaLtPlans::Key& key, const float* a, const float* b,
          float* d, const float* bias, const std::function<void()>& sgemm,
-         const std::function<void()>& layer_lt, const std::function<void()>& layer_plain, int reps,
-         int iters) {
-  const double us_sgemm = 1e3 * median_ms(ctx.stream, reps, iters, sgemm);
-  const double us_lt_layer = 1e3 * median_ms(ctx.stream, reps, iters, layer_lt);
-  const double us_plain_layer = 1e3 * median_ms(ctx.stream, reps, iters, layer_plain);
+         const std::function<void()>& layer_lt, const std::function<void()>& layer_plain,
+         int reps) {
+  const double us_sgemm = 1e3 * graph_median_ms(ctx.stream, reps, 20, sgemm);
+  const double us_lt_layer = 1e3 * graph_median_ms(ctx.stream, reps, 20, layer_lt);
+  const double us_plain_layer = 1e3 * graph_median_ms(ctx.stream, reps, 20, layer_plain);
   std::printf("%-26s sgemm %6.1f us | layer call: default plans %6.1f us, no plans %6.1f us\n",
               name, us_sgemm, us_lt_layer, us_plain_layer);
   cublasLtMatmulDesc_t desc = nullptr;
@@ -301,7 +353,7 @@ void one(const xpipe::CudaContext& ctx, cublasLtHandle_t lt, void* ws, std::size
     if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
     const float alpha = 1.f, beta = 0.f;
     const double us =
-        1e3 * median_ms(ctx.stream, reps, iters, [&] {
+        1e3 * graph_median_ms(ctx.stream, reps, 20, [&] {
           XPIPE_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
                                             &res[i].algo, ws, ws_bytes, ctx.stream));
         });
@@ -326,7 +378,7 @@ void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
   using detail_gemm::one;
   constexpr index_t batch = 128;
   constexpr index_t widths[5] = {784, 1024, 1024, 1024, 10};
-  const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 200;
+  const int reps = o.quick ? 5 : 21;
   xpipe::DeviceBuffer<float> params(Mlp::param_count), grads(Mlp::param_count), x(batch * 1024),
       y(batch * 1024), dy(batch * 1024), dx(batch * 1024);
   fill(params.data(), Mlp::param_count, -0.05f, 0.05f, 5);
@@ -336,8 +388,9 @@ void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
   xpipe::DeviceBuffer<std::uint8_t> ws(xpipe::CudaLtPlans::workspace_bytes);
   xpipe::CudaContext plain = ctx;
   plain.lt = nullptr;
-  std::printf("-- --gemm-detail: the MLP's GEMMs at batch %ld, microseconds per call\n",
-              static_cast<long>(batch));
+  std::printf(
+      "-- --gemm-detail: the MLP's GEMMs at batch %ld, microseconds per call (CUDA graphs)\n",
+      static_cast<long>(batch));
   index_t off = 0;
   for (int l = 0; l < 4; ++l) {
     const index_t in = widths[l], out = widths[l + 1];
@@ -362,7 +415,7 @@ void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
                       out, 0.f, y.data(), out);
         },
         [&] { xpipe::linear_forward(ctx, xm, w, b, ym); },
-        [&] { xpipe::linear_forward(plain, xm, w, b, ym); }, reps, iters);
+        [&] { xpipe::linear_forward(plain, xm, w, b, ym); }, reps);
     xpipe::CudaLtPlans::Key bwd;
     bwd.m = out, bwd.n = in, bwd.k = batch, bwd.lda = out, bwd.ldb = in, bwd.ldd = out;
     bwd.trans_b = true;
@@ -376,7 +429,7 @@ void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
                       dy.data(), out, 0.f, dw, out);
         },
         [&] { xpipe::linear_param_grads(ctx, xm, dym, dw, db, false); },
-        [&] { xpipe::linear_param_grads(plain, xm, dym, dw, db, false); }, reps, iters);
+        [&] { xpipe::linear_param_grads(plain, xm, dym, dw, db, false); }, reps);
     if (l == 0) continue;
     // dX = dY W^T: column-major dX^T (in x batch) = W_cm^T dY^T, W_cm the out x in view of W.
     xpipe::CudaLtPlans::Key dxk;
@@ -388,7 +441,7 @@ void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
                   out, 0.f, dx.data(), in);
     };
     one(ctx, lt, ws.data(), xpipe::CudaLtPlans::workspace_bytes, name, dxk, w, dy.data(), dx.data(),
-        nullptr, dx_gemm, dx_gemm, dx_gemm, reps, iters);
+        nullptr, dx_gemm, dx_gemm, dx_gemm, reps);
   }
   cublasLtDestroy(lt);
 }
