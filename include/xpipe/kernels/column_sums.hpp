@@ -9,12 +9,18 @@ namespace xpipe::math {
 
 namespace detail {
 // The n <= Width columns from c0. Partial sums live in acc: registers on a GPU thread, one
-// L1-resident row segment on a CPU core that adds a vector of each row at a time.
+// L1-resident row segment on a CPU core that adds a vector of each row at a time. A GPU thread
+// sums its column alone, so it waits on each load's latency unless many are in flight: it issues
+// 16 rows' loads before their adds (in the same order: the bits do not change). With nvcc's
+// default unrolling a 128-row column sum took 6-7 us on an H200, nearly a GEMM's time.
 template <index_t Width>
 XPIPE_HOST_DEVICE void column_sums_from(ConstMatrix dy, index_t c0, index_t n, float* db,
                                         bool accumulate) {
   float acc[Width];
   for (index_t j = 0; j < n; ++j) acc[j] = accumulate ? db[c0 + j] : 0.f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 16
+#endif
   for (index_t r = 0; r < dy.rows; ++r) {
     const float* row = dy.row(r) + c0;
     for (index_t j = 0; j < n; ++j) acc[j] += row[j];
