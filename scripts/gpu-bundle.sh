@@ -6,9 +6,9 @@
 # without a GPU.
 #   scripts/gpu-bundle.sh [--arch 90] [--build-dir build-gpu-sm90] [--out gpu-bundle] [--compress]
 #                         [--no-limit] [--data-dir DIR | --no-data]
-# --data-dir: the four Fashion-MNIST .gz files (default: xpipe-train's, the Debian package's
-# /usr/share/datasets/fashion-mnist); without them, or with --no-data, gpu-check.sh skips the
-# xpipe-train run.
+# --data-dir: the four Fashion-MNIST .gz files (default: xpipe-train's, $XPIPE_DATA_DIR or else
+# the Debian package's /usr/share/datasets/fashion-mnist); without them, or with --no-data,
+# gpu-check.sh skips the xpipe-train run.
 # The bundle must fit the device tool's 64 MiB carry limit together with the checkout: it is
 # stored plain when it fits (or --compress is not given), else as bundle.tar.xz; over the limit
 # even compressed, it fails.
@@ -25,7 +25,7 @@ build=""
 out="$root/gpu-bundle"
 limit=1
 compress=0
-data_dir=/usr/share/datasets/fashion-mnist
+data_dir=${XPIPE_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --arch) [[ $# -ge 2 ]] || usage; arch=$2; shift 2 ;;

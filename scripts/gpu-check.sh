@@ -3,12 +3,16 @@
 # test, the GPU benchmark (bench_gpu) and, where PyTorch is installed, its baseline
 # (benchmarks/cuda/torch_step.py), and writes gpu-report.md (device, driver, CUDA, each test's
 # result, each ratio, xpipe vs PyTorch samples/s). Uses gpu-bundle/ (scripts/gpu-bundle.sh, run
-# on a build machine) when present, else builds from source for this GPU's architecture.
+# on a build machine) when present, else builds from source for this GPU's architecture. Then,
+# where Fashion-MNIST is at hand (the bundle's, or --data-dir), the study on the GPU:
+# xpipe-train --device cuda --compare --epochs N (its table in the report, its CSV/JSON in the
+# logs; N from --train-epochs, 1 by default).
 #   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs | --logs gpu-logs.tar.gz]
+#                        [--data-dir DIR] [--train-epochs N]
 # --logs names a folder for every log, or a .tar.gz file that gets them all in one (for a tool
 # that brings back only a few files).
-# Exit: 0 all tests passed or skipped; 1 a test or the benchmark failed, or nothing could be
-# built; 2 bad arguments; 77 no GPU here (nothing run, no report written).
+# Exit: 0 all tests passed or skipped; 1 a test, the benchmark or the study failed, or nothing
+# could be built; 2 bad arguments; 77 no GPU here (nothing run, no report written).
 set -uo pipefail
 
 usage() {
