@@ -171,7 +171,9 @@ dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | hea
   echo "tests (name, timeout s, skip code, command):"
   sed 's/^/  /' "$stage/tests.tsv"
   echo "files:"
-  (cd "$stage" && find bin lib data -type f -printf '  %p %s bytes\n' 2>/dev/null | sort)
+  folders=(bin lib)
+  [[ -d "$stage/data" ]] && folders+=(data)
+  (cd "$stage" && find "${folders[@]}" -type f -printf '  %p %s bytes\n' | sort)
 } >"$stage/manifest.txt"
 
 # ---- size: the carry limit is 64 MiB for the checkout and the bundle together ----------------

@@ -29,7 +29,9 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --report) [[ $# -ge 2 ]] || usage; report=$2; shift 2 ;;
     --logs) [[ $# -ge 2 ]] || usage; logs=$2; shift 2 ;;
-    --data-dir) [[ $# -ge 2 ]] || usage; data_dir=$2; shift 2 ;;
+    --data-dir)
+      [[ $# -ge 2 && -d "$2" ]] || { echo "gpu-check.sh: --data-dir wants a folder" >&2; usage; }
+      data_dir=$(cd "$2" && pwd); shift 2 ;;  # absolute: the study runs from a temporary folder
     --train-epochs)
       [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]{0,2}$ ]] || {
         echo "gpu-check.sh: --train-epochs wants a whole number from 1 to 999" >&2
@@ -167,7 +169,8 @@ done <"$bundle/tests.tsv"
 
 # ---- the benchmark (full run) and PyTorch's baseline ----------------------------------------
 bench_json="$work/bench.json"
-(cd "$work" && run_bundled "$bundle/bin/bench_gpu" --gemm-detail --json "$bench_json") >"$logs/bench_gpu.log" 2>&1
+(cd "$work" && run_bundled "$bundle/bin/bench_gpu" --gemm-detail --json "$bench_json") \
+  >"$logs/bench_gpu.log" 2>&1
 bench_rc=$?
 echo "gpu-check: bench_gpu exit $bench_rc (log: $logs/bench_gpu.log)"
 [[ $bench_rc -eq 0 || $bench_rc -eq 77 ]] || failed=1
@@ -182,7 +185,8 @@ elif [[ -z "$data_dir" ]]; then
 else
   train_out="$work/train-out"
   (cd "$work" && run_bundled timeout 900 "$bundle/bin/xpipe-train" --device cuda --compare \
-    --epochs "$train_epochs" --data-dir "$data_dir" --out "$train_out") >"$logs/xpipe-train.log" 2>&1
+    --epochs "$train_epochs" --data-dir "$data_dir" --out "$train_out") \
+    >"$logs/xpipe-train.log" 2>&1
   train_rc=$?
   echo "gpu-check: xpipe-train --device cuda --compare exit $train_rc (log: $logs/xpipe-train.log)"
   if [[ $train_rc -ne 0 ]]; then

@@ -394,15 +394,19 @@ void dense_epilogues(const xpipe::CudaContext& cctx, const xpipe::CudaContext& d
                   xpipe::Matrix{}, hs);
   auto dx = to_device(x);
   // Forward GEMMs run with the bias + ReLU and with the bias epilogue.
-  auto fused = [&](cublasLtEpilogue_t e) { return cctx.lt ? cctx.lt->fused_calls(e) : 0; };
+  // Calls with epilogue e on the plans of the context that ran them.
+  auto fused = [](const xpipe::CudaContext& c, cublasLtEpilogue_t e) {
+    return c.lt ? c.lt->fused_calls(e) : 0;
+  };
   auto cuda_run = [&](long* relu_bias, long* bias, const xpipe::CudaContext& ctx) {
     Fused::Activations<xpipe::Cuda> a(rows);
     Fused::GradScratch<xpipe::Cuda> sc(rows);
     xpipe::DeviceBuffer<float> g(Fused::param_count);
-    const long r0 = fused(CUBLASLT_EPILOGUE_RELU_BIAS), b0 = fused(CUBLASLT_EPILOGUE_BIAS);
+    const long r0 = fused(ctx, CUBLASLT_EPILOGUE_RELU_BIAS),
+               b0 = fused(ctx, CUBLASLT_EPILOGUE_BIAS);
     const auto y = Fused::forward(ctx, dw.data(), {dx.data(), rows, 96}, a);
-    if (relu_bias) *relu_bias = fused(CUBLASLT_EPILOGUE_RELU_BIAS) - r0;
-    if (bias) *bias = fused(CUBLASLT_EPILOGUE_BIAS) - b0;
+    if (relu_bias) *relu_bias = fused(ctx, CUBLASLT_EPILOGUE_RELU_BIAS) - r0;
+    if (bias) *bias = fused(ctx, CUBLASLT_EPILOGUE_BIAS) - b0;
     Fused::backward(ctx, dw.data(), g.data(), false, a, {ddy.data(), rows, 10}, xpipe::Matrix{},
                     sc);
     XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));

@@ -152,12 +152,11 @@ class CudaLtPlans {
   static constexpr std::size_t workspace_bytes = std::size_t{4} << 20;
 
   //! Whether a forward takes the bias (Linear) or bias + ReLU (Dense) epilogue; the weight
-  //! gradient's bias-gradient epilogue is taken either way. Off by default, from measurement:
-  //! on an H200 (`bench_gpu --gemm-detail`, README "Checking on a GPU"), at the MLP's batch-128
-  //! shapes the heuristic's first algorithm with the bias epilogue took 21.5-25.5 us per GEMM
-  //! where cublasSgemm + the bias kernel took 13.8-18.8 us (the best of its other candidates was
-  //! at most 0.3 us faster on two shapes and 4.3 us slower on 1024-1024), while BGRADA beat GEMM
-  //! + column sums by 4.7-5.2 us on the 1024-wide layers. Turn on where `--gemm-detail` says the
+  //! gradient's bias-gradient epilogue is taken either way. Off by default, from measurement: on
+  //! an H200 at the MLP's batch-128 shapes, every algorithm cuBLASLt offered with the bias
+  //! epilogue was slower than cublasSgemm + the bias kernel, while the bias-gradient epilogue
+  //! beat GEMM + column sums on the 1024-wide layers (`bench_gpu --gemm-detail`; the numbers are
+  //! in the README, "Checking on a GPU"). Turn on where `--gemm-detail` says the forward
   //! epilogue wins. Usage: `ctx.lt->forward_epilogues = true;` (read at each forward).
   bool forward_epilogues = false;
 

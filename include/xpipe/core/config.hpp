@@ -11,6 +11,16 @@
 #define XPIPE_HOST_DEVICE inline
 #endif
 
+// XPIPE_UNROLL(n) before a loop asks nvcc's device pass to unroll it n times, so that a GPU
+// thread has n iterations' loads in flight together; nothing for host compilers, which choose
+// their own unrolling and vectorisation.
+#define XPIPE_PRAGMA(text) _Pragma(#text)
+#if defined(__CUDA_ARCH__)
+#define XPIPE_UNROLL(n) XPIPE_PRAGMA(unroll n)
+#else
+#define XPIPE_UNROLL(n)
+#endif
+
 #if defined(__GNUC__) || defined(__clang__) || defined(__CUDACC__)
 #define XPIPE_RESTRICT __restrict__
 #else

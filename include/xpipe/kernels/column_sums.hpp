@@ -12,15 +12,14 @@ namespace detail {
 // L1-resident row segment on a CPU core that adds a vector of each row at a time. A GPU thread
 // sums its column alone, so it waits on each load's latency unless many are in flight: it issues
 // 16 rows' loads before their adds (in the same order: the bits do not change). With nvcc's
-// default unrolling a 128-row column sum took 6-7 us on an H200, nearly a GEMM's time.
+// default unrolling the MLP's 128-row sums were latency-bound on an H200 (README, "Checking on
+// a GPU").
 template <index_t Width>
 XPIPE_HOST_DEVICE void column_sums_from(ConstMatrix dy, index_t c0, index_t n, float* db,
                                         bool accumulate) {
   float acc[Width];
   for (index_t j = 0; j < n; ++j) acc[j] = accumulate ? db[c0 + j] : 0.f;
-#if defined(__CUDA_ARCH__)
-#pragma unroll 16
-#endif
+  XPIPE_UNROLL(16)
   for (index_t r = 0; r < dy.rows; ++r) {
     const float* row = dy.row(r) + c0;
     for (index_t j = 0; j < n; ++j) acc[j] += row[j];
@@ -38,7 +37,7 @@ template <index_t Width>
 XPIPE_HOST_DEVICE void column_sums(ConstMatrix dy, index_t block, float* db, bool accumulate) {
   const index_t c0 = block * Width;
   // A full block passes Width itself, so its column loops have a constant trip count: nvcc keeps
-  // a one-column sum in a register and unrolls the row loop (loads in flight together), g++ runs
+  // a one-column sum in a register (the row loop unrolled 16, see column_sums_from), g++ runs
   // whole vectors with no remainder. Only the last, partial block takes a run-time count.
   if (dy.cols - c0 >= Width)
     detail::column_sums_from<Width>(dy, c0, Width, db, accumulate);

@@ -1,5 +1,6 @@
 // Dense<In, Out, Act>: a Linear layer and its activation as one layer, y = Act(x W + b), so the
-// activation is applied where the bias is added (on CUDA by the GEMM's epilogue).
+// activation is applied where the bias is added (on CUDA by one kernel after the GEMM, or by
+// the GEMM's epilogue where CudaLtPlans::forward_epilogues is on).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +21,7 @@ namespace xpipe {
 //! as Linear<In, Out>, and the same results bit for bit on the host as `Linear<In, Out>, Act`.
 //! It starts from the same weights too (it takes two of a model's layer numbers for seeding).
 //! It keeps only its output (Linear then ReLU keep the pre-activation too), adds the bias and
-//! applies Act in one pass (one cuBLASLt call with the bias + ReLU epilogue on CUDA), and takes
+//! applies Act in one pass (on CUDA a kernel after the GEMM, or the GEMM's epilogue), and takes
 //! the activation's gradient from the output, so Act must be math::OutputDifferentiable (ReLU;
 //! GELU is not: write `Linear<In, Out>, GELU`). The backward needs a gradient buffer of its own
 //! (Stage passes its third scratch buffer).
