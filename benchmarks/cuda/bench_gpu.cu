@@ -55,12 +55,12 @@ double median_ms(cudaStream_t stream, int reps, int iters, const std::function<v
 }
 
 //! Median milliseconds per call of `op` with the host out of the way: `per_graph` back-to-back
-//! calls captured once in a CUDA graph, the graph replayed (`reps` timings of 5 replays), the
-//! time divided by the calls. What the device spends on the calls' kernels, where the eager
-//! timing of median_ms is bound by the host's launches at these sizes (and moves with the host's
-//! speed). One eager call first (plans made, kernels loaded); 0, with the reason printed, where
-//! the capture fails (a call the capture does not allow).
-double graph_median_ms(cudaStream_t stream, int reps, int per_graph,
+//! calls captured once in a CUDA graph, the graph replayed (`reps` timings of `replays`
+//! replays), the time divided by the calls. What the device spends on the calls' kernels, where the
+//! eager timing of median_ms is bound by the host's launches at these sizes (and moves with the
+//! host's speed). One eager call first (plans made, kernels loaded); 0, with the reason printed,
+//! where the capture fails (a call the capture does not allow).
+double graph_median_ms(cudaStream_t stream, int reps, int per_graph, int replays,
                        const std::function<void()>& op) {
   op();
   XPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -85,7 +85,8 @@ double graph_median_ms(cudaStream_t stream, int reps, int per_graph,
   }
   const std::unique_ptr<CUgraphExec_st, cudaError_t (*)(cudaGraphExec_t)> owner(
       exec, cudaGraphExecDestroy);
-  return median_ms(stream, reps, 5, [&] { XPIPE_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }) /
+  return median_ms(stream, reps, replays,
+                   [&] { XPIPE_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }) /
          per_graph;
 }
 
@@ -97,7 +98,7 @@ struct Timing {
 
 Timing eager_and_graph_ms(cudaStream_t stream, int reps, int iters,
                           const std::function<void()>& op) {
-  return {median_ms(stream, reps, iters, op), graph_median_ms(stream, reps, 20, op)};
+  return {median_ms(stream, reps, iters, op), graph_median_ms(stream, reps, 20, 5, op)};
 }
 
 struct Row {
@@ -276,8 +277,8 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
          1.0 / gemms.graph, "its 11 cuBLAS SGEMMs alone, graph", 0.9});
   add({"MLP Linear layers fwd+bwd, batch 128, eager", 1.0 / linear.eager, "calls/ms",
        1.0 / gemms.eager, "its 11 cuBLAS SGEMMs alone, eager", graphs ? 0 : 0.9});
-  if (linear.graph > 0 && gemms.graph > 0 && fused_forward.graph > 0 && plain.graph > 0 &&
-      with_relu.graph > 0 && dense.graph > 0) {
+  if (graphs && fused_forward.graph > 0 && plain.graph > 0 && with_relu.graph > 0 &&
+      dense.graph > 0) {
     add({"Linear layers, graph: forward epilogues on", 1.0 / fused_forward.graph, "calls/ms",
          1.0 / linear.graph, "default: GEMM + bias kernel forward", 0});
     add({"Linear layers, graph: no epilogues", 1.0 / plain.graph, "calls/ms", 1.0 / linear.graph,
@@ -299,12 +300,6 @@ void linear_layers(const xpipe::CudaContext& ctx, const Options& o) {
 // launches). A diagnosis, not a ratio row: where the time of the layer code above goes, and the
 // evidence for CudaLtPlans::forward_epilogues' default.
 namespace detail_gemm {
-struct LtAlgo {
-  cublasLtMatmulAlgo_t algo;
-  std::size_t workspace;
-  float waves;
-};
-
 int config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
   std::uint32_t v = 0;
   std::size_t written = 0;
@@ -320,7 +315,7 @@ void one(const xpipe::CudaContext& ctx, cublasLtHandle_t lt, void* ws, std::size
          const std::function<void()>& layer_lt, const std::function<void()>& layer_plain,
          int reps) {
   const auto us = [&](const std::function<void()>& op) {
-    const double ms = graph_median_ms(ctx.stream, reps, 20, op);
+    const double ms = graph_median_ms(ctx.stream, reps, 20, 5, op);
     char text[32];
     std::snprintf(text, sizeof(text), ms > 0 ? "%6.1f us" : "   n/a   ", 1e3 * ms);
     return std::string(text);
@@ -364,7 +359,7 @@ void one(const xpipe::CudaContext& ctx, cublasLtHandle_t lt, void* ws, std::size
     if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
     const float alpha = 1.f, beta = 0.f;
     const double us =
-        1e3 * graph_median_ms(ctx.stream, reps, 20, [&] {
+        1e3 * graph_median_ms(ctx.stream, reps, 20, 5, [&] {
           XPIPE_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
                                             &res[i].algo, ws, ws_bytes, ctx.stream));
         });
@@ -501,36 +496,19 @@ std::pair<double, double> training_step(const xpipe::CudaContext& ctx, const Opt
   Step<Model> step;
   const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 100;
   const double eager = median_ms(ctx.stream, reps, iters, [&] { step.run(ctx); });
-  // The same step captured once and replayed. Caveat: Adam's bias corrections are kernel
-  // arguments computed on the host from the step count, so a replay repeats the captured step's
-  // scalars; the work per replay is the same, the arithmetic of later steps is not.
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
   const double b = Step<Model>::batch;
   std::printf("%-44s %12.1f samples/s (%.1f us/step)\n", (label + ": eager").c_str(),
               b / (eager * 1e-3), eager * 1e3);
   rows.push_back(
       {"train_step_" + tag + "eager_samples_per_s", b / (eager * 1e-3), "samples/s", 0, "", 0});
-  XPIPE_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-  std::string why;
-  try {
-    step.run(ctx);
-  } catch (const std::exception& e) {
-    why = e.what();  // a call the capture does not allow: reported, the graph row left out
-  }
-  const cudaError_t end = cudaStreamEndCapture(ctx.stream, &graph);
-  if (why.empty() && end != cudaSuccess) why = cudaGetErrorString(end);
-  if (why.empty() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
-    why = "cudaGraphInstantiate failed";
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  if (!why.empty()) {
-    cudaGetLastError();
-    std::printf("%s: not captured in a CUDA graph: %s\n", label.c_str(), why.c_str());
+  // The same step captured once and replayed. Caveat: Adam's bias corrections are kernel
+  // arguments computed on the host from the step count, so a replay repeats the captured step's
+  // scalars; the work per replay is the same, the arithmetic of later steps is not.
+  const double replay = graph_median_ms(ctx.stream, reps, 1, iters, [&] { step.run(ctx); });
+  if (replay == 0) {  // graph_median_ms said why; the graph row left out
+    std::printf("%s: no graph row\n", label.c_str());
     return {b / (eager * 1e-3), 0.0};
   }
-  const double replay = median_ms(ctx.stream, reps, iters,
-                                  [&] { XPIPE_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream)); });
-  XPIPE_CUDA_CHECK(cudaGraphExecDestroy(exec));
   add({label + ": graph", b / (replay * 1e-3), "samples/s", b / (eager * 1e-3),
        "the same step eager", 0});
   rows.push_back(
