@@ -1,11 +1,14 @@
 // The checkpoint file protocol: a folder of named binary files plus a MANIFEST holding the
-// format version, each file's size and CRC-32, and the run's key=value fields. Written so that a
-// crash (kill -9, power loss) at any moment leaves the previous checkpoint intact and the new one
-// either complete or without a MANIFEST that verifies:
-//   1. each file is written to <name>.tmp, fsync'd and renamed to <name>;
+// format version, each file's size and CRC-32, the run's key=value fields and, last, the CRC-32
+// of the MANIFEST's own text. Written so that a crash (kill -9, power loss) at any moment leaves
+// the previous checkpoint intact and the new one either complete or without a MANIFEST that
+// verifies:
+//   1. each file is written to a fresh <name>.tmp, fsync'd and renamed to <name>;
 //   2. the MANIFEST last, the same way (its rename is the commit point), then the folder fsync'd;
 //   3. the parent folder fsync'd (the new folder's entry), then `latest` replaced by rename.
-// The reader trusts nothing: version, every size and checksum, every name.
+// The reader trusts nothing: the MANIFEST's own checksum, version, every size and checksum, every
+// name. A damaged checkpoint is set aside (renamed, never deleted) so its name can be written
+// again.
 #pragma once
 
 #include <fcntl.h>
@@ -14,7 +17,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -23,19 +29,29 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "xpipe/core/error.hpp"
 
 namespace xpipe {
 
-//! The MANIFEST format this library writes and the only one it reads.
-inline constexpr int checkpoint_format_version = 1;
+//! The MANIFEST format this library writes: version 2, whose last line is the CRC-32 of the
+//! text before it. It reads version 2 and version 1 (no such line: the previous release's
+//! checkpoints still resume), and refuses every other version.
+inline constexpr int checkpoint_format_version = 2;
 
 //! The largest file a MANIFEST may list (a bound checked before allocating: 64 GiB).
 inline constexpr std::uint64_t checkpoint_max_file_bytes = std::uint64_t{1} << 36;
 
 namespace detail {
+//! The oldest MANIFEST version read (checkpoint_format_version is the newest).
+inline constexpr int checkpoint_oldest_read_version = 1;
+
+//! The first token of a version-2 MANIFEST's last line; the CRC-32 of all before it follows.
+inline constexpr std::string_view manifest_crc_tag = "manifest-crc32";
+
 inline std::string errno_text() {
   return std::strerror(errno);
 }
@@ -58,9 +74,31 @@ inline std::uint32_t crc32_of(std::span<const char> bytes) {
   return static_cast<std::uint32_t>(crc);
 }
 
+inline std::string hex8(std::uint32_t v) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%08x", v);
+  return text;
+}
+
+//! The whole of `s` as a number of type T by std::from_chars: decimal (or hex digits with base
+//! 16, or a decimal float for a floating T), a '-' only for a signed T; no '+', "0x", spaces or
+//! other junk around it. False when it is not such a number or does not fit T.
+template <class T, class... Base>
+bool parse_whole(std::string_view s, T& out, Base... base) {
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out, base...);
+  return ec == std::errc{} && end == s.data() + s.size();
+}
+
+//! The shortest text that reads back as `v` (for error messages: "1e+06", not "1000000.000000").
+inline std::string number_text(double v) {
+  char text[64];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, v);
+  return ec == std::errc{} ? std::string(text, end) : std::string("?");
+}
+
 //! fsync of a file or a folder; CheckpointError naming it on failure.
 inline void fsync_path(const std::filesystem::path& p, bool folder) {
-  const int fd = ::open(p.c_str(), folder ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  const int fd = ::open(p.c_str(), (folder ? (O_RDONLY | O_DIRECTORY) : O_RDONLY) | O_CLOEXEC);
   if (fd < 0)
     throw CheckpointError("xpipe: checkpoint: cannot open " + p.string() +
                           " to sync: " + errno_text());
@@ -73,7 +111,14 @@ inline void fsync_path(const std::filesystem::path& p, bool folder) {
 //! Writes bytes to `path` durably: to path.tmp, fsync, rename over path. Every step checked.
 inline void write_durably(const std::filesystem::path& path, std::span<const char> bytes) {
   const std::filesystem::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A <path>.tmp already there is a crashed earlier write's, or planted: a symlink there would
+  // be written through (its target truncated) by a plain O_CREAT|O_TRUNC open. unlink removes
+  // the entry itself, never a link's target; the exclusive, no-follow create then guarantees we
+  // write a new file of our own.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    throw CheckpointError("xpipe: checkpoint: cannot remove the stale " + tmp.string() + ": " +
+                          errno_text());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)
     throw CheckpointError("xpipe: checkpoint: cannot create " + tmp.string() + ": " + errno_text());
   std::size_t done = 0;
@@ -87,9 +132,11 @@ inline void write_durably(const std::filesystem::path& path, std::span<const cha
     }
     done += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
+  const int synced = ::fsync(fd);
+  const std::string why = synced != 0 ? errno_text() : "";
+  if (::close(fd) != 0 || synced != 0)  // closed either way: no descriptor leaks on failure
     throw CheckpointError("xpipe: checkpoint: fsync/close of " + tmp.string() + ": " +
-                          errno_text());
+                          (synced != 0 ? why : errno_text()));
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw CheckpointError("xpipe: checkpoint: rename " + tmp.string() + " -> " + path.string() +
                           ": " + errno_text());
@@ -102,7 +149,10 @@ inline std::vector<char> read_file_bytes(const std::filesystem::path& p, std::ui
   if (ec || !std::filesystem::is_regular_file(st))
     throw CheckpointError("xpipe: checkpoint: " + p.string() + " is missing or not a file");
   const auto size = std::filesystem::file_size(p, ec);
-  if (ec || size > max)
+  if (ec)
+    throw CheckpointError("xpipe: checkpoint: cannot tell the size of " + p.string() + ": " +
+                          ec.message());
+  if (size > max)
     throw CheckpointError("xpipe: checkpoint: " + p.string() + " is larger than expected (" +
                           std::to_string(size) + " bytes)");
   std::vector<char> out(static_cast<std::size_t>(size));
@@ -127,6 +177,34 @@ struct CheckpointContents {
                             key + "' is missing");
     return it->second;
   }
+  //! The field `key` as a whole number in [lo, hi]: its whole value in decimal digits, with an
+  //! optional leading '-' (no '+', hex, spaces or other junk). CheckpointError naming the
+  //! MANIFEST, the field, its value and the range otherwise: a verified MANIFEST says only that
+  //! the text is what was written, not that it is a number this run can use.
+  //! Usage: `int copies = int(c.field_integer("result.weight_copies.0", 0, 1000));`
+  long long field_integer(const std::string& key, long long lo, long long hi) const {
+    const std::string& text = field(key);
+    long long v = 0;
+    if (!detail::parse_whole(text, v) || v < lo || v > hi)
+      throw CheckpointError("xpipe: checkpoint " + (folder / "MANIFEST").string() + ": field '" +
+                            key + "' is '" + text + "', not a whole number in [" +
+                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v;
+  }
+  //! The field `key` as a finite decimal number in [lo, hi] ("0.25", "-3", "1e3"; no hex, inf,
+  //! nan, spaces or other junk, nor a value beyond a double's range such as "1e999").
+  //! CheckpointError naming the MANIFEST, the field, its value and the range otherwise.
+  //! Usage: `double kib = c.field_number("result.activation_kib.0", 0, 1e12);`
+  double field_number(const std::string& key, double lo, double hi) const {
+    const std::string& text = field(key);
+    double v = 0;
+    // from_chars takes "inf" and "nan" too: isfinite refuses them (and NaN fails any range).
+    if (!detail::parse_whole(text, v) || !std::isfinite(v) || v < lo || v > hi)
+      throw CheckpointError("xpipe: checkpoint " + (folder / "MANIFEST").string() + ": field '" +
+                            key + "' is '" + text + "', not a finite decimal number in [" +
+                            detail::number_text(lo) + ", " + detail::number_text(hi) + "]");
+    return v;
+  }
   //! The file `name`'s bytes; CheckpointError naming it when the MANIFEST does not list it.
   const std::vector<char>& file(const std::string& name) const {
     const auto it = files.find(name);
@@ -145,19 +223,27 @@ class CheckpointWriter {
  public:
   CheckpointWriter(std::filesystem::path root, std::string name)
       : root_(std::move(root)), name_(std::move(name)), folder_(root_ / name_) {
+    namespace fs = std::filesystem;
     if (!detail::checkpoint_name_ok(name_))
       throw CheckpointError("xpipe: checkpoint: bad name '" + name_ +
                             "' (letters, digits, '.', '_' and '-' only)");
     std::error_code ec;
-    std::filesystem::create_directories(root_, ec);
-    if (ec || !std::filesystem::is_directory(root_))
+    fs::create_directories(root_, ec);
+    if (ec || !fs::is_directory(root_, ec))
       throw CheckpointError("xpipe: checkpoint: cannot create the folder " + root_.string() +
                             (ec ? ": " + ec.message() : ": a file of that name is in the way"));
-    if (std::filesystem::exists(folder_ / "MANIFEST"))
-      throw CheckpointError("xpipe: checkpoint: " + folder_.string() +
-                            " already holds a checkpoint (a MANIFEST); it is not overwritten");
-    std::filesystem::remove_all(folder_, ec);  // an earlier attempt that never committed
-    if (!std::filesystem::create_directory(folder_, ec) || ec)
+    // Anything but a clear "no MANIFEST" keeps the folder: remove_all below must never reach a
+    // committed checkpoint because its MANIFEST could not be looked at.
+    const fs::file_status manifest = fs::symlink_status(folder_ / "MANIFEST", ec);
+    if (manifest.type() != fs::file_type::not_found)
+      throw CheckpointError(
+          "xpipe: checkpoint: " + folder_.string() +
+          (fs::status_known(manifest)
+               ? " already holds a checkpoint (a MANIFEST); it is not overwritten (a damaged one "
+                 "is moved out of the way by set_aside_checkpoint)"
+               : ": cannot tell whether it holds a MANIFEST: " + ec.message()));
+    fs::remove_all(folder_, ec);  // an earlier attempt that never committed
+    if (!fs::create_directory(folder_, ec) || ec)
       throw CheckpointError("xpipe: checkpoint: cannot create " + folder_.string() +
                             (ec ? ": " + ec.message() : ""));
   }
@@ -183,13 +269,12 @@ class CheckpointWriter {
   std::filesystem::path commit() {
     std::ostringstream m;
     m << "xpipe-checkpoint version=" << checkpoint_format_version << "\n";
-    for (const auto& [name, f] : files_) {
-      char crc[16];
-      std::snprintf(crc, sizeof crc, "%08x", f.crc);
-      m << "file " << name << " bytes=" << f.bytes << " crc32=" << crc << "\n";
-    }
+    for (const auto& [name, f] : files_)
+      m << "file " << name << " bytes=" << f.bytes << " crc32=" << detail::hex8(f.crc) << "\n";
     for (const auto& [key, value] : fields_) m << "field " << key << " " << value << "\n";
-    const std::string text = m.str();
+    std::string text = m.str();
+    text +=
+        std::string(detail::manifest_crc_tag) + " " + detail::hex8(detail::crc32_of(text)) + "\n";
     detail::write_durably(folder_ / "MANIFEST", text);
     detail::fsync_path(folder_, true);
     detail::fsync_path(root_, true);
@@ -221,60 +306,117 @@ struct CheckpointManifest {
   std::map<std::string, std::string> fields;
 };
 
-//! Parses MANIFEST text, trusting nothing: the header and version, every name, size and
-//! checksum token, no repeats. CheckpointError naming `where` and the line otherwise.
+//! Parses MANIFEST text, trusting nothing: the header and version; for version 2 its last line
+//! `manifest-crc32 xxxxxxxx`, checked against the CRC-32 of every byte before it before any other
+//! line is believed; then every name, size and checksum token, no repeats, no carriage return.
+//! CheckpointError naming `where` and the line otherwise.
+//! Usage: `CheckpointManifest m = parse_checkpoint_manifest(text, "ckpt-000003/MANIFEST");`
 inline CheckpointManifest parse_checkpoint_manifest(const std::string& text,
                                                     const std::string& where) {
-  std::istringstream in(text);
-  auto fail = [&](int line, const std::string& what) {
+  auto fail = [&](std::size_t line, const std::string& what) {
     throw CheckpointError("xpipe: checkpoint " + where + ", line " + std::to_string(line) + ": " +
                           what);
   };
+  if (text.empty()) throw CheckpointError("xpipe: checkpoint " + where + " is empty");
+  auto line_of = [&](std::size_t offset) {  // the 1-based line holding byte `offset`
+    return 1 + static_cast<std::size_t>(std::count(text.data(), text.data() + offset, '\n'));
+  };
+
+  // The header first: it says whether a checksum line is due.
+  int version = 0;
+  {
+    std::istringstream hs(text.substr(0, text.find('\n')));
+    std::string kind, token;
+    hs >> kind >> token;
+    if (kind != "xpipe-checkpoint") fail(1, "not an xpipe checkpoint MANIFEST");
+    std::vector<std::string> known;
+    for (int v = detail::checkpoint_oldest_read_version; v <= checkpoint_format_version; ++v) {
+      known.push_back("version=" + std::to_string(v));
+      if (token == known.back()) version = v;
+    }
+    if (version == 0) fail(1, "format '" + token + "', this library reads " + join_names(known));
+  }
+
+  // Version 2: the last line vouches for every byte before it. A flipped bit in a value, or an
+  // editor's CRLF line ends, would otherwise read as a deliberately changed field.
+  std::size_t covered = text.size();  // the bytes whose lines are parsed below
+  if (version >= 2) {
+    const std::size_t end = text.back() == '\n' ? text.size() - 1 : text.size();
+    const std::size_t cut = end == 0 ? std::string::npos : text.rfind('\n', end - 1);
+    const std::size_t from = cut == std::string::npos ? 0 : cut + 1;  // the last line's start
+    std::string_view last = std::string_view(text).substr(from, end - from);
+    const bool cr = last.ends_with('\r');  // CRLF: reported as the mismatch it makes below
+    if (cr) last.remove_suffix(1);
+    const std::string_view tag = detail::manifest_crc_tag;
+    const std::string_view hex = last.substr(std::min(last.size(), tag.size() + 1));
+    std::uint32_t want = 0;
+    if (from == 0 || last.size() != tag.size() + 1 + 8 || !last.starts_with(tag) ||
+        last[tag.size()] != ' ' || hex.find_first_not_of("0123456789abcdef") != hex.npos ||
+        !detail::parse_whole(hex, want, 16))
+      fail(line_of(from),
+           "no 'manifest-crc32 <8 hex digits>' line at its end (version 2 ends "
+           "with the checksum of its own text: truncated, or edited?)");
+    covered = from;
+    if (detail::crc32_of(std::span<const char>(text.data(), covered)) != want)
+      throw CheckpointError("xpipe: checkpoint " + where +
+                            ": its text does not match its own checksum (manifest-crc32 " +
+                            std::string(hex) +
+                            "): corrupt, or edited (e.g. saved with CRLF line ends)");
+    if (cr || end == text.size())
+      fail(line_of(from), "the manifest-crc32 line does not end with one newline (LF)");
+  }
+  // The writer never writes a carriage return: one is an edit (CRLF line ends) that would
+  // otherwise end up inside a field's value. Version 1 has only this check against it.
+  if (const std::size_t cr = text.find('\r'); cr < covered)
+    fail(line_of(cr), "a carriage return (CRLF line ends?): the text was edited");
+
+  std::istringstream in(text.substr(0, covered));
   CheckpointManifest out;
   std::string line;
-  int n = 0;
+  std::size_t n = 0;
   while (std::getline(in, line)) {
-    ++n;
+    if (++n == 1) continue;  // the header, checked above
     std::istringstream ls(line);
     std::string kind;
     ls >> kind;
-    if (n == 1) {
-      if (kind != "xpipe-checkpoint") fail(n, "not an xpipe checkpoint MANIFEST");
-      std::string version;
-      ls >> version;
-      if (version != "version=" + std::to_string(checkpoint_format_version))
-        fail(n, "format '" + version +
-                    "', this library reads version=" + std::to_string(checkpoint_format_version));
-    } else if (kind == "file") {
-      std::string name, bytes, crc;
-      ls >> name >> bytes >> crc;
+    if (kind == "file") {
+      std::string name, bytes, crc, extra;
+      ls >> name >> bytes >> crc >> extra;
       const bool repeated = std::any_of(out.files.begin(), out.files.end(),
                                         [&](const auto& f) { return f.name == name; });
       if (!detail::checkpoint_name_ok(name) || name == "MANIFEST" || repeated)
         fail(n, "bad or repeated file name '" + name + "'");
-      if (bytes.size() <= 6 || bytes.size() > 6 + 19 || bytes.rfind("bytes=", 0) != 0 ||
-          bytes.find_first_not_of("0123456789", 6) != std::string::npos)
+      std::uint64_t size = 0;
+      if (bytes.size() > 6 + 19 || bytes.rfind("bytes=", 0) != 0 ||
+          !detail::parse_whole(std::string_view(bytes).substr(6), size))
         fail(n, "bad size '" + bytes + "' of " + name);
+      std::uint32_t sum = 0;
       if (crc.size() != 6 + 8 || crc.rfind("crc32=", 0) != 0 ||
-          crc.find_first_not_of("0123456789abcdef", 6) != std::string::npos)
+          crc.find_first_not_of("0123456789abcdef", 6) != std::string::npos ||
+          !detail::parse_whole(std::string_view(crc).substr(6), sum, 16))
         fail(n, "bad checksum '" + crc + "' of " + name);
-      const std::uint64_t size = std::stoull(bytes.substr(6));
+      if (!extra.empty()) fail(n, "unexpected '" + extra + "' after the checksum of " + name);
       if (size > checkpoint_max_file_bytes) fail(n, "size of " + name + " out of bounds");
-      out.files.push_back(
-          {name, size, static_cast<std::uint32_t>(std::stoul(crc.substr(6), nullptr, 16))});
+      out.files.push_back({name, size, sum});
     } else if (kind == "field") {
       std::string key;
       ls >> key;
       if (!detail::checkpoint_name_ok(key) || out.fields.count(key))
         fail(n, "bad or repeated field '" + key + "'");
+      // The value is the rest of the line after the one space the writer puts there, exactly:
+      // skipping more would lose a value's own leading spaces.
+      if (ls.peek() == ' ') ls.get();
       std::string value;
-      std::getline(ls >> std::ws, value);
+      std::getline(ls, value);
       out.fields.emplace(key, value);
+    } else if (kind == detail::manifest_crc_tag) {
+      fail(n, version == 1 ? "a 'manifest-crc32' line in a version-1 MANIFEST (version 1 has "
+                             "none: a version-2 MANIFEST whose version was edited?)"
+                           : "a 'manifest-crc32' line before the last");
     } else if (!kind.empty()) {
       fail(n, "unknown entry '" + kind + "'");
     }
   }
-  if (n == 0) throw CheckpointError("xpipe: checkpoint " + where + " is empty");
   return out;
 }
 
@@ -303,53 +445,128 @@ inline CheckpointContents read_checkpoint(const std::filesystem::path& folder) {
   return out;
 }
 
-//! What find_latest_checkpoint chose (verified), and the newer folders it passed over with the
-//! reason for each.
+//! What find_latest_checkpoint chose (verified), and the newer folders it passed over.
 struct CheckpointChoice {
   CheckpointContents contents;
+  //! Each newer folder passed over, with the reason ("<folder>: uncommitted ...").
   std::vector<std::string> skipped;
+  //! The newer committed folders (with a MANIFEST) that failed to verify, newest first. A writer
+  //! refuses their names until they are moved away: set_aside_checkpoint each before training
+  //! over the epochs they held.
+  std::vector<std::filesystem::path> refused;
 };
 
 //! The newest checkpoint under `root` whose MANIFEST verifies: folders named <prefix><number>,
 //! highest number first (`latest` is only a hint for people; a crash may leave it one behind).
 //! std::nullopt when there is none (uncommitted folders do not count); CheckpointError when
-//! every committed one fails to verify; `skipped` says why each newer folder was passed over.
+//! every committed one fails to verify, or `root` cannot be listed; `skipped` says why each
+//! newer folder was passed over and `refused` lists the committed ones among them.
+//! Usage: `if (auto c = find_latest_checkpoint("ckpts")) load_checkpoint(pipe, c->contents);`
 inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesystem::path& root,
                                                               const std::string& prefix = "ckpt-") {
-  std::vector<std::pair<std::uint64_t, std::filesystem::path>> found;
+  namespace fs = std::filesystem;
+  struct Found {
+    std::uint64_t number;
+    fs::path folder;
+    std::string unknown;  // why its type could not be told, if it could not
+  };
+  std::vector<Found> found;
   std::error_code ec;
-  if (!std::filesystem::is_directory(root, ec)) return std::nullopt;
-  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || !e.is_directory()) continue;
-    const std::string number = name.substr(prefix.size());
-    if (number.empty() || number.size() > 18 ||
-        number.find_first_not_of("0123456789") != std::string::npos)
+  const fs::file_status root_status = fs::status(root, ec);
+  if (!fs::status_known(root_status))
+    throw CheckpointError("xpipe: checkpoint: cannot look at " + root.string() + ": " +
+                          ec.message());
+  if (!fs::is_directory(root_status)) return std::nullopt;  // missing: nothing saved yet
+  // error_code overloads throughout: an entry that cannot be looked at (a symlink loop, no
+  // permission) must be passed over or reported as a CheckpointError, not escape as a
+  // std::filesystem_error from the iteration.
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    std::uint64_t number = 0;
+    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos ||
+        !detail::parse_whole(digits, number))
       continue;
-    found.emplace_back(std::stoull(number), e.path());
+    std::error_code type_ec;  // not_found (a dangling link) is known: not a folder
+    const fs::file_status type = it->status(type_ec);
+    if (!fs::status_known(type))
+      found.push_back({number, it->path(), type_ec.message()});
+    else if (fs::is_directory(type))
+      found.push_back({number, it->path(), ""});
   }
+  if (ec)
+    throw CheckpointError("xpipe: checkpoint: cannot list " + root.string() + ": " + ec.message());
   std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
+            [](const Found& a, const Found& b) { return a.number > b.number; });
   CheckpointChoice choice;
-  int refused = 0;  // folders with a MANIFEST that does not verify
-  for (const auto& [number, folder] : found) {
+  for (const Found& f : found) {
+    if (!f.unknown.empty()) {
+      choice.skipped.push_back(f.folder.string() + ": cannot tell whether it is a folder (" +
+                               f.unknown + ")");
+      continue;
+    }
     // A folder without a MANIFEST is a write that never committed (killed part-way): passed
-    // over, and no reason to refuse to start afresh when it is all there is.
-    if (!std::filesystem::exists(folder / "MANIFEST", ec)) {
-      choice.skipped.push_back(folder.string() + ": uncommitted (no MANIFEST; a write cut short)");
+    // over, and no reason to refuse to start afresh when it is all there is. Anything else at
+    // that name (even one that cannot be looked at) is a commit, to verify.
+    if (fs::symlink_status(f.folder / "MANIFEST", ec).type() == fs::file_type::not_found) {
+      choice.skipped.push_back(f.folder.string() +
+                               ": uncommitted (no MANIFEST; a write cut short)");
       continue;
     }
     try {
-      choice.contents = read_checkpoint(folder);
+      choice.contents = read_checkpoint(f.folder);
       return choice;
     } catch (const CheckpointError& e) {
-      choice.skipped.push_back(folder.string() + ": " + e.what());
-      ++refused;
+      choice.skipped.push_back(f.folder.string() + ": " + e.what());
+      choice.refused.push_back(f.folder);
     }
   }
-  if (refused == 0) return std::nullopt;
+  if (choice.refused.empty()) return std::nullopt;
   throw CheckpointError("xpipe: checkpoint: no checkpoint under " + root.string() + " verifies; " +
-                        std::to_string(refused) + " refused: " + join_names(choice.skipped));
+                        std::to_string(choice.refused.size()) +
+                        " refused: " + join_names(choice.skipped));
+}
+
+//! Moves a refused checkpoint folder (CheckpointChoice::refused) out of the way, so that a
+//! checkpoint of the same name can be written again: renames `folder` to `<name>.refused`, or
+//! `<name>.refused-2`, `-3`, ... when that is taken, and syncs the parent folder. The new name
+//! is no `<prefix><number>`, so find_latest_checkpoint never chooses it; nothing is deleted,
+//! the damaged bytes stay for a person to inspect. Returns the new path; CheckpointError naming
+//! both paths when the rename fails.
+//! Usage: `for (const auto& f : choice->refused) set_aside_checkpoint(f);`
+inline std::filesystem::path set_aside_checkpoint(const std::filesystem::path& folder) {
+  namespace fs = std::filesystem;
+  const fs::path from = folder.has_filename() ? folder : folder.parent_path();  // "ckpt-2/"
+  const std::string name = from.filename().string();
+  if (name.empty() || name == "." || name == "..")
+    throw CheckpointError("xpipe: checkpoint: cannot set aside '" + folder.string() +
+                          "': not a folder's name");
+  std::error_code ec;
+  if (fs::symlink_status(from, ec).type() == fs::file_type::not_found)
+    throw CheckpointError("xpipe: checkpoint: cannot set aside " + from.string() +
+                          ": it does not exist");
+  const fs::path parent = from.parent_path();
+  constexpr int most = 1000;
+  for (int k = 1; k <= most; ++k) {
+    fs::path to = parent / (name + ".refused" + (k == 1 ? "" : "-" + std::to_string(k)));
+    const fs::file_status there = fs::symlink_status(to, ec);
+    if (!fs::status_known(there))
+      throw CheckpointError("xpipe: checkpoint: cannot set aside " + from.string() + " as " +
+                            to.string() + ": " + ec.message());
+    if (there.type() != fs::file_type::not_found) continue;  // an earlier one set aside
+    if (std::rename(from.c_str(), to.c_str()) == 0) {
+      detail::fsync_path(parent.empty() ? fs::path(".") : parent, true);
+      return to;
+    }
+    // Taken between the look and the rename (rename replaces only an empty folder): next name.
+    if (errno == EEXIST || errno == ENOTEMPTY) continue;
+    throw CheckpointError("xpipe: checkpoint: cannot set aside " + from.string() + " as " +
+                          to.string() + ": " + detail::errno_text());
+  }
+  throw CheckpointError("xpipe: checkpoint: cannot set aside " + from.string() + ": " + name +
+                        ".refused to " + name + ".refused-" + std::to_string(most) +
+                        " are all taken");
 }
 
 }  // namespace xpipe
