@@ -1,12 +1,14 @@
 // The MPI executor under mpirun: bitwise equality with the threaded executor for every schedule
 // x predictor (dp = 1), data parallelism (replicas bitwise equal; dp = 2 x K = 2 against one
-// process at the same global batch), and the faults (a killed, a stopped, a NaN rank), which
-// fault_case.sh times. Usage: mpirun -np N xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
+// process at the same global batch), and the faults (a killed, a stopped, a NaN rank; a rank
+// stopped in a wait and continued after the others gave up), which fault_case.sh times.
+// Usage: mpirun -np N xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
 #include <mpi.h>
 #include <signal.h>
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -222,22 +224,51 @@ void data_parallel() {
 
 // ---- faults ----
 
-// A Program that runs another and does `kind` to itself at stage 1's F of micro-batch 6.
+// Every rank's process id (fault mode): rank 0 continues the stopped rank 1 with it.
+std::vector<int> pids;
+
+// A Program that runs another and does `kind` to itself at stage 1's F of micro-batch 6: kill,
+// stop or nan as it runs it; stop_continue in the wait before it. That wait never ends (the input
+// is held back): it has lasted 1 s, long enough to be reported to the other ranks (who must see
+// the report go stale), when the rank stops itself, and once continued it is still in it, with
+// its clock 5 s or so further on; only the other ranks' word that they gave up ends it.
 template <class Inner>
 struct Faulty {
   Inner inner;
   std::string kind;
+  std::chrono::steady_clock::time_point wait_start{};
+  bool stopped = false;  // (stop_continue)
   const Schedule& schedule() const { return inner.schedule(); }
-  bool ready(int k, const Action& a) { return inner.ready(k, a); }
-  bool input_ready(int k, const Action& a) { return inner.input_ready(k, a); }
+  bool ready(int k, const Action& a) { return !holding_back(k, a) && inner.ready(k, a); }
+  bool input_ready(int k, const Action& a) {
+    return !holding_back(k, a) && inner.input_ready(k, a);
+  }
   void execute(int k, const Action& a) {
-    if (k == 1 && a.kind == ActionKind::Forward && a.index == 6) {
-      std::fprintf(stderr, "rank %d: %s at %s\n", world_rank(), kind.c_str(), to_string(a).c_str());
-      std::fflush(stderr);
+    if (at_fault(k, a) && kind != "stop_continue") {
+      say("at " + to_string(a));
       if (kind == "kill") raise(SIGKILL);
       if (kind == "stop") raise(SIGSTOP);
     }
     inner.execute(k, a);
+  }
+  static bool at_fault(int k, const Action& a) {
+    return k == 1 && a.kind == ActionKind::Forward && a.index == 6;
+  }
+  void say(const std::string& where) const {
+    std::fprintf(stderr, "rank %d: %s %s\n", world_rank(), kind.c_str(), where.c_str());
+    std::fflush(stderr);
+  }
+  // stop_continue: F6 is never ready; a second into its wait, a SIGSTOP.
+  bool holding_back(int k, const Action& a) {
+    if (kind != "stop_continue" || !at_fault(k, a)) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (wait_start == std::chrono::steady_clock::time_point{}) wait_start = now;
+    if (!stopped && now - wait_start >= std::chrono::seconds(1)) {
+      stopped = true;
+      say("in the wait for " + to_string(a));
+      raise(SIGSTOP);
+    }
+    return true;
   }
   auto& links() { return inner.links(); }
   std::span<double> micro_losses() { return inner.micro_losses(); }
@@ -268,10 +299,16 @@ void fault(const std::string& kind, double timeout) {
   std::signal(SIGTERM, on_sigterm);
   using P = Pipeline<A, B, C, D, Latest, AnyOptimizer, MpiChannel>;
   if (world_size() != 4) throw ConfigError("fault: run on 4 ranks");
+  pids.assign(4, 0);
+  const int pid = static_cast<int>(getpid());
+  MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
   test::LabelledData d = test::random_classification(16 * 40, 12, 4, 3);
   // NaN: one feature of a row in mini-batch 3 (micro-batch 13): the last stage's loss is NaN.
   if (kind == "nan") d.x[static_cast<std::size_t>((3 * 16 + 5) * 12)] = std::nanf("");
   MpiExecutor exec;
+  // Stopped at stage 1, rank 3 waits on rank 2, which waits on rank 1: rank 3 gives up first
+  // (1 s sooner), so that it is the one that follows that chain to the stuck rank.
+  if (kind == "stop" && world_rank() == 3) timeout -= 1;
   exec.wait_timeout = std::chrono::duration<double>(timeout);
   FaultyExecutor f{&exec, kind};
   P pipe(optimizer_for("latest"), PipelineOptions{.batch = 16, .micro_batches = 4, .seed = 7});
@@ -293,12 +330,27 @@ int main(int argc, char** argv) {
     else if (mode == "fault" && argc > 2)
       fault(argv[2], argc > 3 ? std::stod(argv[3]) : 60);
     else
-      throw ConfigError("usage: xpipe_test_mpi bitwise|dp|fault <kill|stop|nan> [timeout s]");
+      throw ConfigError(
+          "usage: xpipe_test_mpi bitwise|dp|fault <kill|stop|stop_continue|nan> [timeout s]");
   } catch (const std::exception& e) {
     // A failed run leaves the ranks unable to go on together: end the job, a moment after the
     // other ranks (told by the executor) have printed where they were.
     std::fprintf(stderr, "xpipe_test_mpi: rank %d: %s\n", world_rank(), e.what());
     std::fflush(stderr);
+    if (mode == "fault" && argc > 2 && std::string(argv[2]) == "stop_continue" &&
+        world_rank() != 1) {
+      // The stopped rank is continued once the others have given up: rank 0 waits a second
+      // for them (they are told at once), continues it, and all leave it time to say what it
+      // saw before the job ends (it ends the job itself once it has).
+      std::this_thread::sleep_for(std::chrono::seconds(world_rank() == 0 ? 1 : 6));
+      if (world_rank() == 0) {
+        std::fprintf(stderr, "xpipe_test_mpi: rank 0: continuing rank 1 (kill -CONT %d)\n",
+                     pids[1]);
+        std::fflush(stderr);
+        kill(pids[1], SIGCONT);
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     MPI_Abort(MPI_COMM_WORLD, 3);
   }

@@ -2,12 +2,19 @@
 # xpipe-train --executor mpi against the threaded executor on the same flags: the per-epoch loss
 # and test accuracy of runs.csv must be the same text (the same bits, printed to 6 digits), and
 # rank 0 alone must write (the files exist once, in --out). With --dp 2, the loss must agree
-# within 1% (the gradient sums run in another order; see below and the README).
+# within 1% (the gradient sums run in another order; see below and the README). The runs get a
+# TMPDIR of their own, where no rank may leave a private folder (xpipe-train-rank-*): ctest gives
+# each test one (a .../tmpdir/NAME folder, made anew here); run by hand, WORKDIR/tmp.
 # Usage: tool_matches_threaded.sh XPIPE_TRAIN WORKDIR mpirun [flags...]
 set -euo pipefail
 train=$1 work=$2
 shift 2
 rm -rf "$work" && mkdir -p "$work"
+case ${TMPDIR:-} in
+  */tmpdir/*) ;;
+  *) export TMPDIR=$work/tmp ;;
+esac
+rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 common=(--train-samples 1024 --test-samples 500 --epochs 2 --batch 64 -M 2)
 "$train" -K 2 "${common[@]}" --out "$work/threaded" >"$work/threaded.log" 2>&1
 "$@" -np 2 "$train" --executor mpi -K 2 "${common[@]}" --out "$work/mpi" >"$work/mpi.log" 2>&1
@@ -34,7 +41,8 @@ if ! paste -d' ' <(loss "$work/dp") <(loss "$work/one") |
   echo "FAIL: --dp 2 loss differs from one process at the same global batch by more than 1%"
   exit 1
 fi
-if ls /tmp/xpipe-train-rank-* >/dev/null 2>&1 && [[ -n "$(find /tmp -maxdepth 1 -name 'xpipe-train-rank-*' -newer "$work/threaded.log")" ]]; then
-  echo "FAIL: a rank left its private output folder behind"; exit 1
+left=$(find "$TMPDIR" -maxdepth 1 -name 'xpipe-train-rank-*')
+if [[ -n $left ]]; then
+  echo "FAIL: a rank left its private output folder behind in its TMPDIR: $left"; exit 1
 fi
 echo "tool_matches_threaded: ok"

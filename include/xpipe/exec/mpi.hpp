@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,12 +20,14 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/comm/mpi_link.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/exec/executor.hpp"
+#include "xpipe/exec/mpi_waits.hpp"
 #include "xpipe/schedule/dependencies.hpp"
 
 namespace xpipe {
@@ -34,14 +37,63 @@ namespace detail {
 // a job whose rank died with SIGTERM to the others, and they should say where they were.
 inline char mpi_wait_text[512];
 inline std::atomic<int> mpi_wait_length{0};
+// For the handler's word on a clock jump: this process's rank, the executor's max_clock_step,
+// and the clock at the wait's last reading (0: not waiting), in ns.
+inline std::atomic<int> mpi_report_rank{-1};
+inline std::atomic<std::int64_t> mpi_clock_step_ns{100000000}, mpi_wait_last_ns{0};
+
+// Async-signal-safe: appends `v` in decimal to buf[n...], returning the new length.
+inline std::size_t append_decimal(char* buf, std::size_t n, std::int64_t v) noexcept {
+  char digits[24];
+  std::size_t d = 0;
+  do {
+    digits[d++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  while (d > 0) buf[n++] = digits[--d];
+  return n;
+}
+inline std::size_t append_text(char* buf, std::size_t n, const char* text) noexcept {
+  while (*text != '\0') buf[n++] = *text++;
+  return n;
+}
 }  // namespace detail
 
 //! Async-signal-safe: writes to `fd` what this process's MPI executor is waiting for ("rank 0
-//! was waiting 3.2 s for the input of F6 from rank 1 (stage 1)" and a newline), or nothing when
-//! it is not waiting. For a SIGTERM handler (xpipe-train's, the MPI tests').
+//! (stage 0) was waiting at B4 for the input of B4 from rank 1 (stage 1)"), then, when this
+//! process's own clock jumped further than max_clock_step in the run or just now (the process
+//! was stopped: mpirun continues a stopped rank to end it), "; rank 0's own clock jumped 12.3 s:
+//! this process was stopped or suspended", and a newline; nothing when it has neither to say.
+//! For a SIGTERM handler (xpipe-train's, the MPI tests').
 inline void mpi_write_wait_state(int fd) noexcept {
   const int n = detail::mpi_wait_length.load(std::memory_order_acquire);
-  if (n > 0 && ::write(fd, detail::mpi_wait_text, static_cast<std::size_t>(n)) < 0) return;
+  // A jump: the largest the run saw, or one just now (the signal came as the process was
+  // continued, before the wait or the watch read the clock again; the watch reads it every
+  // period).
+  const std::int64_t now = detail::monotonic_ns();
+  std::int64_t jump = detail::clock_jump_ns.load(std::memory_order_relaxed);
+  const std::int64_t wait_last = detail::mpi_wait_last_ns.load(std::memory_order_relaxed);
+  const std::int64_t watch_last = detail::clock_watch_last_ns.load(std::memory_order_relaxed);
+  if (wait_last > 0) jump = std::max(jump, now - wait_last);
+  if (watch_last > 0) jump = std::max(jump, now - watch_last - detail::clock_watch_period_ns);
+  const int rank = detail::mpi_report_rank.load(std::memory_order_relaxed);
+  const bool jumped = jump > detail::mpi_clock_step_ns.load(std::memory_order_relaxed) && rank >= 0;
+  if (n == 0 && !jumped) return;
+  char line[sizeof detail::mpi_wait_text + 128];  // one write: the line stays whole in a pipe
+  std::size_t len = static_cast<std::size_t>(n);
+  std::memcpy(line, detail::mpi_wait_text, len);
+  if (jumped) {
+    len = detail::append_text(line, len, n > 0 ? "; rank " : "rank ");
+    len = detail::append_decimal(line, len, rank);
+    len = detail::append_text(line, len, "'s own clock jumped ");
+    const std::int64_t tenths = (jump + 50000000) / 100000000;
+    len = detail::append_decimal(line, len, tenths / 10);
+    line[len++] = '.';
+    len = detail::append_decimal(line, len, tenths % 10);
+    len = detail::append_text(line, len, " s: this process was stopped or suspended");
+  }
+  line[len++] = '\n';
+  if (::write(fd, line, len) < 0) return;
 }
 
 //! Call before MPI_Init: picks Open MPI's ring algorithm for MPI_Iallreduce (unless the
@@ -76,10 +128,21 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 //! R just before the Step, so every replica steps with the same bits.
 //!
 //! Faults: every wait (an input, room for an output, the all-reduce, the start and end of the
-//! run) gives up after `wait_timeout` and throws a StageError naming this rank, the action, and
-//! the rank it waited for. A rank whose action throws (a NaN loss, a failed MPI call) tells
-//! every other rank before it rethrows, and those throw too, naming it: all ranks stop
-//! together. The communicators return MPI errors (MPI_ERRORS_RETURN) as MpiError. After a
+//! run) gives up after `wait_timeout` and throws a StageError naming the stuck rank, this rank,
+//! the action and what it waited for. The wait's time is the sum of its clock readings, each
+//! counted up to `max_clock_step`, so a rank that was itself stopped (SIGSTOP, a debugger, a
+//! suspended machine) does not give up on its neighbours once continued; what it reports says
+//! "rank 1's own clock jumped 12.3 s: this process was stopped or suspended" (a watch thread sees
+//! the jumps that fall inside an action). The stuck rank: a wait that has lasted wait_timeout / 8
+//! tells every other rank what it waits on (non-blocking messages on a control communicator, said
+//! again every wait_timeout / 8 while it lasts, withdrawn when it ends), and a rank that gives up
+//! follows these from the rank it waits on to the first that is not waiting (or whose word has
+//! gone stale: stopped inside its wait): "rank 1 (stage 1) is stuck: rank 3 waited 60 s for the
+//! input of F9 from rank 2 (stage 2), which waits at F6 for the input of F6 from rank 1 (stage
+//! 1), which is not waiting on any rank (it is stopped, hung, or running a long action)". A rank
+//! whose action throws (a NaN loss, a failed MPI call), or that gives up, tells every other rank
+//! before it rethrows, and those throw too, quoting it: all ranks stop together, and all name the
+//! same stuck rank. The communicators return MPI errors (MPI_ERRORS_RETURN) as MpiError. After a
 //! failure the ranks cannot go on together: call MPI_Abort (xpipe-train does), which ends the
 //! job; a killed rank is seen by mpirun, which ends the job itself.
 //! Usage: `MpiExecutor e(MPI_COMM_WORLD, 2); pipe.train(schedule, my_rows, e);`
@@ -88,6 +151,8 @@ class MpiExecutor {
   static constexpr const char* name = "mpi";
   //! How long any wait may last before the rank gives up (a stopped or hung peer).
   std::chrono::duration<double> wait_timeout = std::chrono::seconds(60);
+  //! The most one reading of the clock adds to a wait: a larger jump is this process stopped.
+  std::chrono::duration<double> max_clock_step = std::chrono::milliseconds(100);
 
   //! Splits `world` (duplicated; errors return) into `replicas` pipelines. Throws ConfigError
   //! when the rank count is not a multiple of `replicas`. Collective over `world`.
@@ -111,6 +176,8 @@ class MpiExecutor {
     XPIPE_MPI_CHECK(MPI_Comm_dup(world_, &control_));
     for (MPI_Comm c : {pipeline_, replicas_of_stage_, control_})
       XPIPE_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+    board_.connect(control_, report_tag);
+    detail::mpi_report_rank.store(rank_, std::memory_order_relaxed);
   }
   MpiExecutor(const MpiExecutor&) = delete;
   MpiExecutor& operator=(const MpiExecutor&) = delete;
@@ -118,6 +185,7 @@ class MpiExecutor {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;  // (an executor outliving MPI_Finalize has nothing left to free)
+    board_.release();
     for (MPI_Comm* c : {&pipeline_, &replicas_of_stage_, &control_, &world_})
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
@@ -154,12 +222,15 @@ class MpiExecutor {
     trace_ = ExecutionTrace::sized_for(s);
     connect(program, s);
     ScopedFlushDenormals ftz;
+    gave_up_ = false;
+    detail::mpi_clock_step_ns.store(step_ns(), std::memory_order_relaxed);
+    const detail::ClockWatch watch{std::chrono::nanoseconds(step_ns())};
 
     // A common start: t0 is taken as the barrier completes, on every rank alike (one host's
     // clocks agree; across hosts this aligns each rank's zero to the barrier's end).
     MPI_Request barrier = MPI_REQUEST_NULL;
     XPIPE_MPI_CHECK(MPI_Ibarrier(world_, &barrier));
-    wait_request(barrier, k, "start", "the other ranks to start the run");
+    wait_request(barrier, k, "start", collective("the other ranks to start the run", 0, 1, size_));
     const auto t0 = std::chrono::steady_clock::now();
 
     // Where this stage's gradient is complete for a Step: after the last backward before it.
@@ -188,24 +259,24 @@ class MpiExecutor {
         done_.store(static_cast<long>(i + 1), std::memory_order_relaxed);
       }
       wait_until([&] { return sends_done(program, s, k); }, k, "end",
-                 [] { return std::string("its last messages to be received by its neighbours"); });
+                 [&] { return unfinished_send(program, s, k); });
       trace_.seconds = detail::seconds_since(t0);
       share_losses(program, k);
       gather_trace(s);
     } catch (const MpiAbortNotice&) {
       throw;
     } catch (const StageError& e) {
-      notify_others(e.what());
+      notify_others(e.what(), gave_up_);
       throw;
     } catch (const std::exception& e) {
       const std::string at = i < list.size() ? to_string(list[i]) : "end";
       StageError err(k, at, on_rank() + ": " + e.what());
-      notify_others(err.what());
+      notify_others(err.what(), false);
       throw err;
     } catch (...) {
       const std::string at = i < list.size() ? to_string(list[i]) : "end";
       StageError err(k, at, on_rank() + ": non-standard exception");
-      notify_others(err.what());
+      notify_others(err.what(), false);
       throw err;
     }
   }
@@ -238,7 +309,9 @@ class MpiExecutor {
             MPI_Ibcast(opt.moment(m), n, MPI_FLOAT, k, pipeline_, &reqs[std::size_t(m) + 1]));
       XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, k, pipeline_, &reqs.back()));
       for (MPI_Request& r : reqs)
-        wait_request(r, stage_, "share", "stage " + std::to_string(k) + "'s trained state");
+        wait_request(r, stage_, "share",
+                     collective("stage " + std::to_string(k) + "'s trained state",
+                                rank_of(0, replica_), 1, stages_));
       opt.set_steps_taken(steps);
     });
   }
@@ -254,8 +327,20 @@ class MpiExecutor {
     return "rank " + std::to_string(rank_) +
            (replicas_ > 1 ? " (replica " + std::to_string(replica_) + ")" : "");
   }
-  std::string rank_name(int k) const {
-    return "rank " + std::to_string(rank_of(k, replica_)) + " (stage " + std::to_string(k) + ")";
+  std::string rank_name(int k) const { return world_rank_name(rank_of(k, replica_)); }
+  std::string world_rank_name(int r) const {
+    return "rank " + std::to_string(r) + " (stage " + std::to_string(r % stages_) + ")";
+  }
+
+  // What a wait waits for: one rank (`rank`), or the ranks of a collective (first, first +
+  // stride, ..., `count` of them; rank -1), or, for neither, nobody in particular.
+  struct Awaited {
+    std::string what;  // "the input of F6 from rank 1 (stage 1)"
+    int rank = -1;
+    int first = 0, stride = 1, count = 0;
+  };
+  static Awaited collective(std::string what, int first, int stride, int count) {
+    return {std::move(what), -1, first, stride, count};
   }
 
   template <class P>
@@ -292,19 +377,39 @@ class MpiExecutor {
     return true;
   }
 
+  // The first neighbour whose receive of this stage's last messages has not completed.
+  template <class P>
+  Awaited unfinished_send(P& program, const Schedule& s, int k) {
+    const Channel out[2] = {Channel{k, Flow::Activations}, Channel{k - 1, Flow::Gradients}};
+    for (const Channel& c : out)
+      if (c.boundary >= 0 && c.boundary + 1 < s.stages && !program.links().at(c).sends_done()) {
+        const int to = c.flow == Flow::Activations ? k + 1 : k - 1;
+        return {"its last messages to be received by " + rank_name(to), rank_of(to, replica_)};
+      }
+    return {"its last messages to be received by its neighbours"};
+  }
+
   template <class P>
   void wait_ready(P& program, const Schedule& s, int k, const Action& a) {
     if (program.ready(k, a)) return;
     wait_until([&] { return program.ready(k, a); }, k, to_string(a),
-               [&] {
+               [&]() -> Awaited {
+                 // Its producer while its input is missing, else its consumer. Read after the wait
+                 // found the action not ready, the input may have arrived since: with no output to
+                 // make room for, the wait was still for that input (never a stage -1).
                  const int producer = producer_stage(s.stages, k, a);
+                 const int consumer = consumer_stage(s.stages, k, a);
                  bool input_missing = producer >= 0;
                  if constexpr (requires { program.input_ready(k, a); })
                    input_missing = input_missing && !program.input_ready(k, a);
-                 if (input_missing)
-                   return "the input of " + to_string(a) + " from " + rank_name(producer);
-                 const int consumer = consumer_stage(s.stages, k, a);
-                 return "room to send the output of " + to_string(a) + " to " + rank_name(consumer);
+                 if (producer >= 0 && (input_missing || consumer < 0))
+                   return {"the input of " + to_string(a) + " from " + rank_name(producer),
+                           rank_of(producer, replica_)};
+                 if (consumer >= 0)
+                   return {
+                       "room to send the output of " + to_string(a) + " to " + rank_name(consumer),
+                       rank_of(consumer, replica_)};
+                 return {"the action to be ready"};
                });
   }
 
@@ -327,8 +432,9 @@ class MpiExecutor {
     std::string peers;
     for (int r = 0; r < replicas_; ++r) peers += (r ? ", " : "") + std::to_string(rank_of(k, r));
     wait_request(req, k, to_string(a),
-                 "the gradient all-reduce with the replicas of stage " + std::to_string(k) +
-                     " (ranks " + peers + ")");
+                 collective("the gradient all-reduce with the replicas of stage " +
+                                std::to_string(k) + " (ranks " + peers + ")",
+                            k, stages_, replicas_));
     // The mean over replicas: each replica's loss is already scaled by 1 / its rows.
     if constexpr (has_gradients<P>) scale_gradient_sum(program.gradients(k), replicas_);
   }
@@ -344,7 +450,7 @@ class MpiExecutor {
       MPI_Request r = MPI_REQUEST_NULL;
       XPIPE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, loss.data(), static_cast<int>(loss.size()),
                                      MPI_DOUBLE, MPI_SUM, world_, &r));
-      wait_request(r, k, "end", "the other ranks' losses");
+      wait_request(r, k, "end", collective("the other ranks' losses", 0, 1, size_));
       for (double& v : loss) v /= replicas_;
     }
   }
@@ -368,7 +474,8 @@ class MpiExecutor {
     MPI_Request r = MPI_REQUEST_NULL;
     XPIPE_MPI_CHECK(MPI_Igatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(),
                                  counts.data(), offsets.data(), MPI_DOUBLE, 0, pipeline_, &r));
-    wait_request(r, stage_, "end", "the trace of the other stages");
+    wait_request(r, stage_, "end",
+                 collective("the trace of the other stages", rank_of(0, replica_), 1, stages_));
     if (stage_ != 0) return;
     for (int j = 1; j < stages_; ++j) {
       auto& row = trace_.stages[static_cast<std::size_t>(j)];
@@ -379,53 +486,202 @@ class MpiExecutor {
     }
   }
 
-  void wait_request(MPI_Request& r, int k, const std::string& action, const std::string& what) {
+  void wait_request(MPI_Request& r, int k, const std::string& action, const Awaited& awaited) {
     wait_until(
         [&] {
           int done = 0;
           XPIPE_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
           return done != 0;
         },
-        k, action, [&] { return what; });
+        k, action, [&] { return awaited; });
+  }
+
+  using clock = std::chrono::steady_clock;
+  static std::int64_t ns(clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  }
+  std::int64_t step_ns() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(max_clock_step).count();
   }
 
   // Polls `done` (spinning briefly, then yielding the core: ranks may outnumber cores) until it
-  // holds; throws when another rank reports a failure or after wait_timeout.
+  // holds; throws when another rank reports a failure or after wait_timeout. The time waited is
+  // the sum of the clock's readings, each counted up to max_clock_step: a rank continued after a
+  // stop finds its clock far ahead, and that is no neighbour's fault. `what` says what the wait
+  // waits for (an Awaited); it is read when the wait is reported and when it gives up.
   template <class Done, class What>
   void wait_until(Done&& done, int k, const std::string& action, What&& what) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto cap = std::chrono::duration_cast<clock::duration>(max_clock_step);
+    // Reported once it has lasted an eighth of the timeout, and as often again while it lasts:
+    // the other ranks hear of it long before any of them gives up, and see it go stale when
+    // this rank stops.
+    const auto period = std::max(std::chrono::duration_cast<clock::duration>(wait_timeout / 8),
+                                 clock::duration(std::chrono::milliseconds(1)));
+    clock::duration waited{};
+    clock::time_point last{}, reported{};
+    bool published = false;
     struct Clear {  // the wait is over (done, or thrown): nothing to report any more
-      ~Clear() { detail::mpi_wait_length.store(0, std::memory_order_release); }
+      ~Clear() {
+        detail::mpi_wait_length.store(0, std::memory_order_release);
+        detail::mpi_wait_last_ns.store(0, std::memory_order_relaxed);
+      }
     } clear;
     for (unsigned spins = 0;; ++spins) {
-      if (done()) return;
+      if (done()) {
+        if (published) withdraw();
+        return;
+      }
       if (spins < 64) continue;
+      const clock::time_point now = clock::now();
       if (spins == 64) {  // a real wait: say where, for a signal handler
-        detail::mpi_wait_length.store(0, std::memory_order_release);
-        const std::string text = on_rank() + " (stage " + std::to_string(k) + ") was waiting at " +
-                                 action + " for " + what() + "\n";
-        const std::size_t n = std::min(text.size(), sizeof detail::mpi_wait_text);
-        std::memcpy(detail::mpi_wait_text, text.data(), n);
-        detail::mpi_wait_length.store(static_cast<int>(n), std::memory_order_release);
+        set_wait_text(k, action, what().what);
+      } else {
+        const clock::duration step = now - last;
+        if (step > cap) detail::note_clock_jump(ns(step));
+        waited += std::clamp(step, clock::duration::zero(), cap);
+      }
+      last = now;
+      detail::mpi_wait_last_ns.store(ns(now.time_since_epoch()), std::memory_order_relaxed);
+      const auto waiting = [&] { return seconds_text(waited) + " s for " + what().what; };
+      if (spins % 16 == 0) {
+        check_notices(k, action, waiting);
+        board_.drain();
+      }
+      if (waited > period && (!published || now - reported >= period)) {
+        publish(action, what(), period);
+        published = true;
+        reported = now;
+      }
+      if (waited > wait_timeout) {
+        if (done()) {  // it came as the wait ran out
+          if (published) withdraw();
+          return;
+        }
+        check_notices(k, action, waiting);  // a rank that gave up first is quoted, not doubted
+        board_.drain();
+        const std::string why = give_up_text(what());
+        gave_up_ = true;
+        throw StageError(k, action, why);
       }
       std::this_thread::yield();
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (spins % 16 == 0)
-        check_notices(k, action, [&] {
-          char secs[32];
-          std::snprintf(secs, sizeof secs, "%.1f", std::chrono::duration<double>(waited).count());
-          return std::string(secs) + " s for " + what();
-        });
-      if (waited > wait_timeout) {
-        std::string secs = std::to_string(wait_timeout.count());
-        secs.erase(secs.find_last_not_of('0') + 1);
-        if (secs.back() == '.') secs.pop_back();
-        throw StageError(k, action, on_rank() + " waited " + secs + " s for " + what());
-      }
     }
   }
 
-  static constexpr int notice_tag = 1;
+  void set_wait_text(int k, const std::string& action, const std::string& what) {
+    detail::mpi_wait_length.store(0, std::memory_order_release);
+    const std::string text =
+        on_rank() + " (stage " + std::to_string(k) + ") was waiting at " + action + " for " + what;
+    const std::size_t n = std::min(text.size(), sizeof detail::mpi_wait_text);
+    std::memcpy(detail::mpi_wait_text, text.data(), n);
+    detail::mpi_wait_length.store(static_cast<int>(n), std::memory_order_release);
+  }
+
+  // Tells the other ranks what this wait waits on (again: it still does).
+  void publish(const std::string& action, const Awaited& a, clock::duration period) {
+    detail::MpiWaitReport r;
+    r.waits_on = a.rank;
+    r.first = a.first;
+    r.stride = a.stride;
+    r.count = a.count;
+    r.period_ms = static_cast<int>(std::max<long long>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(period).count()));
+    const std::string text = "at " + action + " for " + a.what;
+    std::memcpy(r.text, text.data(), std::min(text.size(), sizeof r.text - 1));
+    board_.publish(r);
+  }
+  // Tells them it no longer waits.
+  void withdraw() { board_.publish(detail::MpiWaitReport{}); }
+
+  static std::string seconds_text(std::chrono::nanoseconds d) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f", std::chrono::duration<double>(d).count());
+    return secs;
+  }
+
+  // "; rank 1's own clock jumped 12.3 s: this process was stopped or suspended", when a wait of
+  // this run read the clock that far apart or the watch thread did; else "".
+  std::string jump_note() const {
+    const std::chrono::nanoseconds jump(detail::clock_jump_ns.load(std::memory_order_relaxed));
+    if (jump.count() <= step_ns()) return "";
+    return "; rank " + std::to_string(rank_) + "'s own clock jumped " + seconds_text(jump) +
+           " s: this process was stopped or suspended";
+  }
+
+  // The rank a wait on `waits_on`, or on the collective of `group`, leads to: that rank, or the
+  // first rank of the collective not itself waiting on it; -1 when none is left that is not
+  // `seen` (on the chain already).
+  int next_on_chain(int waits_on, const detail::MpiWaitReport& group, const std::vector<char>& seen,
+                    clock::time_point now) const {
+    if (waits_on >= 0) return seen[static_cast<std::size_t>(waits_on)] ? -1 : waits_on;
+    for (int i = 0; i < group.count; ++i) {
+      const int m = group.first + i * group.stride;
+      if (m < 0 || m >= size_ || seen[static_cast<std::size_t>(m)]) continue;
+      if (board_.waiting(m, now) && board_.at(m).report.same_group(group)) continue;
+      return m;
+    }
+    return -1;
+  }
+
+  // What this rank says as it gives up waiting for `a`: the stuck rank first, found by following
+  // what the ranks waited on say they wait on, from the one `a` waits on to the first that does
+  // not wait (or whose word has gone stale: it stopped inside its wait), then the chain to it.
+  std::string give_up_text(const Awaited& a) const {
+    std::string secs = std::to_string(wait_timeout.count());
+    secs.erase(secs.find_last_not_of('0') + 1);
+    if (secs.back() == '.') secs.pop_back();
+    const std::string waited = on_rank() + " waited " + secs + " s for " + a.what;
+    const clock::time_point now = clock::now();
+    std::vector<char> seen(static_cast<std::size_t>(size_), 0);
+    seen[static_cast<std::size_t>(rank_)] = 1;
+    detail::MpiWaitReport mine;
+    mine.first = a.first;
+    mine.stride = a.stride;
+    mine.count = a.count;
+    int at = next_on_chain(a.rank, mine, seen, now);
+    if (at < 0) return waited + jump_note();  // nobody in particular to name
+    std::string chain =
+        a.rank < 0 ? " (" + world_rank_name(at) + " does not say it waits in it)" : "";
+    std::vector<int> path;
+    int stuck = at;
+    for (;;) {
+      seen[static_cast<std::size_t>(at)] = 1;
+      path.push_back(at);
+      const detail::MpiWaitBoard::Entry& e = board_.at(at);
+      if (!board_.waiting(at, now)) {
+        stuck = at;
+        if (e.report.text[0] == '\0')
+          chain +=
+              ", which is not waiting on any rank (it is stopped, hung, or running a long "
+              "action)";
+        else
+          chain += ", which said " + seconds_text(now - e.heard) + " s ago that it waits " +
+                   e.report.text + ", and not since (it is stopped or hung)";
+        break;
+      }
+      chain += ", which waits " + std::string(e.report.text);
+      const int next = next_on_chain(e.report.waits_on, e.report, seen, now);
+      if (next < 0 && e.report.waits_on < 0 && e.report.count == 0) {  // on nobody in particular
+        stuck = at;
+        break;
+      }
+      if (next < 0) {
+        // Back on the chain: ranks that all say they wait on each other. One of them stopped
+        // just now (its word is not stale yet): the one heard from longest ago.
+        stuck = *std::min_element(path.begin(), path.end(), [&](int x, int y) {
+          return board_.at(x).heard < board_.at(y).heard;
+        });
+        chain += ": a cycle of waits, of which " + world_rank_name(stuck) +
+                 " was heard from longest ago";
+        break;
+      }
+      if (e.report.waits_on < 0)
+        chain += " (" + world_rank_name(next) + " does not say it waits in it)";
+      at = next;
+    }
+    return world_rank_name(stuck) + " is stuck: " + waited + chain + jump_note();
+  }
+
+  static constexpr int notice_tag = 1, report_tag = 2;
 
   // A failure notice from another rank: throw it here too (not passed on: it told everyone).
   template <class Waiting>
@@ -439,15 +695,19 @@ class MpiExecutor {
     std::string text(static_cast<std::size_t>(n), '\0');
     XPIPE_MPI_CHECK(
         MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, notice_tag, control_, MPI_STATUS_IGNORE));
+    // The first character says whether that rank gave up waiting or failed.
+    const bool gave_up = !text.empty() && text[0] == 'G';
+    if (!text.empty()) text.erase(0, 1);
     throw MpiAbortNotice(k, action,
                          on_rank() + ", waiting " + waiting() + ", stopped because rank " +
-                             std::to_string(st.MPI_SOURCE) + " failed: " + text);
+                             std::to_string(st.MPI_SOURCE) +
+                             (gave_up ? " gave up: " : " failed: ") + text + jump_note());
   }
 
-  // Tells every other rank that this one failed (sends that complete on their own: the text is
-  // kept until the executor goes).
-  void notify_others(const std::string& what) noexcept {
-    notice_ = what;
+  // Tells every other rank that this one failed or gave up waiting (sends that complete on their
+  // own: the text is kept until the executor goes).
+  void notify_others(const std::string& what, bool gave_up) noexcept {
+    notice_ = (gave_up ? "G" : "F") + what;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       MPI_Request req = MPI_REQUEST_NULL;
@@ -463,6 +723,8 @@ class MpiExecutor {
   ExecutionTrace trace_;
   std::string notice_;
   std::atomic<long> list_size_{0}, done_{0};
+  detail::MpiWaitBoard board_;
+  bool gave_up_ = false;  // the StageError in flight is this rank's own timeout
 };
 
 static_assert(Executor<MpiExecutor>);
