@@ -6,7 +6,8 @@
 set -u
 tool=$1 cmake=$2 work=$3 case=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-small=(--train-samples 512 --test-samples 100 --epochs 1)
+tiny=(--train-samples 512 --test-samples 100)
+small=("${tiny[@]}" --epochs 1)
 
 fail() {
   echo "FAIL ($case): $*"
@@ -146,6 +147,41 @@ message("${n}")
 EOF
   "$cmake" -DFILE="$file" "-DKEY=$*" -P len.cmake 2>&1
 }
+
+# crc32 <file>: its CRC-32 as 8 hex digits (zlib's, as a MANIFEST records it), read from the
+# trailer gzip writes (the CRC-32 of its input, little-endian), so no tool of the project computes it.
+crc32() { gzip -c <"$1" | tail -c 8 | head -c 4 | od -An -tx4 | tr -d ' \n'; }
+# set_field <MANIFEST> <field> <value>: edits a field and writes the MANIFEST's own checksum anew,
+# as a writer other than xpipe might (the file then verifies; only its value is wrong).
+set_field() {
+  grep -v '^manifest-crc32 ' "$1" | sed "s/^field $2 .*/field $2 $3/" >body.txt
+  { cat body.txt; echo "manifest-crc32 $(crc32 body.txt)"; } >"$1"
+}
+# damage <kind> <checkpoint folder>: one way a checkpoint can be hurt after it was committed.
+damage() {
+  local d=$2
+  case $1 in
+    truncated_stage) truncate -s 1000 "$d/stage-1.bin" ;;
+    flipped_stage_byte)  # one byte in the middle of stage 0's weights, inverted
+      local at=$(($(stat -c %s "$d/stage-0.bin") / 2)) b
+      b=$(od -An -tu1 -j $at -N1 "$d/stage-0.bin" | tr -d ' ')
+      printf "$(printf '\\%03o' $((255 - b)))" |
+        dd of="$d/stage-0.bin" bs=1 seek=$at count=1 conv=notrunc status=none ;;
+    grown_stage) printf 'x' >>"$d/stage-0.bin" ;;
+    deleted_stage) rm "$d/stage-1.bin" ;;
+    deleted_records) rm "$d/records.tsv" ;;
+    manifest_file_crc) sed -i 's/^\(file stage-0.bin bytes=[0-9]* crc32=\)........$/\100000000/' "$d/MANIFEST" ;;
+    manifest_version) sed -i '1s/version=[0-9]*/version=9/' "$d/MANIFEST" ;;
+    manifest_field_bit) sed -i 's/^field run.lr 0.00100000005$/field run.lr 0.00100000004/' "$d/MANIFEST" ;;
+    manifest_crlf) sed -i 's/$/\r/' "$d/MANIFEST" ;;
+    manifest_empty) : >"$d/MANIFEST" ;;
+    manifest_no_checksum) sed -i '/^manifest-crc32 /d' "$d/MANIFEST" ;;
+    manifest_deleted) rm "$d/MANIFEST" ;;  # looks like a write cut short: passed over, kept
+    *) fail "no damage $1" ;;
+  esac
+}
+# same_file <a> <b>: fails unless both exist with the same bytes.
+same_file() { cmp -s "$1" "$2" || fail "$1 and $2 differ"; }
 
 case $case in
   out_is_a_file)
@@ -376,6 +412,182 @@ case $case in
     [ "$(grep -c ',ok,2,' out/sweep-runs.csv)" -ge 2 ] || fail "sweep-runs.csv lacks the runs done"
     mismatches=$(sweep_check out 2)
     [ -z "$mismatches" ] || fail "sweep.csv disagrees with sweep-runs.csv: $mismatches"
+    ;;
+  damaged_checkpoint_resumes)  # each damage to the newest checkpoint: passed over and set
+    # aside, the epoch trained again from the one before, the same numbers as a straight run,
+    # and a later resume goes on from the new checkpoint
+    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
+    run 0 "${ck[@]}" --epochs 3 --out straight
+    run 0 "${ck[@]}" --epochs 2 --checkpoint-dir base --out first
+    cut -d, -f9-11 straight/runs.csv >want.txt
+    for kind in truncated_stage flipped_stage_byte grown_stage deleted_stage deleted_records \
+      manifest_file_crc manifest_version manifest_field_bit manifest_crlf manifest_empty \
+      manifest_no_checksum manifest_deleted; do
+      rm -rf ck && cp -r base ck
+      dir=ck/async-1f1b_xpipe_adam
+      damage $kind $dir/ckpt-000002
+      case=damaged_checkpoint_resumes/$kind
+      run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
+      says "passed over $dir/ckpt-000002: "
+      says "resumed from $dir/ckpt-000001 \\(1 epochs done\\)"
+      if [ $kind = manifest_deleted ]; then  # uncommitted: the next write replaces it
+        says "ckpt-000002: uncommitted"
+      else
+        says "set aside $dir/ckpt-000002 as ckpt-000002.refused"
+        [ -d $dir/ckpt-000002.refused ] || fail "the damaged checkpoint was not kept"
+      fi
+      cut -d, -f9-11 resumed/runs.csv >got.txt
+      cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+      [ -f $dir/ckpt-000002/MANIFEST ] && [ -f $dir/ckpt-000003/MANIFEST ] ||
+        fail "epochs 2 and 3 were not checkpointed again"
+      run 0 "${ck[@]}" --epochs 4 --checkpoint-dir ck --resume --out again
+      says "resumed from $dir/ckpt-000003 \\(3 epochs done\\)"
+    done
+    case=damaged_checkpoint_resumes
+    # Every checkpoint damaged: all set aside, the run starts afresh and says so.
+    rm -rf ck && cp -r base ck
+    damage truncated_stage ck/async-1f1b_xpipe_adam/ckpt-000001
+    damage manifest_crlf ck/async-1f1b_xpipe_adam/ckpt-000002
+    run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out afresh
+    says "no checkpoint under ck/async-1f1b_xpipe_adam verifies"
+    says "set aside ck/async-1f1b_xpipe_adam/ckpt-000001 as ckpt-000001.refused"
+    says "no checkpoint to resume in ck/async-1f1b_xpipe_adam; starting afresh"
+    cut -d, -f9-11 afresh/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "the fresh run differs from the straight one"
+    ;;
+  failed_run_keeps_epochs)  # a checkpoint write fails after epoch 2: its 2 epochs are recorded
+    mkdir -p ck/async-1f1b_xpipe_adam/latest  # a folder where the 'latest' file goes
+    run 1 "${tiny[@]}" --epochs 3 --checkpoint-every 2 --checkpoint-dir ck --out out
+    says "failed: epoch 2: .*latest"
+    [ "$(grep -c ',failed$' out/runs.csv)" -eq 2 ] || fail "runs.csv lacks the 2 finished epochs"
+    runs_json out/runs.json "1 failed"
+    [ "$(json_length out/runs.json '0;epochs')" = 2 ] || fail "runs.json lacks the 2 epochs"
+    ;;
+  manifest_field_not_a_number)  # one run's checkpoint with a bad field fails that run only
+    ck=(--compare --train-samples 512 --test-samples 100 --epochs 1 --checkpoint-dir ck)
+    run 0 "${ck[@]}" --out first
+    set_field ck/gpipe_latest_adam/ckpt-000001/MANIFEST result.weight_copies.0 x
+    run 0 "${ck[@]}" --resume --out out
+    says "gpipe\\+latest\\(adam\\) failed: .*field 'result.weight_copies.0' is 'x'"
+    runs_json out/runs.json "8 failed ok ok ok ok ok ok ok"
+    for value in 99999999999 1e999 -1 0x3; do
+      set_field ck/gpipe_latest_adam/ckpt-000001/MANIFEST result.weight_copies.0 $value
+      run 0 "${ck[@]}" --resume --out out
+      says "field 'result.weight_copies.0' is '$value'"
+    done
+    # every run refused (another batch): the command fails
+    run 1 "${ck[@]}" --resume --batch 64 --out out
+    says "every run of the study failed"
+    runs_json out/runs.json "8 failed failed failed failed failed failed failed failed"
+    ;;
+  resume_refuses_other_data)  # the same counts, one label changed: refused, naming the field
+    data=${XPIPE_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+    mkdir other && cp "$data"/*.gz other/
+    zcat "$data/train-labels-idx1-ubyte.gz" >labels
+    first=$(od -An -tu1 -j 8 -N1 labels | tr -d ' ')
+    printf "$(printf '\\%03o' $(((first + 1) % 10)))" | dd of=labels bs=1 seek=8 conv=notrunc status=none
+    gzip -c labels >other/train-labels-idx1-ubyte.gz
+    run 0 "${small[@]}" --checkpoint-dir ck --out out
+    grep -q '^field run.dp 1$' ck/async-1f1b_xpipe_adam/ckpt-000001/MANIFEST ||
+      fail "the MANIFEST does not record run.dp"
+    run 1 "${tiny[@]}" --epochs 2 --checkpoint-dir ck --resume --data-dir other --out out
+    says "cannot resume .*ckpt-000001: it was run with run.train_data_crc32 = [0-9a-f-]+, this run has"
+    cp -r "$data" same  # the same files elsewhere: the same data, resumed
+    run 0 "${tiny[@]}" --epochs 2 --checkpoint-dir ck --resume --data-dir same --out out
+    says "resumed from ck/async-1f1b_xpipe_adam/ckpt-000001"
+    ;;
+  rerun_keeps_earlier_study)  # a second study into a used --out: the first one's files stay
+    # until its first run is recorded; then the first study's timelines go
+    run 0 --compare "${small[@]}" --out out
+    cp -r out first
+    "$tool" --compare --train-samples 4096 --test-samples 100 --epochs 2 --out out >out.txt 2>&1 &
+    pid=$!
+    for ((i = 0; i < 600; ++i)); do  # until it has started training (30 s at most)
+      grep -q "results go to" out.txt && break
+      sleep 0.05
+    done
+    sleep 0.5
+    kill -KILL $pid
+    wait $pid
+    for f in runs.csv runs.json accuracy.csv accuracy.gp accuracy.svg timeline-gpipe_latest_adam.svg \
+      trace-async-1f1b_xpipe_adam.json; do
+      same_file first/$f out/$f
+    done
+    # SIGINT before the first run ends: nothing recorded, the folder as it was
+    "$tool" --compare --train-samples 4096 --test-samples 100 --epochs 2 --out out >out.txt 2>&1 &
+    pid=$!
+    for ((i = 0; i < 600; ++i)); do
+      grep -q "results go to" out.txt && break
+      sleep 0.05
+    done
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    [ "$rc" -eq 130 ] || fail "exit code $rc after INT, expected 130"
+    says "before any run of this study was recorded; out holds what it held before"
+    same_file first/runs.csv out/runs.csv
+    same_file first/runs.json out/runs.json
+    # a new study of one run replaces it all, the earlier timelines and traces included
+    run 0 "${small[@]}" --predictor stash --out out
+    runs_json out/runs.json "1 ok"
+    [ "$(ls out/timeline-*.svg out/trace-*.json | tr '\n' ' ')" = \
+      "out/timeline-async-1f1b_stash_adam.svg out/trace-async-1f1b_stash_adam.json " ] ||
+      fail "the earlier study's timelines stayed: $(ls out)"
+    ;;
+  one_writer_per_folder)  # a second xpipe-train on a folder in use: exit 2 naming the holder
+    "$tool" --train-samples 8192 --test-samples 100 --epochs 5 --checkpoint-dir ck --out out \
+      >first.txt 2>&1 &
+    pid=$!
+    for ((i = 0; i < 600; ++i)); do
+      grep -q "results go to" first.txt && break
+      sleep 0.05
+    done
+    run 2 "${small[@]}" --out out
+    says "--out 'out' is in use by another xpipe-train \\(pid $pid on "
+    run 2 "${small[@]}" --checkpoint-dir ck --resume --out other
+    says "the checkpoint folder 'ck/async-1f1b_xpipe_adam' is in use by another xpipe-train \\(pid $pid "
+    [ ! -e other/runs.csv ] || fail "the refused run wrote into its --out"
+    run 0 "${small[@]}" --predictor stash --checkpoint-dir ck --out other  # another run's folder
+    kill -KILL $pid
+    wait $pid
+    # a killed holder holds nothing (its first epoch may be checkpointed: then resumed as done)
+    run 0 --train-samples 8192 --test-samples 100 --epochs 1 --checkpoint-dir ck --resume --out out
+    # launched by mpirun as several ranks without --executor mpi (its variables, as it sets them)
+    OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 run 2 "${small[@]}" --out out2
+    says "started by mpirun as 2 ranks, but --executor is threaded"
+    [ ! -e out2 ] || fail "the refused launch made its --out"
+    ;;
+  checkpoint_flags)  # flags that would quietly turn checkpoints off, or be ignored
+    run 2 "${small[@]}" --checkpoint-dir "" --out out
+    says "--checkpoint-dir: is empty"
+    run 2 "${small[@]}" --checkpoint-every 2 --out out
+    says "--checkpoint-every requires --checkpoint-dir"
+    mkdir ck && touch ck/async-1f1b_xpipe_adam  # the run's folder is a file: found before training
+    run 2 "${small[@]}" --checkpoint-dir ck --out out
+    says "the run folder 'ck/async-1f1b_xpipe_adam' exists and is not a directory"
+    never_says "epoch 1 +loss"
+    run 0 "${small[@]}" --checkpoint-dir ck2 --resume --out out
+    says "no checkpoint to resume in ck2/async-1f1b_xpipe_adam; starting afresh"
+    run 0 "${tiny[@]}" --epochs 2 --checkpoint-dir ck3 --out out
+    run 0 "${tiny[@]}" --epochs 1 --checkpoint-dir ck3 --resume --out out
+    says "resumed from ck3/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done\\)"
+    never_says "timeline"
+    ;;
+  planted_temporary_link)  # a link planted as a checkpoint's temporary is not written through
+    mkdir -p ck/async-1f1b_xpipe_adam
+    echo "keep me" >victim
+    ln -s ../../victim ck/async-1f1b_xpipe_adam/latest.tmp
+    run 0 "${small[@]}" --checkpoint-dir ck --out out
+    [ "$(cat victim)" = "keep me" ] || fail "the planted link was written through"
+    [ "$(cat ck/async-1f1b_xpipe_adam/latest)" = ckpt-000001 ] || fail "latest not written"
+    ;;
+  sighup_keeps_finished_runs)
+    # Under nohup SIGHUP is ignored, and xpipe-train leaves it so: nothing to test then.
+    if (($(printf '%d' 0x"$(awk '/^SigIgn/ { print $2 }' /proc/$$/status)") & 1)); then
+      echo "ok: $case (skipped: SIGHUP is ignored by whoever started the tests)"
+      exit 0
+    fi
+    stop_study_after_first_run HUP 129
     ;;
   *) fail "no such case" ;;
 esac

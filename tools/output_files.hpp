@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -50,6 +52,14 @@ inline int sync_fd(int fd) {
   return ::fsync(fd) == 0 || errno == EINVAL ? 0 : errno;
 }
 
+// Creates the temporary `tmp` for writing: a stale one (an earlier write cut short) is removed
+// first, and the open follows no symbolic link and takes no file that appeared meanwhile, so a
+// link planted under the temporary's name is never written through. The fd, or -1 with errno.
+inline int create_temporary(const std::filesystem::path& tmp) {
+  ::unlink(tmp.c_str());  // a link itself, never what it points to
+  return ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+}
+
 }  // namespace detail
 
 //! Makes the folder `dir` (and its parents) if missing and checks that a file can be created in
@@ -80,7 +90,7 @@ inline std::string prepare_output_dir(const std::filesystem::path& dir) {
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view text) {
   const std::filesystem::path tmp =
       path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  const int fd = detail::create_temporary(tmp);
   if (fd < 0) throw OutputError(path, errno);
   int err = detail::write_all(fd, text);
   if (err == 0) err = detail::sync_fd(fd);
@@ -124,6 +134,71 @@ class AppendFile {
  private:
   std::filesystem::path path_;
   int fd_ = -1;
+};
+
+//! Advisory locks on folders, so that two processes never write one folder at once (two studies
+//! into one --out would mix their rows; two runs into one checkpoint folder would refuse each
+//! other's checkpoints after training). Each lock is flock(2) on `<folder>/.xpipe-train.lock`:
+//! held until this object goes or the process ends in any way (kill -9 included), so a stale
+//! lock file never blocks anyone. The file says who holds it, for the message of the one refused.
+//! Usage: `FolderLocks locks; if (auto why = locks.take(out, "--out"); !why.empty()) ...`
+class FolderLocks {
+ public:
+  FolderLocks() = default;
+  FolderLocks(const FolderLocks&) = delete;
+  FolderLocks& operator=(const FolderLocks&) = delete;
+  ~FolderLocks() {
+    for (const Held& h : held_) ::close(h.fd);
+  }
+
+  //! Locks the existing folder `dir` (named `what` in messages). Returns "" when this process
+  //! holds it, else why not, naming the holder. A folder this object holds already is held.
+  std::string take(const std::filesystem::path& dir, const std::string& what) {
+    std::error_code ec;
+    const std::filesystem::path key = std::filesystem::weakly_canonical(dir, ec);
+    for (const Held& h : held_)
+      if (h.dir == (ec ? dir : key)) return "";
+    const std::filesystem::path file = dir / ".xpipe-train.lock";
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0)
+      return what + " '" + dir.string() + "': cannot create its lock file " + file.string() + ": " +
+             std::strerror(errno);
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      std::string holder(512, '\0');
+      const ssize_t n = ::pread(fd, holder.data(), holder.size(), 0);
+      holder.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+      ::close(fd);
+      if (err != EWOULDBLOCK)
+        return what + " '" + dir.string() + "': cannot lock " + file.string() + ": " +
+               std::strerror(err);
+      return what + " '" + dir.string() + "' is in use by another xpipe-train (" +
+             (holder.empty() ? "it has not said which yet" : holder) +
+             "); wait for it to end or choose another folder";
+    }
+    char host[256] = "?";
+    ::gethostname(host, sizeof host - 1);
+    char when[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    if (::gmtime_r(&now, &utc) != nullptr)
+      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+    const std::string text =
+        "pid " + std::to_string(::getpid()) + " on " + host + ", started " + when + "\n";
+    // The holder's text is a courtesy to the refused: a failure to write it is not an error.
+    if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, text.data(), text.size(), 0);
+    held_.push_back({ec ? dir : key, fd});
+    return "";
+  }
+
+ private:
+  struct Held {
+    std::filesystem::path dir;
+    int fd;
+  };
+  std::vector<Held> held_;
 };
 
 //! The executable `name` in $PATH (as a shell would find it), or "" when there is none.

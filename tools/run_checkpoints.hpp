@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "xpipe/checkpoint/files.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/pipeline/prediction_probe.hpp"
 
@@ -91,6 +94,51 @@ inline void check_run_fields(const std::map<std::string, std::string>& saved,
       throw ConfigError("xpipe-train: cannot resume " + where + ": it was run with " + key + " = " +
                         it->second + ", this run has " + value);
   }
+}
+
+//! Whether `name` is that of a checkpoint folder as xpipe-train writes them: ckpt-<digits> (not
+//! a set-aside ckpt-000002.refused).
+inline bool is_checkpoint_name(const std::string& name) {
+  return name.size() > 5 && name.rfind("ckpt-", 0) == 0 &&
+         name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+//! For --resume: the newest checkpoint of the run folder `dir` that verifies, saying what it
+//! passed over. Checkpoints that were committed but do not verify (a truncated or corrupt file,
+//! an edited MANIFEST) are set aside by the process that writes checkpoints (`writer`), renamed
+//! and never deleted, so that the epochs trained again can be saved under their names. When
+//! none verifies, all are set aside and the run starts afresh; std::nullopt then, and when there
+//! is none, said on stdout.
+inline std::optional<CheckpointChoice> find_resumable_checkpoint(const std::filesystem::path& dir,
+                                                                 const std::string& label,
+                                                                 bool writer) {
+  std::optional<CheckpointChoice> found;
+  std::vector<std::filesystem::path> refused;
+  try {
+    found = find_latest_checkpoint(dir);
+    if (found) {
+      for (const std::string& why : found->skipped)
+        std::fprintf(stderr, "  %s: passed over %s\n", label.c_str(), why.c_str());
+      refused = found->refused;
+    }
+  } catch (const CheckpointError& e) {  // every committed checkpoint is refused
+    std::fprintf(stderr, "  %s: %s\n", label.c_str(), e.what());
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+      if (is_checkpoint_name(entry.path().filename().string()) &&
+          std::filesystem::exists(entry.path() / "MANIFEST", ec))
+        refused.push_back(entry.path());
+  }
+  if (writer)
+    for (const std::filesystem::path& folder : refused) {
+      const std::filesystem::path kept = set_aside_checkpoint(folder);
+      std::fprintf(stderr, "  %s: set aside %s as %s (kept; its epochs are trained again)\n",
+                   label.c_str(), folder.c_str(), kept.filename().c_str());
+    }
+  if (!found)
+    std::printf("  %-34s no checkpoint to resume in %s; starting afresh\n", label.c_str(),
+                dir.c_str());
+  return found;
 }
 
 }  // namespace xpipe::tools

@@ -240,21 +240,33 @@ std::string parse_name_list(const std::string& text, const std::vector<std::stri
 }
 
 SweepFiles::SweepFiles(SweepPlan plan, fs::path dir)
-    : plan_(std::move(plan)), dir_(std::move(dir)), csv_(dir_ / "sweep-runs.csv") {
+    : plan_(std::move(plan)), dir_(std::move(dir)) {
   for (const SweepPoint& p : sweep_points(plan_))
     for (int s = 1; s <= plan_.seeds; ++s) planned_.emplace_back(p, static_cast<std::uint64_t>(s));
+  // Found now, before any training: a file that cannot be replaced because a folder is in the way.
+  for (const char* name :
+       {"sweep-runs.csv", "sweep.csv", "sweep.json", "sweep.md", "sweep-gap.csv", "sweep-gap.gp"}) {
+    std::error_code ec;
+    if (fs::is_directory(fs::symlink_status(dir_ / name, ec)))
+      throw OutputError(dir_ / name, EISDIR);
+  }
+}
+
+// The first record: an earlier sweep's files in the folder are replaced from here on (until
+// now a sweep killed at once leaves them as they were).
+void SweepFiles::start() {
   std::string head =
       "model,stages,micro_batches,schedule,predictor,optimizer,lr,batch,seed,status,"
       "epochs_done,final_loss,samples_per_second,weight_copies";
   for (int e = 1; e <= plan_.epochs; ++e) head += ",test_accuracy_pct_e" + std::to_string(e);
-  csv_.append(head + '\n');
+  csv_.emplace(dir_ / "sweep-runs.csv");
+  csv_->append(head + '\n');
   std::error_code ignored;  // plots of an earlier sweep are redrawn or reported at the end
   fs::remove(dir_ / "sweep-gap.svg", ignored);
   fs::remove(dir_ / "sweep-gap.png", ignored);
   for (const char* name : {"sweep-prediction.csv", "sweep-prediction.gp", "sweep-prediction.svg",
                            "sweep-prediction.png"})
     fs::remove(dir_ / name, ignored);
-  write_summaries();
 }
 
 void SweepFiles::announce(std::size_t index) const {
@@ -277,6 +289,8 @@ void SweepFiles::announce(std::size_t index) const {
 void SweepFiles::add(SweepRun run) {
   runs_.push_back(std::move(run));
   const SweepRun& r = runs_.back();
+  if (!csv_ && r.status == SweepStatus::interrupted && r.epochs.empty()) return;
+  if (!csv_) start();
   const SweepPoint& p = r.point;
   std::ostringstream row;
   row << plan_.model << ',' << p.stages << ',' << p.micro_batches << ',' << p.schedule << ','
@@ -287,7 +301,7 @@ void SweepFiles::add(SweepRun run) {
   for (int e = 0; e < plan_.epochs; ++e)
     row << ','
         << (e < static_cast<int>(r.epochs.size()) ? num(100 * r.epochs[e].test_accuracy) : "");
-  csv_.append(row.str() + '\n');
+  csv_->append(row.str() + '\n');
   write_summaries();
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,7 +106,8 @@ std::string parse_name_list(const std::string& text, const std::vector<std::stri
 //! sweep-gap.png: gap to GPipe versus K per remedy, a panel per M and optimizer), sweep.md (the
 //! summary as a Markdown table) and, when runs measured their predictions, sweep-prediction.csv
 //! with sweep-prediction.gp (prediction error and cosine versus s per remedy), replaced
-//! atomically. Throws OutputError naming a file it cannot write.
+//! atomically. An earlier sweep's files stay until this one records its first run. Throws
+//! OutputError naming a file it cannot write.
 class SweepFiles {
  public:
   SweepFiles(SweepPlan plan, std::filesystem::path dir);
@@ -113,8 +115,11 @@ class SweepFiles {
   const std::vector<std::pair<SweepPoint, std::uint64_t>>& planned() const { return planned_; }
   //! Prints which run starts ("[12/468] K 4, M 1, seed 2: async-1f1b+xpipe(adam)").
   void announce(std::size_t index) const;
-  //! Records a run that ended and rewrites the summaries.
+  //! Records a run that ended and rewrites the summaries. The first record replaces an earlier
+  //! sweep's files in the folder (unless it is a run interrupted before finishing an epoch).
   void add(SweepRun run);
+  //! Whether a run was recorded in the files (an earlier sweep's are replaced by then).
+  bool started() const { return csv_.has_value(); }
   //! The table of every configuration with a run, on stdout.
   void print_table() const;
   //! Draws sweep-gap.svg and .png with gnuplot; true when both are there and not empty, else
@@ -130,11 +135,12 @@ class SweepFiles {
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
+  void start();
   void write_summaries() const;
   bool draw(const std::string& script) const;  // gnuplot `script`, checking its .svg and .png
   SweepPlan plan_;
   std::filesystem::path dir_;
-  AppendFile csv_;
+  std::optional<AppendFile> csv_;  // from the first record on
   std::vector<std::pair<SweepPoint, std::uint64_t>> planned_;
   std::vector<SweepRun> runs_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

@@ -57,6 +57,9 @@ struct RunConfig {
   int checkpoint_every = 1;     // epochs
   bool resume = false;
   bool measure_prediction = false;  // record each predictor's error (pipeline/prediction_probe.hpp)
+  // CRC-32s of the training and test data in use (features and labels), so that a checkpoint
+  // resumes only on the data it was trained on; set by main when checkpoints are on.
+  std::string train_data_crc32, test_data_crc32;
   std::string label() const { return schedule + "+" + predictor + "(" + optimizer + ")"; }
 };
 
@@ -89,6 +92,7 @@ struct RunRecord {
   ExecutionTrace trace;                // of the last epoch
   Schedule schedule;                   // that the trace ran
   bool trace_files = false;            // its timeline and trace are written
+  bool ends_job = false;  // under MPI it failed part-way: the ranks cannot go on together
   bool ok() const { return status == RunStatus::ok; }
 };
 
@@ -96,8 +100,19 @@ struct RunRecord {
 // 100 ms while an epoch trains, after each epoch and each run), so no write is ever cut short.
 inline volatile std::sig_atomic_t stop_signal = 0;
 
+// Whether this process was started by mpirun (Open MPI, or a PMI launcher such as MPICH's), and
+// as how many ranks (0 when not).
+inline int launched_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return 0;
+}
+
+// Progress is redrawn in place only on a terminal, and never under mpirun: it gives rank 0 a
+// pseudo-terminal even when the job's output goes to a file, which the redraws would fill.
 inline bool interactive() {
-  return isatty(fileno(stdout)) != 0;
+  static const bool on = isatty(fileno(stdout)) != 0 && launched_ranks() == 0;
+  return on;
 }
 
 // One line redrawn in place: [#####.....] 45%  loss 0.5312  12034 samples/s  ETA 3 s.
@@ -158,7 +173,23 @@ inline std::map<std::string, std::string> run_fields(const RunConfig& c, const D
           {"run.batch", std::to_string(c.batch)},
           {"run.seed", std::to_string(c.seed)},
           {"run.train_samples", std::to_string(data.train.count)},
-          {"run.test_samples", std::to_string(data.test.count)}};
+          {"run.test_samples", std::to_string(data.test.count)},
+          {"run.train_data_crc32", c.train_data_crc32},
+          {"run.test_data_crc32", c.test_data_crc32},
+          {"run.dp", std::to_string(c.dp)}};
+}
+
+// The CRC-32 of a data set as trained on (its features' bytes, then its labels'), as 8 hex digits.
+inline std::string data_crc32(const Dataset& d) {
+  const auto bytes = [](const auto* p, std::size_t n) {
+    return std::span<const char>(reinterpret_cast<const char*>(p), n * sizeof *p);
+  };
+  const std::uint32_t a = xpipe::detail::crc32_of(bytes(
+      d.features.data(), static_cast<std::size_t>(d.count) * static_cast<std::size_t>(d.width)));
+  const std::uint32_t b = xpipe::detail::crc32_of(bytes(d.labels.data(), d.labels.size()));
+  char out[24];
+  std::snprintf(out, sizeof out, "%08x-%08x", a, b);
+  return out;
 }
 
 // --executor mpi: this process's rank and the executor every run uses (made once, collectively,
@@ -169,13 +200,15 @@ inline MpiExecutor* mpi_executor = nullptr;
 inline int mpi_rank = 0;
 
 // Under MPI a run that fails cannot go on: every rank prints what it saw (the executor told the
-// others first), then the job ends with MPI_Abort, a moment later so that they have printed.
+// others first), then the job ends with MPI_Abort. Rank 0 calls it once the run is recorded in
+// its files; the others wait a few seconds first, so that rank 0 has recorded it (unless rank 0
+// is the rank that is stuck: then they end the job).
 [[noreturn]] inline void mpi_fail(const std::string& why) {
   std::fprintf(stderr, "xpipe-train: rank %d: %s\n", mpi_rank, why.c_str());
   std::fflush(stdout);
   std::fflush(stderr);
 #if defined(XPIPE_WITH_MPI)
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(mpi_rank == 0 ? 200 : 3000));
   MPI_Abort(MPI_COMM_WORLD, 1);
 #endif
   std::_Exit(1);
@@ -215,6 +248,15 @@ void add_or_exit(Files& files, Run&& run) {
     std::fflush(stdout);
     std::_Exit(1);
   }
+}
+
+// Marks `rec` failed in epoch `e` for `why`, keeping the epochs it finished; under MPI the job
+// must end once it is recorded (ends_job).
+inline RunRecord& failed(RunRecord& rec, int e, const std::string& why, bool on_mpi) {
+  rec.status = RunStatus::failed;
+  rec.why = "epoch " + std::to_string(e) + ": " + why;
+  rec.ends_job = on_mpi;
+  return rec;
 }
 
 // Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
@@ -260,9 +302,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   std::vector<int> restored_copies;
   std::vector<double> restored_kib;
   if (!ckpt_dir.empty() && c.resume) {
-    if (const auto found = find_latest_checkpoint(ckpt_dir)) {
-      for (const std::string& why : found->skipped)
-        std::fprintf(stderr, "  %s: passed over %s\n", c.label().c_str(), why.c_str());
+    if (const auto found = tools::find_resumable_checkpoint(ckpt_dir, c.label(), root)) {
       const std::string where = found->contents.folder.string();
       tools::check_run_fields(found->contents.fields, fields, where);
       load_checkpoint(pipe, found->contents);
@@ -272,8 +312,10 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       first_epoch = static_cast<int>(rec.epochs.size()) + 1;
       for (int k = 0; k < P::stage_count; ++k) {
         const std::string at = std::to_string(k);
-        restored_copies.push_back(std::stoi(found->contents.field("result.weight_copies." + at)));
-        restored_kib.push_back(std::stod(found->contents.field("result.activation_kib." + at)));
+        restored_copies.push_back(static_cast<int>(
+            found->contents.field_integer("result.weight_copies." + at, 0, 1 << 20)));
+        restored_kib.push_back(
+            found->contents.field_number("result.activation_kib." + at, 0, 1e15));
       }
       std::printf("  %-34s resumed from %s (%d epochs done)\n", c.label().c_str(), where.c_str(),
                   first_epoch - 1);
@@ -354,24 +396,20 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       } catch (const ConfigError& err) {
         // A configuration a predictor refuses as training starts (2BW + EF with M < K) cannot
         // run, as one refused at construction: the caller says so (a sweep's "not run" cell).
-        if (e == first_epoch) throw;
-        rec.status = RunStatus::failed;
-        rec.why = "epoch " + std::to_string(e) + ": " + err.what();
-        return rec;
+        if (e == first_epoch && !on_mpi) throw;
+        return failed(rec, e, err.what(), on_mpi);
       } catch (const Error& err) {
         // The library throws on a NaN or infinite loss; any other error is a failure, and so
         // is a non-finite loss it blames on the data ("bad data"), not on divergence.
         const std::string what = err.what();
-        if (on_mpi) mpi_fail("epoch " + std::to_string(e) + ": " + what);
         const bool numeric = (what.find("loss is NaN") != std::string::npos ||
                               what.find("loss is infinite") != std::string::npos) &&
                              what.find("bad data") == std::string::npos;
-        rec.status = numeric ? RunStatus::diverged : RunStatus::failed;
-        rec.why = "epoch " + std::to_string(e) + ": " + what;
+        failed(rec, e, what, on_mpi);
+        if (numeric) rec.status = RunStatus::diverged;
         return rec;
-      } catch (const std::exception& err) {  // under MPI the ranks cannot go on together
-        if (on_mpi) mpi_fail("epoch " + std::to_string(e) + ": " + err.what());
-        throw;
+      } catch (const std::exception& err) {
+        return failed(rec, e, err.what(), on_mpi);
       }
     }
     const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
@@ -380,32 +418,38 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
 #else
     const ExecutionTrace& trace = tr;
 #endif
-    EpochRecord er;
-    er.epoch = e;
-    er.loss = r.loss;
-    er.seconds = r.seconds;
-    er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
-    er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
-    for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
-    er.prediction_error = pipe.prediction_errors();
-    std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(), e,
-                er.loss, 100 * er.test_accuracy, er.samples_per_second);
-    std::fflush(stdout);
-    rec.epochs.push_back(er);
-    std::vector<double> losses;
-    for (const EpochRecord& done : rec.epochs) losses.push_back(done.loss);
-    if (std::string why = tools::divergence(losses); !why.empty()) {
-      rec.status = RunStatus::diverged;
-      rec.why = why;
-      return rec;
+    // What fails from here on (evaluation, a checkpoint write: a full disk, a folder in the
+    // way) fails the run with the epochs it finished, this one included once measured.
+    try {
+      EpochRecord er;
+      er.epoch = e;
+      er.loss = r.loss;
+      er.seconds = r.seconds;
+      er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
+      er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
+      for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
+      er.prediction_error = pipe.prediction_errors();
+      std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(),
+                  e, er.loss, 100 * er.test_accuracy, er.samples_per_second);
+      std::fflush(stdout);
+      rec.epochs.push_back(er);
+      std::vector<double> losses;
+      for (const EpochRecord& done : rec.epochs) losses.push_back(done.loss);
+      if (std::string why = tools::divergence(losses); !why.empty()) {
+        rec.status = RunStatus::diverged;
+        rec.why = why;
+        return rec;
+      }
+      if (e == c.epochs) {
+        rec.trace = trace;
+        rec.schedule = schedule;
+      }
+      if (!ckpt_dir.empty() && root &&
+          (e % c.checkpoint_every == 0 || e == c.epochs || stop_signal != 0))
+        save(e);
+    } catch (const std::exception& err) {
+      return failed(rec, e, err.what(), on_mpi);
     }
-    if (e == c.epochs) {
-      rec.trace = trace;
-      rec.schedule = schedule;
-    }
-    if (!ckpt_dir.empty() && root &&
-        (e % c.checkpoint_every == 0 || e == c.epochs || stop_signal != 0))
-      save(e);
     if (e < c.epochs) check(rec, 0);  // after the last, the run is done: recorded whole
   }
   if (first_epoch > c.epochs) {  // resumed after its last epoch: what that epoch measured

@@ -58,8 +58,10 @@ extern "C" void on_stop_signal(int sig) {
   stop_signal = sig;
 }
 
-// SIGPIPE is ignored: when stdout is a closed pipe (`| head -1`) printing fails quietly and the
-// study goes on writing its files.
+// SIGHUP (the terminal closed) stops the study as SIGINT does, keeping what is done (unless
+// nohup or the like ignores it). SIGPIPE is
+// ignored: when stdout is a closed pipe (`| head -1`) printing fails quietly and the study goes
+// on writing its files.
 void install_signal_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -67,6 +69,9 @@ void install_signal_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction hup {};  // under nohup SIGHUP is ignored, and stays so
+  if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN)
+    sigaction(SIGHUP, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 }
 
@@ -138,28 +143,47 @@ void print_table(const std::vector<RunRecord>& records) {
 // column per finished run) and accuracy.gp (gnuplot draws accuracy.svg and accuracy.png from
 // it) are replaced atomically; a finished run's timeline SVG and Chrome trace of its last epoch
 // go beside them. Whatever stops the study, the folder holds every run done by then.
+// An earlier study's files in the folder stay until this study records its first run: a study
+// killed before that (kill -9, an OOM kill) leaves the folder as it found it.
 class StudyFiles {
  public:
-  // Starts the files of a study with no run: an earlier study's rows and plots in the folder
-  // are dropped. Throws OutputError naming a file it cannot write.
-  explicit StudyFiles(fs::path dir) : dir_(std::move(dir)), csv_(dir_ / "runs.csv") {
-    csv_.append(
-        "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
-        "test_accuracy,samples_per_second,status\n");
-    std::error_code ignored;  // a plot that stays is redrawn or reported when plotting
-    fs::remove(dir_ / "accuracy.svg", ignored);
-    fs::remove(dir_ / "accuracy.png", ignored);
-    write_summaries();
+  // The files of a study in `dir`, or (dir empty: an MPI rank other than 0) records kept in
+  // memory only. Checks now, before any training, that the files can be written in place.
+  // Throws OutputError naming a file it cannot write.
+  explicit StudyFiles(fs::path dir) : dir_(std::move(dir)) {
+    if (dir_.empty()) return;
+    for (const char* name : {"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"}) {
+      std::error_code ec;
+      if (fs::is_directory(fs::symlink_status(dir_ / name, ec)))
+        throw OutputError(dir_ / name, EISDIR);
+    }
+    // The earlier study's timelines and traces: replaced with the rest at the first record.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (((name.starts_with("timeline-") && name.ends_with(".svg")) ||
+           (name.starts_with("trace-") && name.ends_with(".json"))) &&
+          fs::is_regular_file(e.symlink_status(ec)))
+        earlier_.push_back(e.path());
+    }
   }
 
-  // Records a run that ended (finished, diverged, failed or interrupted). Throws OutputError.
+  // Records a run that ended (finished, diverged, failed or interrupted). Every file is
+  // attempted; the first that cannot be written is then thrown (OutputError). The first record
+  // replaces an earlier study's files, unless it is a run interrupted before finishing an epoch
+  // (nothing of this study to keep yet).
   void add(RunRecord r) {
     records_.push_back(std::move(r));
     RunRecord& rec = records_.back();
-    csv_.append(csv_rows(rec));
-    // If its timeline or trace cannot be written, runs.json still gets the run (without them)
-    // before the error goes on.
+    if (dir_.empty()) return;
+    if (!csv_ && rec.status == RunStatus::interrupted && rec.epochs.empty()) return;
     std::exception_ptr failure;
+    try {
+      if (!csv_) start();
+      csv_->append(csv_rows(rec));
+    } catch (const OutputError&) {
+      failure = std::current_exception();
+    }
     if (rec.ok() && !rec.trace.stages.empty()) {  // (a run resumed after its last epoch has none)
       const RunConfig& c = rec.config;
       TimelineOptions to;
@@ -172,12 +196,19 @@ class StudyFiles {
                                      chrome_trace_json(rec.trace, rec.schedule, c.label()));
         rec.trace_files = true;
       } catch (const OutputError&) {
-        failure = std::current_exception();
+        if (!failure) failure = std::current_exception();
       }
     }
-    write_summaries();
+    try {
+      write_summaries();
+    } catch (const OutputError&) {
+      if (!failure) failure = std::current_exception();
+    }
     if (failure) std::rethrow_exception(failure);
   }
+
+  // Whether this study has replaced the folder's files with its own (its first record).
+  bool started() const { return csv_.has_value(); }
 
   // Draws accuracy.svg and accuracy.png with gnuplot (no shell: the folder's name may hold any
   // character). True when both were drawn and are not empty; otherwise says why on stderr.
@@ -217,6 +248,10 @@ class StudyFiles {
     return !ec && size > 0;
   }
   const std::vector<RunRecord>& records() const { return records_; }
+  bool any_trace_files() const {
+    return std::any_of(records_.begin(), records_.end(),
+                       [](const RunRecord& r) { return r.trace_files; });
+  }
   std::size_t finished() const {
     std::size_t n = 0;
     for (const RunRecord& r : records_) n += r.ok();
@@ -225,6 +260,20 @@ class StudyFiles {
   const fs::path& dir() const { return dir_; }
 
  private:
+  // The study's first record: runs.csv begun afresh (its header), the earlier study's plots,
+  // timelines and traces removed (this study's are drawn and written as its runs end).
+  void start() {
+    csv_.emplace(dir_ / "runs.csv");
+    csv_->append(
+        "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
+        "test_accuracy,samples_per_second,status\n");
+    std::error_code ignored;
+    fs::remove(dir_ / "accuracy.svg", ignored);
+    fs::remove(dir_ / "accuracy.png", ignored);
+    for (const fs::path& p : earlier_) fs::remove(p, ignored);
+    earlier_.clear();
+  }
+
   static std::string timeline_name(const RunConfig& c) {
     return "timeline-" + file_stem(c.label()) + ".svg";
   }
@@ -322,33 +371,58 @@ class StudyFiles {
   }
 
   fs::path dir_;
-  tools::AppendFile csv_;
+  std::optional<tools::AppendFile> csv_;  // from the first record on
+  std::vector<fs::path> earlier_;         // an earlier study's timelines and traces
   std::vector<RunRecord> records_;
 };
 
-// After SIGINT or SIGTERM: the runs done are on disk already; print them, say where they are and
-// exit with 128 + the signal (130, 143). _Exit: a stage thread may still be training the
-// abandoned epoch, and nothing of it is to be kept.
+const char* signal_name(int sig) {
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGHUP  ? "SIGHUP"
+                          : "a signal";
+}
+
+// After SIGINT, SIGTERM or SIGHUP: the runs done are on disk already; print them, say where they
+// are and exit with 128 + the signal (130, 143, 129). _Exit: a stage thread may still be
+// training the abandoned epoch, and nothing of it is to be kept.
 [[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
   const int sig = stop_signal;
-  if (mpi_rank != 0) {  // under mpirun: rank 0 reports; the others' files were private scratch
-    std::error_code ignored;
-    fs::remove_all(files.dir(), ignored);
-    std::_Exit(128 + sig);
-  }
+  if (mpi_rank != 0) std::_Exit(128 + sig);  // under mpirun rank 0 reports
   print_table(files.records());
   std::size_t done = 0;
   for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
-  std::fprintf(stderr,
-               "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (runs.csv, "
-               "runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them)\n",
-               sig == SIGINT    ? "SIGINT"
-               : sig == SIGTERM ? "SIGTERM"
-                                : "a signal",
-               when.c_str(), done, files.dir().c_str());
+  if (!files.started())
+    std::fprintf(stderr,
+                 "xpipe-train: stopped by %s %s, before any run of this study was recorded; %s "
+                 "holds what it held before\n",
+                 signal_name(sig), when.c_str(), files.dir().c_str());
+  else
+    std::fprintf(stderr,
+                 "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (runs.csv, "
+                 "runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them)\n",
+                 signal_name(sig), when.c_str(), done, files.dir().c_str());
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(128 + sig);
+}
+
+// The runs of the command: `c` alone, or (--compare) the study of every schedule x predictor.
+std::vector<RunConfig> study_runs(const RunConfig& c, bool compare, float sgd_lr) {
+  if (!compare) return {c};
+  auto with = [&](const char* sched, const char* pred, const char* opt, float lr) {
+    RunConfig r = c;
+    r.schedule = sched;
+    r.predictor = pred;
+    r.optimizer = opt;
+    r.lr = lr;
+    return r;
+  };
+  return {
+      with("gpipe", "latest", "adam", c.lr),      with("1f1b-flush", "latest", "adam", c.lr),
+      with("async-1f1b", "latest", "adam", c.lr), with("async-1f1b", "stash", "adam", c.lr),
+      with("2bw", "2bw", "adam", c.lr),           with("async-1f1b", "spectrain", "sgd", sgd_lr),
+      with("async-1f1b", "xpipe", "adam", c.lr),  with("async-1f1b", "pipeoptim", "adam", c.lr)};
 }
 
 RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
@@ -414,13 +488,16 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
     std::size_t done = 0;  // the run a signal cut is recorded, but not done
     for (const tools::SweepRun& r : files.runs())
       done += r.status != tools::SweepStatus::interrupted;
-    std::fprintf(stderr,
-                 "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (sweep-runs.csv, "
-                 "sweep.csv, sweep.json; 'gnuplot sweep-gap.gp' there draws the gap plot)\n",
-                 sig == SIGINT    ? "SIGINT"
-                 : sig == SIGTERM ? "SIGTERM"
-                                  : "a signal",
-                 when.c_str(), done, files.dir().c_str());
+    if (!files.started())
+      std::fprintf(stderr,
+                   "xpipe-train: stopped by %s %s, before any run of this sweep was recorded; %s "
+                   "holds what it held before\n",
+                   signal_name(sig), when.c_str(), files.dir().c_str());
+    else
+      std::fprintf(stderr,
+                   "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (sweep-runs.csv, "
+                   "sweep.csv, sweep.json; 'gnuplot sweep-gap.gp' there draws the gap plot)\n",
+                   signal_name(sig), when.c_str(), done, files.dir().c_str());
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(128 + sig);
@@ -474,16 +551,30 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
   return 0;
 }
 
+// A floating flag's text: a decimal number (std::from_chars: no hex such as 0x3, no leading
+// space or '+', no junk after it) that is finite and in [lo, hi]; "" when it is, else why not
+// (`range_what` says what the range is).
+std::string check_number(const std::string& text, double lo, double hi,
+                         const std::string& range_what) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || end != text.data() + text.size() || ec == std::errc::invalid_argument)
+    return "'" + text + "' is not a decimal number";
+  if (ec == std::errc::result_out_of_range || !std::isfinite(v) || v < lo || v > hi)
+    return text + " is outside " + range_what;
+  return "";
+}
+
 // --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
 // ulp of any weight above 0.17 (ulp(1) = 1.2e-7), so nothing would train; above 10 nothing here
 // trains either (Adam at lr 1 already leaves the MLP at chance with a loss of 1e9).
 std::string check_learning_rate(std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0') return "'" + text + "' is not a number";
-  if (!std::isfinite(v) || v < 1e-8 || v > 10)
-    return text + " is outside [1e-8, 10], the learning rates that can train";
-  return "";
+  return check_number(text, 1e-8, 10, "[1e-8, 10], the learning rates that can train");
+}
+
+// --wait-timeout: seconds in [0.1, 86400] (NaN would turn the deadline off).
+std::string check_wait_timeout(std::string& text) {
+  return check_number(text, 0.1, 86400, "[0.1, 86400] seconds");
 }
 
 // --seed: a whole number from 0 to 2^64 - 1 ("-1" is not quietly taken as 2^64 - 1).
@@ -545,7 +636,7 @@ int main(int argc, char** argv) {
   app.add_option("--wait-timeout", c.wait_timeout,
                  "Seconds a stage may wait on another (a stopped or hung one) before the run "
                  "fails")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(CLI::Validator(check_wait_timeout, "in [0.1, 86400]"));
   auto* device_opt =
       app.add_option(
              "--device", c.device,
@@ -570,11 +661,20 @@ int main(int argc, char** argv) {
          "unless given)")
       ->check(learning_rate);
   app.add_flag("--compare", compare, "Run the study: every schedule x predictor on this model");
-  app.add_option("--checkpoint-dir", c.checkpoint_dir,
-                 "Save checkpoints here, a folder per run (off when not given)");
+  auto* checkpoint_dir_opt =
+      app.add_option("--checkpoint-dir", c.checkpoint_dir,
+                     "Save checkpoints here, a folder per run (off when not given)")
+          ->check(CLI::Validator(
+              [](std::string& text) {
+                return text.empty()
+                           ? std::string("is empty (leave the flag out for no checkpoints)")
+                           : std::string();
+              },
+              "a folder"));
   app.add_option("--checkpoint-every", c.checkpoint_every,
                  "Epochs between checkpoints (the last epoch is always saved)")
-      ->check(CLI::Range(1, 1000));
+      ->check(CLI::Range(1, 1000))
+      ->needs(checkpoint_dir_opt);
   app.add_flag("--measure-prediction", c.measure_prediction,
                "Measure each weight prediction against the weights it aimed at (relative error, "
                "cosine; per stage and s, per epoch in runs.json)");
@@ -697,6 +797,18 @@ int main(int argc, char** argv) {
                  c.micro_batches, c.batch);
     return 2;
   }
+  // Started by mpirun as several ranks without --executor mpi, every rank would run the whole
+  // study into the same --out.
+  if (const int ranks = launched_ranks(); ranks > 1 && c.executor != "mpi") {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr || std::string(rank) == "0")
+      std::fprintf(stderr,
+                   "xpipe-train: started by mpirun as %d ranks, but --executor is %s: each rank "
+                   "would run the whole study into one --out. Pass --executor mpi (ranks = --dp x "
+                   "--stages), or run xpipe-train without mpirun\n",
+                   ranks, c.executor.c_str());
+    return 2;
+  }
   if (c.resume && c.checkpoint_dir.empty()) {
     std::fprintf(stderr, "xpipe-train: --resume needs --checkpoint-dir\n");
     return 2;
@@ -764,7 +876,6 @@ int main(int argc, char** argv) {
 #endif
     }
   } mpi_session;
-  fs::path private_out;  // ranks other than 0 write their (unused) study files here
 #if defined(XPIPE_WITH_MPI)
   std::optional<MpiExecutor> mpi_exec;
   if (c.executor == "mpi") {
@@ -798,57 +909,73 @@ int main(int argc, char** argv) {
     mpi_executor = &*mpi_exec;
     if (mpi_rank != 0) {  // rank 0 prints and writes; the others stay quiet but for errors
       if (!std::freopen("/dev/null", "w", stdout)) return 1;
-      char tmpl[] = "/tmp/xpipe-train-rank-XXXXXX";
-      if (const char* made = mkdtemp(tmpl)) private_out = made;
-      out_dir = private_out.string();
     }
   }
 #endif
-  struct RemoveOnExit {
-    fs::path dir;
-    ~RemoveOnExit() {
-      std::error_code ignored;
-      if (!dir.empty()) fs::remove_all(dir, ignored);
+  // One writer per folder: --out and every run's checkpoint folder are locked (by rank 0 under
+  // MPI, the one that writes) before any data is read, and stay locked until the process ends.
+  tools::FolderLocks locks;
+  {
+    std::string why;
+    if (mpi_rank == 0) {
+      why = locks.take(out_dir, "--out");
+      for (const RunConfig& r : study_runs(c, compare, sgd_lr_flag)) {
+        const fs::path dir = run_checkpoint_dir(r);
+        if (!why.empty() || dir.empty()) continue;
+        if (const std::string bad = tools::prepare_output_dir(dir); !bad.empty())
+          why = "--checkpoint-dir: the run folder '" + dir.string() + "' " + bad;
+        else
+          why = locks.take(dir, "the checkpoint folder");
+      }
     }
-  } remove_private_out{private_out};
+#if defined(XPIPE_WITH_MPI)
+    if (c.executor == "mpi") {  // every rank stops when rank 0 could not lock
+      int refused = why.empty() ? 0 : 1;
+      MPI_Bcast(&refused, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      if (refused != 0 && mpi_rank != 0) return 2;
+    }
+#endif
+    if (!why.empty()) {
+      std::fprintf(stderr, "xpipe-train: %s\n", why.c_str());
+      return 2;
+    }
+  }
+  if (mpi_rank != 0) out_dir.clear();  // its study files are kept in memory only
   install_signal_handlers();
   try {
     DatasetPair data = load_fashion_mnist(data_dir);
     if (train_samples > 0) data.train = head(data.train, train_samples);
     if (test_samples > 0) data.test = head(data.test, test_samples);
+    // Too few rows for one mini-batch (a row per micro-batch of every replica): a usage error.
+    const int least_micro_batches =
+        sweep ? *std::max_element(plan.micro_batches.begin(), plan.micro_batches.end())
+              : c.micro_batches;
+    if (data.train.count < static_cast<index_t>(least_micro_batches) * c.dp) {
+      if (mpi_rank == 0)
+        std::fprintf(stderr,
+                     "xpipe-train: --train-samples %ld: one mini-batch of %d micro-batches%s needs "
+                     "at least %ld rows\n",
+                     static_cast<long>(data.train.count), least_micro_batches,
+                     c.dp > 1 ? (" on each of " + std::to_string(c.dp) + " replicas").c_str() : "",
+                     static_cast<long>(least_micro_batches) * c.dp);
+      return 2;
+    }
+    if (!c.checkpoint_dir.empty()) {  // a checkpoint resumes on the data it was trained on only
+      c.train_data_crc32 = data_crc32(data.train);
+      c.test_data_crc32 = data_crc32(data.test);
+    }
     if (sweep) {
       plan.train_samples = data.train.count;
       plan.test_samples = data.test.count;
       return run_sweep(c, plan, data, out_dir);
     }
-    std::vector<RunConfig> runs;
-    if (compare) {
-      auto with = [&](const char* sched, const char* pred, const char* opt, float lr) {
-        RunConfig r = c;
-        r.schedule = sched;
-        r.predictor = pred;
-        r.optimizer = opt;
-        r.lr = lr;
-        return r;
-      };
-      const float sgd_lr = sgd_lr_flag;
-      runs = {with("gpipe", "latest", "adam", c.lr),
-              with("1f1b-flush", "latest", "adam", c.lr),
-              with("async-1f1b", "latest", "adam", c.lr),
-              with("async-1f1b", "stash", "adam", c.lr),
-              with("2bw", "2bw", "adam", c.lr),
-              with("async-1f1b", "spectrain", "sgd", sgd_lr),
-              with("async-1f1b", "xpipe", "adam", c.lr),
-              with("async-1f1b", "pipeoptim", "adam", c.lr)};
-    } else {
-      runs = {c};
-    }
+    const std::vector<RunConfig> runs = study_runs(c, compare, sgd_lr_flag);
     // Checkpoints are never overwritten: a run folder that holds some needs --resume.
     for (const RunConfig& r : runs) {
       const fs::path dir = run_checkpoint_dir(r);
       if (dir.empty() || r.resume || !fs::is_directory(dir)) continue;
       for (const auto& e : fs::directory_iterator(dir))
-        if (e.path().filename().string().rfind("ckpt-", 0) == 0) {
+        if (tools::is_checkpoint_name(e.path().filename().string())) {
           std::fprintf(stderr,
                        "xpipe-train: %s already holds checkpoints of %s; pass --resume to "
                        "continue them or choose another --checkpoint-dir\n",
@@ -885,16 +1012,20 @@ int main(int argc, char** argv) {
       RunRecord rec;
       try {
         rec = run(r, data, check);
-      } catch (const Error& e) {  // it could not start (2BW with M < K)
-        rec.config = r;
+      } catch (const std::exception& e) {  // it could not start (2BW with M < K, a checkpoint
+        rec.config = r;                    // of another run or data to resume)
         rec.status = RunStatus::failed;
         rec.why = e.what();
       }
-      // In a study one diverging configuration is a result, not a reason to stop.
+      // In a study one diverging or failing configuration is a result, not a reason to stop;
+      // under MPI a run that failed part-way ends the job, once recorded.
       if (!rec.ok())
         std::fprintf(stderr, "  %s %s: %s\n", r.label().c_str(), to_string(rec.status),
                      rec.why.c_str());
+      const bool ends_job = rec.ends_job;
+      const std::string why = rec.why;
       files.add(std::move(rec));
+      if (ends_job) mpi_fail(why);
     }
     if (stop_signal != 0) stop_for_signal(files, "after the last run");
     print_table(files.records());
@@ -905,16 +1036,22 @@ int main(int argc, char** argv) {
     std::string written;
     for (const std::string& name : names)
       if (files.non_empty(name)) written += (written.empty() ? "" : ", ") + name;
-    if (files.finished() > 0)
+    if (files.any_trace_files())
       written +=
           ", and per finished run timeline-*.svg and trace-*.json (open in "
           "https://ui.perfetto.dev)";
     std::printf("\nwrote to %s: %s\n", out_dir.c_str(), written.c_str());
     std::fflush(stdout);
-    // A single run that did not finish is a failed command; a study reports it as a result.
+    // A single run that did not finish is a failed command; a study reports it as a result,
+    // unless every run failed (none could run: refused to resume, say).
     if (!compare && !files.records().front().ok()) {
       std::fprintf(stderr, "xpipe-train: %s %s: %s\n", c.label().c_str(),
                    to_string(files.records().front().status), files.records().front().why.c_str());
+      return 1;
+    }
+    if (std::all_of(files.records().begin(), files.records().end(),
+                    [](const RunRecord& r) { return r.status == RunStatus::failed; })) {
+      std::fprintf(stderr, "xpipe-train: every run of the study failed (see above)\n");
       return 1;
     }
     return 0;
