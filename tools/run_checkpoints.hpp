@@ -82,17 +82,30 @@ inline std::vector<EpochRecord> parse_records(const std::string& text, const std
 }
 
 //! Refuses to resume a run whose configuration differs from the checkpoint's, naming the first
-//! field that differs (the fields are those that change what the run computes).
+//! field that differs (the fields are those that change what the run computes). Fields that
+//! xpipe-train added later are missing from older checkpoints: run.dp means 1 there, and the
+//! data's CRCs cannot be checked (said on stderr, and resumed).
 inline void check_run_fields(const std::map<std::string, std::string>& saved,
                              const std::map<std::string, std::string>& now,
                              const std::string& where) {
+  static const std::map<std::string, std::string> added_later{
+      {"run.dp", "1"}, {"run.train_data_crc32", ""}, {"run.test_data_crc32", ""}};
   for (const auto& [key, value] : now) {
     const auto it = saved.find(key);
-    if (it == saved.end())
+    const auto later = added_later.find(key);
+    if (it == saved.end() && later != added_later.end() && later->second.empty()) {
+      std::fprintf(stderr,
+                   "  %s: an older checkpoint without '%s': the data it was trained on cannot be "
+                   "checked against this run's\n",
+                   where.c_str(), key.c_str());
+      continue;
+    }
+    if (it == saved.end() && later == added_later.end())
       throw CheckpointError("xpipe-train: " + where + ": field '" + key + "' is missing");
-    if (it->second != value)
+    const std::string& was = it != saved.end() ? it->second : later->second;
+    if (was != value)
       throw ConfigError("xpipe-train: cannot resume " + where + ": it was run with " + key + " = " +
-                        it->second + ", this run has " + value);
+                        was + ", this run has " + value);
   }
 }
 
@@ -107,38 +120,25 @@ inline bool is_checkpoint_name(const std::string& name) {
 //! passed over. Checkpoints that were committed but do not verify (a truncated or corrupt file,
 //! an edited MANIFEST) are set aside by the process that writes checkpoints (`writer`), renamed
 //! and never deleted, so that the epochs trained again can be saved under their names. When
-//! none verifies, all are set aside and the run starts afresh; std::nullopt then, and when there
-//! is none, said on stdout.
-inline std::optional<CheckpointChoice> find_resumable_checkpoint(const std::filesystem::path& dir,
-                                                                 const std::string& label,
-                                                                 bool writer) {
-  std::optional<CheckpointChoice> found;
-  std::vector<std::filesystem::path> refused;
-  try {
-    found = find_latest_checkpoint(dir);
-    if (found) {
-      for (const std::string& why : found->skipped)
-        std::fprintf(stderr, "  %s: passed over %s\n", label.c_str(), why.c_str());
-      refused = found->refused;
-    }
-  } catch (const CheckpointError& e) {  // every committed checkpoint is refused
-    std::fprintf(stderr, "  %s: %s\n", label.c_str(), e.what());
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
-      if (is_checkpoint_name(entry.path().filename().string()) &&
-          std::filesystem::exists(entry.path() / "MANIFEST", ec))
-        refused.push_back(entry.path());
-  }
+//! none verifies, all are set aside and the run starts afresh: std::nullopt then, and when there
+//! is none, said on stdout. CheckpointError when the folder cannot be listed.
+inline std::optional<CheckpointContents> find_resumable_checkpoint(const std::filesystem::path& dir,
+                                                                   const std::string& label,
+                                                                   bool writer) {
+  CheckpointScan scan = scan_checkpoints(dir);
+  for (const std::string& why : scan.skipped)
+    std::fprintf(stderr, "  %s: passed over %s\n", label.c_str(), why.c_str());
   if (writer)
-    for (const std::filesystem::path& folder : refused) {
+    for (const std::filesystem::path& folder : scan.refused) {
       const std::filesystem::path kept = set_aside_checkpoint(folder);
       std::fprintf(stderr, "  %s: set aside %s as %s (kept; its epochs are trained again)\n",
                    label.c_str(), folder.c_str(), kept.filename().c_str());
     }
-  if (!found)
-    std::printf("  %-34s no checkpoint to resume in %s; starting afresh\n", label.c_str(),
+  if (!scan.newest)
+    std::printf("  %-34s %s in %s; starting afresh\n", label.c_str(),
+                scan.refused.empty() ? "no checkpoint to resume" : "no checkpoint verifies",
                 dir.c_str());
-  return found;
+  return std::move(scan.newest);
 }
 
 }  // namespace xpipe::tools

@@ -288,21 +288,29 @@ void SweepFiles::announce(std::size_t index) const {
 
 void SweepFiles::add(SweepRun run) {
   runs_.push_back(std::move(run));
-  const SweepRun& r = runs_.back();
-  if (!csv_ && r.status == SweepStatus::interrupted && r.epochs.empty()) return;
-  if (!csv_) start();
-  const SweepPoint& p = r.point;
-  std::ostringstream row;
-  row << plan_.model << ',' << p.stages << ',' << p.micro_batches << ',' << p.schedule << ','
-      << p.predictor << ',' << p.optimizer << ',' << num(p.lr) << ',' << plan_.batch << ','
-      << r.seed << ',' << to_string(r.status) << ',' << r.epochs.size() << ','
-      << (r.epochs.empty() ? "" : num(r.epochs.back().loss)) << ','
-      << (r.epochs.empty() ? "" : num(mean_rate(r))) << ',' << slashed(r.weight_copies);
-  for (int e = 0; e < plan_.epochs; ++e)
-    row << ','
-        << (e < static_cast<int>(r.epochs.size()) ? num(100 * r.epochs[e].test_accuracy) : "");
-  csv_->append(row.str() + '\n');
+  // Runs that finished no epoch (not run, failed at once, interrupted) wait for the first that
+  // did, or the end of the sweep, before an earlier sweep's files are replaced.
+  if (!csv_ && runs_.back().epochs.empty()) return;
+  if (!csv_) {
+    start();
+    for (std::size_t i = 0; i + 1 < runs_.size(); ++i) csv_->append(row(runs_[i]));
+  }
+  csv_->append(row(runs_.back()));
   write_summaries();
+}
+
+std::string SweepFiles::row(const SweepRun& r) const {
+  const SweepPoint& p = r.point;
+  std::ostringstream line;
+  line << plan_.model << ',' << p.stages << ',' << p.micro_batches << ',' << p.schedule << ','
+       << p.predictor << ',' << p.optimizer << ',' << num(p.lr) << ',' << plan_.batch << ','
+       << r.seed << ',' << to_string(r.status) << ',' << r.epochs.size() << ','
+       << (r.epochs.empty() ? "" : num(r.epochs.back().loss)) << ','
+       << (r.epochs.empty() ? "" : num(mean_rate(r))) << ',' << slashed(r.weight_copies);
+  for (int e = 0; e < plan_.epochs; ++e)
+    line << ','
+         << (e < static_cast<int>(r.epochs.size()) ? num(100 * r.epochs[e].test_accuracy) : "");
+  return line.str() + '\n';
 }
 
 void SweepFiles::write_summaries() const {
@@ -602,7 +610,12 @@ bool SweepFiles::draw(const std::string& script) const {
   return true;
 }
 
-std::string SweepFiles::finish_files() const {
+std::string SweepFiles::finish_files() {
+  if (!csv_ && !runs_.empty()) {  // no run finished an epoch: the sweep's result all the same
+    start();
+    for (const SweepRun& r : runs_) csv_->append(row(r));
+    write_summaries();
+  }
   std::vector<std::string> names{"sweep-runs.csv", "sweep.csv",     "sweep.json",
                                  "sweep.md",       "sweep-gap.csv", "sweep-gap.gp"};
   if (plot()) names.insert(names.end(), {"sweep-gap.svg", "sweep-gap.png"});

@@ -115,8 +115,9 @@ class SweepFiles {
   const std::vector<std::pair<SweepPoint, std::uint64_t>>& planned() const { return planned_; }
   //! Prints which run starts ("[12/468] K 4, M 1, seed 2: async-1f1b+xpipe(adam)").
   void announce(std::size_t index) const;
-  //! Records a run that ended and rewrites the summaries. The first record replaces an earlier
-  //! sweep's files in the folder (unless it is a run interrupted before finishing an epoch).
+  //! Records a run that ended and rewrites the summaries. The first run that finished an epoch
+  //! replaces an earlier sweep's files in the folder (runs that finished none wait for it, or
+  //! for finish_files).
   void add(SweepRun run);
   //! Whether a run was recorded in the files (an earlier sweep's are replaced by then).
   bool started() const { return csv_.has_value(); }
@@ -128,7 +129,7 @@ class SweepFiles {
   //! At the end: draws the plots (the gap plot, and the prediction-error plot when runs measured
   //! their predictions) and returns the names of the files written and not empty, for a
   //! "wrote to" line.
-  std::string finish_files() const;
+  std::string finish_files();
   //! Whether `name` in the folder exists and is not empty.
   bool non_empty(const std::string& name) const;
   const std::vector<SweepRun>& runs() const { return runs_; }
@@ -136,6 +137,7 @@ class SweepFiles {
 
  private:
   void start();
+  std::string row(const SweepRun& r) const;  // its line of sweep-runs.csv
   void write_summaries() const;
   bool draw(const std::string& script) const;  // gnuplot `script`, checking its .svg and .png
   SweepPlan plan_;

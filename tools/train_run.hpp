@@ -201,14 +201,19 @@ inline int mpi_rank = 0;
 
 // Under MPI a run that fails cannot go on: every rank prints what it saw (the executor told the
 // others first), then the job ends with MPI_Abort. Rank 0 calls it once the run is recorded in
-// its files; the others wait a few seconds first, so that rank 0 has recorded it (unless rank 0
-// is the rank that is stuck: then they end the job).
+// its files. The others leave rank 0 the time to fail too and record it: it learns of their
+// failure at its next wait, and gives up on a stuck rank within the wait timeout; they end the
+// job themselves after that much (plus 5 s for its files) only if rank 0 is the stuck rank.
 [[noreturn]] inline void mpi_fail(const std::string& why) {
   std::fprintf(stderr, "xpipe-train: rank %d: %s\n", mpi_rank, why.c_str());
   std::fflush(stdout);
   std::fflush(stderr);
 #if defined(XPIPE_WITH_MPI)
-  std::this_thread::sleep_for(std::chrono::milliseconds(mpi_rank == 0 ? 200 : 3000));
+  using namespace std::chrono;
+  const duration<double> grace = mpi_rank == 0 || mpi_executor == nullptr
+                                     ? duration<double>(0.2)
+                                     : mpi_executor->wait_timeout + seconds(5);
+  std::this_thread::sleep_for(grace);
   MPI_Abort(MPI_COMM_WORLD, 1);
 #endif
   std::_Exit(1);
@@ -303,19 +308,18 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   std::vector<double> restored_kib;
   if (!ckpt_dir.empty() && c.resume) {
     if (const auto found = tools::find_resumable_checkpoint(ckpt_dir, c.label(), root)) {
-      const std::string where = found->contents.folder.string();
-      tools::check_run_fields(found->contents.fields, fields, where);
-      load_checkpoint(pipe, found->contents);
-      const auto& bytes = found->contents.file("records.tsv");
+      const std::string where = found->folder.string();
+      tools::check_run_fields(found->fields, fields, where);
+      load_checkpoint(pipe, *found);
+      const auto& bytes = found->file("records.tsv");
       rec.epochs = tools::parse_records(std::string(bytes.begin(), bytes.end()),
                                         where + "/records.tsv", P::stage_count);
       first_epoch = static_cast<int>(rec.epochs.size()) + 1;
       for (int k = 0; k < P::stage_count; ++k) {
         const std::string at = std::to_string(k);
-        restored_copies.push_back(static_cast<int>(
-            found->contents.field_integer("result.weight_copies." + at, 0, 1 << 20)));
-        restored_kib.push_back(
-            found->contents.field_number("result.activation_kib." + at, 0, 1e15));
+        restored_copies.push_back(
+            static_cast<int>(found->field_integer("result.weight_copies." + at, 0, 1 << 20)));
+        restored_kib.push_back(found->field_number("result.activation_kib." + at, 0, 1e15));
       }
       std::printf("  %-34s resumed from %s (%d epochs done)\n", c.label().c_str(), where.c_str(),
                   first_epoch - 1);
@@ -340,37 +344,48 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   threaded.wait_timeout = std::chrono::duration<double>(c.wait_timeout);
   threaded.cpus = c.pin_cpus;
   for (int e = first_epoch; e <= c.epochs; ++e) {
-    batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
     EpochData epoch{xm, y.data()};
-    if (c.dp > 1) {  // this replica's rows of the epoch, in order
-      for (std::size_t i = 0; i < share_rows.size(); ++i) {
-        const index_t r = share_rows[i];
-        std::copy_n(x.data() + r * data.train.width, data.train.width,
-                    share.x.data() + static_cast<index_t>(i) * data.train.width);
-        share.y.data()[i] = y.data()[r];
-      }
-      epoch = EpochData{Matrix{share.x.data(), share.rows, data.train.width}, share.y.data()};
-    }
     EpochResult r;
     std::exception_ptr failure;
     std::atomic<bool> finished{false};
-    std::thread worker([&] {
-      try {
-        if constexpr (on_mpi) {
-#if defined(XPIPE_WITH_MPI)
-          r = pipe.train(schedule, epoch, *mpi_executor);
-          // Every rank gets every stage's trained state: rank 0 evaluates and checkpoints it.
-          mpi_executor->share_stage_states(pipe);
-#endif
-        } else {
-          r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
-                                        : pipe.train(schedule, epoch, threaded);
+    std::thread worker;
+    // Whatever fails in an epoch (here its data or its thread, below its training, evaluation
+    // or checkpoint) fails the run with the epochs it finished.
+    try {
+      batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
+      if (c.dp > 1) {  // this replica's rows of the epoch, in order
+        for (std::size_t i = 0; i < share_rows.size(); ++i) {
+          const index_t row = share_rows[i];
+          std::copy_n(x.data() + row * data.train.width, data.train.width,
+                      share.x.data() + static_cast<index_t>(i) * data.train.width);
+          share.y.data()[i] = y.data()[row];
         }
-      } catch (...) {
-        failure = std::current_exception();
+        epoch = EpochData{Matrix{share.x.data(), share.rows, data.train.width}, share.y.data()};
       }
-      finished = true;
-    });
+    } catch (const std::exception& err) {
+      return failed(rec, e, err.what(), on_mpi);
+    }
+    try {
+      worker = std::thread([&] {
+        try {
+          if constexpr (on_mpi) {
+#if defined(XPIPE_WITH_MPI)
+            r = pipe.train(schedule, epoch, *mpi_executor);
+            // Every rank gets every stage's trained state: rank 0 evaluates and checkpoints it.
+            mpi_executor->share_stage_states(pipe);
+#endif
+          } else {
+            r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
+                                          : pipe.train(schedule, epoch, threaded);
+          }
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        finished = true;
+      });
+    } catch (const std::exception& err) {  // no thread to train with
+      return failed(rec, e, err.what(), on_mpi);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     while (!finished) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -396,7 +411,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       } catch (const ConfigError& err) {
         // A configuration a predictor refuses as training starts (2BW + EF with M < K) cannot
         // run, as one refused at construction: the caller says so (a sweep's "not run" cell).
-        if (e == first_epoch && !on_mpi) throw;
+        if (rec.epochs.empty() && !on_mpi) throw;
         return failed(rec, e, err.what(), on_mpi);
       } catch (const Error& err) {
         // The library throws on a NaN or infinite loss; any other error is a failure, and so

@@ -59,9 +59,8 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 // SIGHUP (the terminal closed) stops the study as SIGINT does, keeping what is done (unless
-// nohup or the like ignores it). SIGPIPE is
-// ignored: when stdout is a closed pipe (`| head -1`) printing fails quietly and the study goes
-// on writing its files.
+// nohup or the like ignores it). SIGPIPE is ignored: when stdout is a closed pipe (`| head -1`)
+// printing fails quietly and the study goes on writing its files.
 void install_signal_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -157,29 +156,58 @@ class StudyFiles {
       if (fs::is_directory(fs::symlink_status(dir_ / name, ec)))
         throw OutputError(dir_ / name, EISDIR);
     }
-    // The earlier study's timelines and traces: replaced with the rest at the first record.
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir_, ec)) {
-      const std::string name = e.path().filename().string();
+    earlier_study_ = fs::exists(fs::symlink_status(dir_ / "runs.csv", ec)) ||
+                     fs::exists(fs::symlink_status(dir_ / "runs.json", ec));
+    // The earlier study's timelines and traces: replaced with the rest at the first record.
+    for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      std::error_code type_ec;
       if (((name.starts_with("timeline-") && name.ends_with(".svg")) ||
            (name.starts_with("trace-") && name.ends_with(".json"))) &&
-          fs::is_regular_file(e.symlink_status(ec)))
-        earlier_.push_back(e.path());
+          fs::is_regular_file(it->symlink_status(type_ec)))
+        earlier_.push_back(it->path());
     }
+    if (ec) throw OutputError(dir_, ec.value());
   }
 
   // Records a run that ended (finished, diverged, failed or interrupted). Every file is
-  // attempted; the first that cannot be written is then thrown (OutputError). The first record
-  // replaces an earlier study's files, unless it is a run interrupted before finishing an epoch
-  // (nothing of this study to keep yet).
+  // attempted; the first that cannot be written is then thrown (OutputError). The first run that
+  // finished an epoch replaces an earlier study's files; runs that finished none wait for it, or
+  // for the end of the study (finish), so that a study which trains nothing (refused to resume,
+  // stopped at once) does not wipe out the earlier one.
   void add(RunRecord r) {
     records_.push_back(std::move(r));
     RunRecord& rec = records_.back();
-    if (dir_.empty()) return;
-    if (!csv_ && rec.status == RunStatus::interrupted && rec.epochs.empty()) return;
+    if (dir_.empty() || (!csv_ && rec.epochs.empty())) return;
+    write_record(rec);
+  }
+
+  // At the end of a study whose runs all finished no epoch: writes them, unless the folder holds
+  // an earlier study, which is then kept (false; said on stderr).
+  bool finish() {
+    if (dir_.empty() || csv_ || records_.empty()) return true;
+    if (earlier_study_) {
+      std::fprintf(stderr,
+                   "xpipe-train: no run of this study finished an epoch, so %s keeps the earlier "
+                   "study's files (what failed is above)\n",
+                   dir_.c_str());
+      return false;
+    }
+    write_record(records_.back());
+    return true;
+  }
+
+ private:
+  // Writes `rec` (the newest record) and, when it starts the files, every record before it.
+  void write_record(RunRecord& rec) {
     std::exception_ptr failure;
     try {
-      if (!csv_) start();
+      if (!csv_) {
+        start();
+        for (const RunRecord& held : records_)
+          if (&held != &rec) csv_->append(csv_rows(held));
+      }
       csv_->append(csv_rows(rec));
     } catch (const OutputError&) {
       failure = std::current_exception();
@@ -207,6 +235,7 @@ class StudyFiles {
     if (failure) std::rethrow_exception(failure);
   }
 
+ public:
   // Whether this study has replaced the folder's files with its own (its first record).
   bool started() const { return csv_.has_value(); }
 
@@ -373,6 +402,7 @@ class StudyFiles {
   fs::path dir_;
   std::optional<tools::AppendFile> csv_;  // from the first record on
   std::vector<fs::path> earlier_;         // an earlier study's timelines and traces
+  bool earlier_study_ = false;            // runs.csv or runs.json were there at the start
   std::vector<RunRecord> records_;
 };
 
@@ -532,7 +562,7 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
       r = to_sweep_run(RunRecord{}, point, seed);
       r.status = tools::SweepStatus::not_run;
       r.why = e.what();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       r = to_sweep_run(RunRecord{}, point, seed);
       r.status = tools::SweepStatus::failed;
       r.why = e.what();
@@ -801,6 +831,7 @@ int main(int argc, char** argv) {
   // study into the same --out.
   if (const int ranks = launched_ranks(); ranks > 1 && c.executor != "mpi") {
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr) rank = std::getenv("PMI_RANK");
     if (rank == nullptr || std::string(rank) == "0")
       std::fprintf(stderr,
                    "xpipe-train: started by mpirun as %d ranks, but --executor is %s: each rank "
@@ -811,18 +842,6 @@ int main(int argc, char** argv) {
   }
   if (c.resume && c.checkpoint_dir.empty()) {
     std::fprintf(stderr, "xpipe-train: --resume needs --checkpoint-dir\n");
-    return 2;
-  }
-  if (!c.checkpoint_dir.empty()) {
-    if (const std::string why = tools::prepare_output_dir(c.checkpoint_dir); !why.empty()) {
-      std::fprintf(stderr, "xpipe-train: --checkpoint-dir '%s': %s\n", c.checkpoint_dir.c_str(),
-                   why.c_str());
-      return 2;
-    }
-  }
-  // So is an --out that cannot hold the results: found now, not after hours of training.
-  if (const std::string why = tools::prepare_output_dir(out_dir); !why.empty()) {
-    std::fprintf(stderr, "xpipe-train: --out '%s': %s\n", out_dir.c_str(), why.c_str());
     return 2;
   }
   // --executor mpi: the launch must match the flags (usage errors, exit 2, named on rank 0).
@@ -912,13 +931,22 @@ int main(int argc, char** argv) {
     }
   }
 #endif
-  // One writer per folder: --out and every run's checkpoint folder are locked (by rank 0 under
-  // MPI, the one that writes) before any data is read, and stay locked until the process ends.
+  // An --out or --checkpoint-dir that cannot hold what the runs write is a usage error found now,
+  // not after hours of training. One writer per folder: --out and every run's checkpoint folder
+  // are locked before any data is read, and stay locked until the process ends. Under MPI rank
+  // 0 alone does both: it is the one that writes, and the others make no folder.
   tools::FolderLocks locks;
   {
     std::string why;
     if (mpi_rank == 0) {
-      why = locks.take(out_dir, "--out");
+      if (const std::string bad = tools::prepare_output_dir(out_dir); !bad.empty())
+        why = "--out '" + out_dir + "': " + bad;
+      else if (const std::string no =
+                   c.checkpoint_dir.empty() ? "" : tools::prepare_output_dir(c.checkpoint_dir);
+               !no.empty())
+        why = "--checkpoint-dir '" + c.checkpoint_dir + "': " + no;
+      else
+        why = locks.take(out_dir, "--out");
       for (const RunConfig& r : study_runs(c, compare, sgd_lr_flag)) {
         const fs::path dir = run_checkpoint_dir(r);
         if (!why.empty() || dir.empty()) continue;
@@ -953,8 +981,8 @@ int main(int argc, char** argv) {
     if (data.train.count < static_cast<index_t>(least_micro_batches) * c.dp) {
       if (mpi_rank == 0)
         std::fprintf(stderr,
-                     "xpipe-train: --train-samples %ld: one mini-batch of %d micro-batches%s needs "
-                     "at least %ld rows\n",
+                     "xpipe-train: --train-samples: %ld rows to train on, but one mini-batch of %d "
+                     "micro-batches%s needs at least %ld\n",
                      static_cast<long>(data.train.count), least_micro_batches,
                      c.dp > 1 ? (" on each of " + std::to_string(c.dp) + " replicas").c_str() : "",
                      static_cast<long>(least_micro_batches) * c.dp);
@@ -973,9 +1001,10 @@ int main(int argc, char** argv) {
     // Checkpoints are never overwritten: a run folder that holds some needs --resume.
     for (const RunConfig& r : runs) {
       const fs::path dir = run_checkpoint_dir(r);
-      if (dir.empty() || r.resume || !fs::is_directory(dir)) continue;
-      for (const auto& e : fs::directory_iterator(dir))
-        if (tools::is_checkpoint_name(e.path().filename().string())) {
+      if (dir.empty() || r.resume) continue;
+      std::error_code ec;  // (the folder was made and locked above: it can be listed)
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (tools::is_checkpoint_name(it->path().filename().string())) {
           std::fprintf(stderr,
                        "xpipe-train: %s already holds checkpoints of %s; pass --resume to "
                        "continue them or choose another --checkpoint-dir\n",
@@ -1009,16 +1038,18 @@ int main(int argc, char** argv) {
       if (stop_signal != 0)
         stop_for_signal(files, "before run " + std::to_string(current + 1) + " of " +
                                    std::to_string(runs.size()));
+      // In a study one diverging or failing configuration is a result, not a reason to stop.
+      // Under MPI a failed run ends the job once recorded: the ranks may have failed apart (a
+      // checkpoint only rank 0 sets aside), and could not start the next run together.
       RunRecord rec;
       try {
         rec = run(r, data, check);
-      } catch (const std::exception& e) {  // it could not start (2BW with M < K, a checkpoint
-        rec.config = r;                    // of another run or data to resume)
+      } catch (const std::exception& e) {  // it could not start: 2BW with M < K, a checkpoint of
+        rec.config = r;                    // another run or of other data to resume
         rec.status = RunStatus::failed;
         rec.why = e.what();
+        rec.ends_job = c.executor == "mpi";
       }
-      // In a study one diverging or failing configuration is a result, not a reason to stop;
-      // under MPI a run that failed part-way ends the job, once recorded.
       if (!rec.ok())
         std::fprintf(stderr, "  %s %s: %s\n", r.label().c_str(), to_string(rec.status),
                      rec.why.c_str());
@@ -1028,8 +1059,9 @@ int main(int argc, char** argv) {
       if (ends_job) mpi_fail(why);
     }
     if (stop_signal != 0) stop_for_signal(files, "after the last run");
+    const bool kept_earlier = !files.finish();
     print_table(files.records());
-    const bool plotted = mpi_rank == 0 && files.plot();
+    const bool plotted = mpi_rank == 0 && !kept_earlier && files.plot();
     if (stop_signal != 0) stop_for_signal(files, "while plotting");
     std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"};
     if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png"});
@@ -1040,7 +1072,7 @@ int main(int argc, char** argv) {
       written +=
           ", and per finished run timeline-*.svg and trace-*.json (open in "
           "https://ui.perfetto.dev)";
-    std::printf("\nwrote to %s: %s\n", out_dir.c_str(), written.c_str());
+    if (!kept_earlier) std::printf("\nwrote to %s: %s\n", out_dir.c_str(), written.c_str());
     std::fflush(stdout);
     // A single run that did not finish is a failed command; a study reports it as a result,
     // unless every run failed (none could run: refused to resume, say).

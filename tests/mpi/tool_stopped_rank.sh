@@ -28,6 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+touch "$work/started"
 "$@" -np 2 "$train" --executor mpi -K 2 --train-samples 4096 --test-samples 200 --epochs 3 \
   --batch 64 -M 2 --wait-timeout 3 --out "$out" >"$log" 2>&1 &
 job=$!
@@ -116,8 +117,10 @@ if left=$(pgrep -f -- "$out"); then
   fail "processes of the job left behind: $left"
   cleanup
 fi
-left=$(find "$TMPDIR" -maxdepth 1 -name 'xpipe-train-rank-*')
-[[ -z $left ]] || fail "a rank left its private output folder behind in its TMPDIR: $left"
+# No rank leaves a private folder, in its TMPDIR nor in /tmp (where xpipe-train once made them
+# whatever TMPDIR said): none newer than this job's start.
+left=$(find "$TMPDIR" /tmp -maxdepth 1 -name 'xpipe-train-rank-*' -newer "$work/started" 2>/dev/null)
+[[ -z $left ]] || fail "a rank left its private output folder behind: $left"
 
 [[ $status -ne 0 ]] || echo "tool_stopped_rank: ok"
 exit $status

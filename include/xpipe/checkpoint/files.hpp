@@ -456,14 +456,21 @@ struct CheckpointChoice {
   std::vector<std::filesystem::path> refused;
 };
 
-//! The newest checkpoint under `root` whose MANIFEST verifies: folders named <prefix><number>,
-//! highest number first (`latest` is only a hint for people; a crash may leave it one behind).
-//! std::nullopt when there is none (uncommitted folders do not count); CheckpointError when
-//! every committed one fails to verify, or `root` cannot be listed; `skipped` says why each
-//! newer folder was passed over and `refused` lists the committed ones among them.
-//! Usage: `if (auto c = find_latest_checkpoint("ckpts")) load_checkpoint(pipe, c->contents);`
-inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesystem::path& root,
-                                                              const std::string& prefix = "ckpt-") {
+//! What scan_checkpoints saw: the newest checkpoint that verifies, if any, and the newer folders
+//! it passed over (CheckpointChoice's `skipped` and `refused`).
+struct CheckpointScan {
+  std::optional<CheckpointContents> newest;
+  std::vector<std::string> skipped;
+  std::vector<std::filesystem::path> refused;
+};
+
+//! Reads the folders named <prefix><number> under `root`, highest number first (`latest` is only
+//! a hint for people; a crash may leave it one behind), up to the first whose MANIFEST verifies.
+//! Damage is never an error here: a caller that goes on when every checkpoint is refused (sets
+//! them aside and starts afresh) reads `refused`. CheckpointError only when `root` cannot be
+//! looked at or listed. Usage: `auto scan = scan_checkpoints("ckpts"); if (scan.newest) ...`
+inline CheckpointScan scan_checkpoints(const std::filesystem::path& root,
+                                       const std::string& prefix = "ckpt-") {
   namespace fs = std::filesystem;
   struct Found {
     std::uint64_t number;
@@ -476,7 +483,7 @@ inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesys
   if (!fs::status_known(root_status))
     throw CheckpointError("xpipe: checkpoint: cannot look at " + root.string() + ": " +
                           ec.message());
-  if (!fs::is_directory(root_status)) return std::nullopt;  // missing: nothing saved yet
+  if (!fs::is_directory(root_status)) return {};  // missing: nothing saved yet
   // error_code overloads throughout: an entry that cannot be looked at (a symlink loop, no
   // permission) must be passed over or reported as a CheckpointError, not escape as a
   // std::filesystem_error from the iteration.
@@ -499,33 +506,46 @@ inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesys
     throw CheckpointError("xpipe: checkpoint: cannot list " + root.string() + ": " + ec.message());
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.number > b.number; });
-  CheckpointChoice choice;
+  CheckpointScan scan;
   for (const Found& f : found) {
     if (!f.unknown.empty()) {
-      choice.skipped.push_back(f.folder.string() + ": cannot tell whether it is a folder (" +
-                               f.unknown + ")");
+      scan.skipped.push_back(f.folder.string() + ": cannot tell whether it is a folder (" +
+                             f.unknown + ")");
       continue;
     }
     // A folder without a MANIFEST is a write that never committed (killed part-way): passed
     // over, and no reason to refuse to start afresh when it is all there is. Anything else at
     // that name (even one that cannot be looked at) is a commit, to verify.
     if (fs::symlink_status(f.folder / "MANIFEST", ec).type() == fs::file_type::not_found) {
-      choice.skipped.push_back(f.folder.string() +
-                               ": uncommitted (no MANIFEST; a write cut short)");
+      scan.skipped.push_back(f.folder.string() + ": uncommitted (no MANIFEST; a write cut short)");
       continue;
     }
     try {
-      choice.contents = read_checkpoint(f.folder);
-      return choice;
+      scan.newest = read_checkpoint(f.folder);
+      return scan;
     } catch (const CheckpointError& e) {
-      choice.skipped.push_back(f.folder.string() + ": " + e.what());
-      choice.refused.push_back(f.folder);
+      scan.skipped.push_back(f.folder.string() + ": " + e.what());
+      scan.refused.push_back(f.folder);
     }
   }
-  if (choice.refused.empty()) return std::nullopt;
+  return scan;
+}
+
+//! The newest checkpoint under `root` whose MANIFEST verifies (scan_checkpoints). std::nullopt
+//! when there is none (uncommitted folders do not count); CheckpointError when every committed
+//! one fails to verify, or `root` cannot be listed; `skipped` says why each newer folder was
+//! passed over and `refused` lists the committed ones among them.
+//! Usage: `if (auto c = find_latest_checkpoint("ckpts")) load_checkpoint(pipe, c->contents);`
+inline std::optional<CheckpointChoice> find_latest_checkpoint(const std::filesystem::path& root,
+                                                              const std::string& prefix = "ckpt-") {
+  CheckpointScan scan = scan_checkpoints(root, prefix);
+  if (scan.newest)
+    return CheckpointChoice{std::move(*scan.newest), std::move(scan.skipped),
+                            std::move(scan.refused)};
+  if (scan.refused.empty()) return std::nullopt;
   throw CheckpointError("xpipe: checkpoint: no checkpoint under " + root.string() + " verifies; " +
-                        std::to_string(choice.refused.size()) +
-                        " refused: " + join_names(choice.skipped));
+                        std::to_string(scan.refused.size()) +
+                        " refused: " + join_names(scan.skipped));
 }
 
 //! Moves a refused checkpoint folder (CheckpointChoice::refused) out of the way, so that a

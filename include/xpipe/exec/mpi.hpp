@@ -61,10 +61,10 @@ inline std::size_t append_text(char* buf, std::size_t n, const char* text) noexc
 
 //! Async-signal-safe: writes to `fd` what this process's MPI executor is waiting for ("rank 0
 //! (stage 0) was waiting at B4 for the input of B4 from rank 1 (stage 1)"), then, when this
-//! process's own clock jumped further than max_clock_step in the run or just now (the process
-//! was stopped: mpirun continues a stopped rank to end it), "; rank 0's own clock jumped 12.3 s:
-//! this process was stopped or suspended", and a newline; nothing when it has neither to say.
-//! For a SIGTERM handler (xpipe-train's, the MPI tests').
+//! process's own clock jumped further than max_clock_step and 1 s in the run or just now (the
+//! process was stopped: mpirun continues a stopped rank to end it), "; rank 0's own clock
+//! jumped 12.3 s: this process was stopped or suspended", and a newline; nothing when it has
+//! neither to say. For a SIGTERM handler (xpipe-train's, the MPI tests').
 inline void mpi_write_wait_state(int fd) noexcept {
   const int n = detail::mpi_wait_length.load(std::memory_order_acquire);
   // A jump: the largest the run saw, or one just now (the signal came as the process was
@@ -77,7 +77,9 @@ inline void mpi_write_wait_state(int fd) noexcept {
   if (wait_last > 0) jump = std::max(jump, now - wait_last);
   if (watch_last > 0) jump = std::max(jump, now - watch_last - detail::clock_watch_period_ns);
   const int rank = detail::mpi_report_rank.load(std::memory_order_relaxed);
-  const bool jumped = jump > detail::mpi_clock_step_ns.load(std::memory_order_relaxed) && rank >= 0;
+  const bool jumped = jump > std::max(detail::mpi_clock_step_ns.load(std::memory_order_relaxed),
+                                      detail::clock_jump_reported_ns) &&
+                      rank >= 0;
   if (n == 0 && !jumped) return;
   char line[sizeof detail::mpi_wait_text + 128];  // one write: the line stays whole in a pipe
   std::size_t len = static_cast<std::size_t>(n);
@@ -602,7 +604,8 @@ class MpiExecutor {
   // this run read the clock that far apart or the watch thread did; else "".
   std::string jump_note() const {
     const std::chrono::nanoseconds jump(detail::clock_jump_ns.load(std::memory_order_relaxed));
-    if (jump.count() <= step_ns()) return "";
+    if (jump.count() <= std::max<std::int64_t>(step_ns(), detail::clock_jump_reported_ns))
+      return "";
     return "; rank " + std::to_string(rank_) + "'s own clock jumped " + seconds_text(jump) +
            " s: this process was stopped or suspended";
   }

@@ -156,6 +156,11 @@ class MpiWaitBoard {
 inline std::atomic<std::int64_t> clock_watch_last_ns{0}, clock_jump_ns{0};
 inline constexpr std::int64_t clock_watch_period_ns = 50000000;
 
+//! The shortest jump reported as "this process was stopped": on a loaded host (more ranks than
+//! cores) a healthy process may wait a few hundred milliseconds for a core, which the waits
+//! count capped but which is not worth a claim that the process was stopped.
+inline constexpr std::int64_t clock_jump_reported_ns = 1'000'000'000;
+
 //! Keeps `gap` in clock_jump_ns if it is the largest yet (the watch and a wait may both see one).
 inline void note_clock_jump(std::int64_t gap) noexcept {
   std::int64_t seen = clock_jump_ns.load(std::memory_order_relaxed);
