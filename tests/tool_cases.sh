@@ -5,6 +5,7 @@
 # Usage: tool_cases.sh <xpipe-train> <cmake> <scratch folder, emptied> <case>
 set -u
 tool=$1 cmake=$2 work=$3 case=$4
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 tiny=(--train-samples 512 --test-samples 100)
 small=("${tiny[@]}" --epochs 1)
@@ -27,22 +28,7 @@ says() { grep -Eq -- "$1" out.txt || fail "output does not match '$1'"; }
 never_says() { grep -Eq -- "$1" out.txt && fail "output matches '$1'"; }
 # statuses <runs.json>: its run count and each run's status, read by CMake's JSON parser (so the
 # file must parse), e.g. "2 ok interrupted".
-statuses() {
-  cat >json.cmake <<'EOF'
-file(READ "${FILE}" text)
-string(JSON n LENGTH "${text}")
-set(out "${n}")
-if(n GREATER 0)
-  math(EXPR last "${n} - 1")
-  foreach(i RANGE ${last})
-    string(JSON s GET "${text}" ${i} status)
-    string(APPEND out " ${s}")
-  endforeach()
-endif()
-message("${out}")
-EOF
-  "$cmake" -DFILE="$1" -P json.cmake 2>&1
-}
+statuses() { "$cmake" -DFILE="$1" -P "$here/runs_json_statuses.cmake" 2>&1; }
 runs_json() {
   local got
   got=$(statuses "$1")

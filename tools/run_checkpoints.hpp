@@ -126,14 +126,14 @@ inline std::optional<CheckpointContents> find_resumable_checkpoint(const std::fi
                                                                    const std::string& label,
                                                                    bool writer) {
   CheckpointScan scan = scan_checkpoints(dir);
+  if (!writer) return std::move(scan.newest);  // (under MPI the others read what rank 0 says)
   for (const std::string& why : scan.skipped)
     std::fprintf(stderr, "  %s: passed over %s\n", label.c_str(), why.c_str());
-  if (writer)
-    for (const std::filesystem::path& folder : scan.refused) {
-      const std::filesystem::path kept = set_aside_checkpoint(folder);
-      std::fprintf(stderr, "  %s: set aside %s as %s (kept; its epochs are trained again)\n",
-                   label.c_str(), folder.c_str(), kept.filename().c_str());
-    }
+  for (const std::filesystem::path& folder : scan.refused) {
+    const std::filesystem::path kept = set_aside_checkpoint(folder);
+    std::fprintf(stderr, "  %s: set aside %s as %s (kept; its epochs are trained again)\n",
+                 label.c_str(), folder.c_str(), kept.filename().c_str());
+  }
   if (!scan.newest)
     std::printf("  %-34s %s in %s; starting afresh\n", label.c_str(),
                 scan.refused.empty() ? "no checkpoint to resume" : "no checkpoint verifies",

@@ -413,28 +413,34 @@ const char* signal_name(int sig) {
                           : "a signal";
 }
 
-// After SIGINT, SIGTERM or SIGHUP: the runs done are on disk already; print them, say where they
-// are and exit with 128 + the signal (130, 143, 129). _Exit: a stage thread may still be
-// training the abandoned epoch, and nothing of it is to be kept.
-[[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
+// After SIGINT, SIGTERM or SIGHUP: the runs done are on disk already. Says so, naming `files`
+// (or that `dir` holds what it held before, when this `study` recorded no run yet), and exits
+// with 128 + the signal (130, 143, 129). _Exit: a stage thread may still be training the
+// abandoned epoch, and nothing of it is to be kept.
+[[noreturn]] void exit_for_signal(const char* study, const std::string& when, bool recorded,
+                                  std::size_t done, const fs::path& dir, const char* files) {
   const int sig = stop_signal;
-  if (mpi_rank != 0) std::_Exit(128 + sig);  // under mpirun rank 0 reports
-  print_table(files.records());
-  std::size_t done = 0;
-  for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
-  if (!files.started())
+  if (!recorded)
     std::fprintf(stderr,
-                 "xpipe-train: stopped by %s %s, before any run of this study was recorded; %s "
+                 "xpipe-train: stopped by %s %s, before any run of this %s was recorded; %s "
                  "holds what it held before\n",
-                 signal_name(sig), when.c_str(), files.dir().c_str());
+                 signal_name(sig), when.c_str(), study, dir.c_str());
   else
-    std::fprintf(stderr,
-                 "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (runs.csv, "
-                 "runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them)\n",
-                 signal_name(sig), when.c_str(), done, files.dir().c_str());
+    std::fprintf(stderr, "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (%s)\n",
+                 signal_name(sig), when.c_str(), done, dir.c_str(), files);
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(128 + sig);
+}
+
+// A study stopped by a signal: its table, then exit_for_signal (under mpirun rank 0 reports).
+[[noreturn]] void stop_for_signal(const StudyFiles& files, const std::string& when) {
+  if (mpi_rank != 0) std::_Exit(128 + stop_signal);
+  print_table(files.records());
+  std::size_t done = 0;
+  for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
+  exit_for_signal("study", when, files.started(), done, files.dir(),
+                  "runs.csv, runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them");
 }
 
 // The runs of the command: `c` alone, or (--compare) the study of every schedule x predictor.
@@ -513,24 +519,13 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
       static_cast<long>(data.train.count), plan.batch, out.c_str());
   std::fflush(stdout);
   const auto stop = [&](const std::string& when) {
-    const int sig = stop_signal;
     files.print_table();
     std::size_t done = 0;  // the run a signal cut is recorded, but not done
     for (const tools::SweepRun& r : files.runs())
       done += r.status != tools::SweepStatus::interrupted;
-    if (!files.started())
-      std::fprintf(stderr,
-                   "xpipe-train: stopped by %s %s, before any run of this sweep was recorded; %s "
-                   "holds what it held before\n",
-                   signal_name(sig), when.c_str(), files.dir().c_str());
-    else
-      std::fprintf(stderr,
-                   "xpipe-train: stopped by %s %s; the %zu run(s) done are in %s (sweep-runs.csv, "
-                   "sweep.csv, sweep.json; 'gnuplot sweep-gap.gp' there draws the gap plot)\n",
-                   signal_name(sig), when.c_str(), done, files.dir().c_str());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(128 + sig);
+    exit_for_signal("sweep", when, files.started(), done, files.dir(),
+                    "sweep-runs.csv, sweep.csv, sweep.json; 'gnuplot sweep-gap.gp' there draws "
+                    "the gap plot");
   };
   for (std::size_t i = 0; i < planned.size(); ++i) {
     const auto& [point, seed] = planned[i];

@@ -7,6 +7,7 @@
 # Usage: tool_stopped_rank.sh XPIPE_TRAIN WORKDIR CMAKE mpirun [flags...]
 set -uo pipefail
 train=$1 work=$2 cmake=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 shift 3
 rm -rf "$work" && mkdir -p "$work"
 case ${TMPDIR:-} in
@@ -92,23 +93,10 @@ else
     fail "runs.csv holds no epoch 1 row with status failed:"$'\n'"$(cat "$out/runs.csv")"
   fi
 fi
-cat >"$work/runs.cmake" <<'EOF'
-file(READ "${FILE}" text)
-string(JSON n LENGTH "${text}")
-set(out "${n}")
-if(n GREATER 0)
-  math(EXPR last "${n} - 1")
-  foreach(i RANGE ${last})
-    string(JSON s GET "${text}" ${i} status)
-    string(APPEND out " ${s}")
-  endforeach()
-endif()
-message("${out}")
-EOF
 if [[ ! -f $out/runs.json ]]; then
   fail "no $out/runs.json"
 else
-  runs=$("$cmake" -DFILE="$out/runs.json" -P "$work/runs.cmake" 2>&1)
+  runs=$("$cmake" -DFILE="$out/runs.json" -P "$here/../runs_json_statuses.cmake" 2>&1)
   [[ $runs == "1 failed" ]] || fail "runs.json: expected one run, failed; got '$runs'"
 fi
 
