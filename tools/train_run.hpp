@@ -123,11 +123,9 @@ inline void show_progress(const std::string& label, int epoch, int epochs, long 
   const int filled = static_cast<int>(f * width);
   const double rate = seconds > 0 ? done / seconds : 0.0;
   const double eta = rate > 0 ? (total - done) / rate : 0.0;
-  char loss_text[32] = "   -  ";  // a NaN loss: not known here (an MPI rank before the last stage)
-  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
-  std::printf("\r\033[K  %-30s epoch %d/%d [%s%s] %3.0f%%  loss %s  %6.0f samples/s  ETA %.0f s",
+  std::printf("\r\033[K  %-30s epoch %d/%d [%s%s] %3.0f%%  loss %.4f  %6.0f samples/s  ETA %.0f s",
               label.c_str(), epoch, epochs, std::string(filled, '#').c_str(),
-              std::string(width - filled, '.').c_str(), 100 * f, loss_text, rate, eta);
+              std::string(width - filled, '.').c_str(), 100 * f, loss, rate, eta);
   std::fflush(stdout);
 }
 
@@ -391,14 +389,8 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       check(rec, e);
       if (interactive() && root) {
-        auto p = pipe.progress();
-        double loss = p.samples > 0 ? p.loss_sum / p.samples : 0.0;
-#if defined(XPIPE_WITH_MPI)
-        if (on_mpi && P::stage_count > 1) {  // rank 0 runs stage 0: its share of its list
-          p.samples = static_cast<long>(mpi_executor->progress() * data.train.count);
-          loss = std::nan("");
-        }
-#endif
+        const auto p = pipe.progress();  // (never under mpirun: see interactive)
+        const double loss = p.samples > 0 ? p.loss_sum / p.samples : 0.0;
         show_progress(c.label(), e, c.epochs, p.samples, data.train.count, loss,
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
