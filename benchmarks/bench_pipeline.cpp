@@ -1,8 +1,10 @@
 // The pipeline engine's costs: a queue hop between two threads, the threaded executor's
 // overhead per action on stages that do no math, real overlap of a 2-stage pipeline on this
-// machine (against one stage, and async 1F1B against GPipe), and the prediction pass.
+// machine (against one stage, and async 1F1B against GPipe), the prediction pass, and what
+// choosing the predictor at run time (AnyPredictor) costs against the static type.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -158,6 +160,73 @@ void BM_Overlap(benchmark::State& st) {
   st.counters["bubble_bound"] = (M + 1.0) / M;
 }
 
+// ---- AnyPredictor against the static type -------------------------------------------------------
+// Per action: one forward_weights, backward_weights and backward_done of stage 0 (16 weights, so
+// the call is all there is) through Latest's State and through AnyPredictor's holding Latest.
+template <class State, class Make>
+double seconds_per_action(const Make& make, int rounds) {
+  const auto sched = xpipe::async_1f1b(4, 4, 64);
+  const auto analysis = xpipe::analyze_staleness(sched);
+  const xpipe::PredictorSetup setup{0, 16, &sched, &analysis};
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Host> opt(xpipe::Adam{}, 16);
+  State state = make(setup);
+  const xpipe::HostContext ctx{};
+  const int G = sched.total_micro_batches();
+  return bench::best_seconds(
+             [&] {
+               for (int g = 0; g < G; ++g) {
+                 benchmark::DoNotOptimize(state.forward_weights(ctx, opt, g));
+                 benchmark::DoNotOptimize(state.backward_weights(ctx, opt, g));
+                 state.backward_done(g);
+               }
+             },
+             rounds, 1) /
+         (3.0 * G);
+}
+
+// Whole step: the 2-stage 1024-wide MLP above under async 1F1B with XPipe, static and chosen at
+// run time, timed in alternation (best of 8 each, each first in every other round), as seconds
+// per mini-batch.
+void BM_AnyPredictor(benchmark::State& st) {
+  using Static = xpipe::Latest::State<xpipe::Adam, xpipe::Host>;
+  using Any = xpipe::AnyPredictor::State<xpipe::Adam, xpipe::Host>;
+  const int N = 16, M = 4;
+  Synthetic data(128 * N);
+  xpipe::ScopedFlushDenormals ftz;
+  double call_static = 0, call_any = 0, step_static = 0, step_any = 0;
+  for (auto _ : st) {
+    call_static = seconds_per_action<Static>([](const auto& s) { return Static(s); }, 200);
+    call_any =
+        seconds_per_action<Any>([](const auto& s) { return Any(s, xpipe::AnyPredictor{}); }, 200);
+    xpipe::Pipeline<Half, Head, xpipe::XPipe> fixed(xpipe::Adam{},
+                                                    {.batch = 128, .micro_batches = M});
+    xpipe::Pipeline<Half, Head, xpipe::AnyPredictor> chosen(
+        xpipe::Adam{}, {.batch = 128, .micro_batches = M}, xpipe::make_predictor("xpipe"));
+    xpipe::ThreadedExecutor exec;
+    const auto sched = xpipe::async_1f1b(2, M, N);
+    step_static = step_any = 1e30;
+    auto time = [&](auto& pipe) {
+      return bench::best_seconds([&] { pipe.train(sched, data.epoch(), exec); }, 1, 1);
+    };
+    for (int r = 0; r < 8; ++r) {  // alternated, each first in turn: both see the same machine
+      if (r % 2 == 0) {
+        step_static = std::min(step_static, time(fixed));
+        step_any = std::min(step_any, time(chosen));
+      } else {
+        step_any = std::min(step_any, time(chosen));
+        step_static = std::min(step_static, time(fixed));
+      }
+    }
+    step_static /= N;
+    step_any /= N;
+  }
+  st.counters["s_per_action_static"] = call_static;
+  st.counters["s_per_action_any"] = call_any;
+  // What the dispatch adds to one mini-batch's 3 K M predictor calls, over the step: aim <= 1%.
+  st.counters["dispatch_share_of_step"] = (call_any - call_static) * 3 * 2 * M / step_static;
+  st.counters["step_any_vs_static"] = step_any / step_static;  // aim <= 1.01
+}
+
 }  // namespace
 
 BENCHMARK(BM_QueueHop)->UseRealTime();
@@ -175,5 +244,6 @@ BENCHMARK(BM_Overlap)
     ->Iterations(1)
     ->UseRealTime()
     ->Unit(benchmark::kSecond);
+BENCHMARK(BM_AnyPredictor)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 BENCHMARK_MAIN();

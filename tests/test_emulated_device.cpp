@@ -28,6 +28,9 @@ using namespace xpipe;
 using Catch::Contains;
 using test::EmulatedDevice;
 
+// The emulated device is the device contract's second model (CUDA the first: xpipe_cuda.cuh).
+static_assert(check_device_backend<EmulatedDevice>());
+
 namespace {
 
 using S0 = Stage<Linear<20, 32>, ReLU>;
@@ -64,9 +67,9 @@ struct Outcome {
 };
 
 template <class P, class B, class O, class E>
-Outcome train(const Schedule& s, const test::LabelledData& d, O opt, E exec) {
+Outcome train(const Schedule& s, const test::LabelledData& d, O opt, E exec, P pred = {}) {
   Pipeline<S0, S1, S2, S3, P, O, B> p(
-      opt, {.batch = batch, .micro_batches = s.micro_batches, .seed = 3});
+      opt, {.batch = batch, .micro_batches = s.micro_batches, .seed = 3}, pred);
   const EpochResult r = p.train(s, d.epoch(), exec);
   Dataset eval;
   eval.count = d.rows;
@@ -191,8 +194,10 @@ TEST_CASE("The emulated device keeps CUDA's rules on devices, launches and event
   REQUIRE(z == 0.f);
 }
 
-TEST_CASE("A pipeline on an emulated device gives the host's bits for every schedule x predictor",
-          "[pipeline][device][emulated][oracle]") {
+TEST_CASE(
+    "A pipeline on an emulated device gives the host's bits for every schedule x predictor, "
+    "static or AnyPredictor",
+    "[pipeline][device][emulated][oracle]") {
   Emulation lagging(1, 40);  // every stream sleeps 0..40 us before each task
   const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
   [&]<class... P>(std::tuple<P...>*) {
@@ -211,6 +216,9 @@ TEST_CASE("A pipeline on an emulated device gives the host's bits for every sche
             continue;
           }
           require_same(host, train<Pr, EmulatedDevice>(s, d, o, ThreadedExecutor{}));
+          // The run-time choice (AnyPredictor, what the tools compile) gives the same bits.
+          require_same(host, train<AnyPredictor, EmulatedDevice>(s, d, o, ThreadedExecutor{},
+                                                                 make_predictor(Pr::name)));
         }
       }
     };

@@ -1,6 +1,7 @@
 // Host launchers of the shared math: values, numerical stability, and thread-count independence.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -102,4 +103,66 @@ TEST_CASE("gemm computes row-major products with transposes", "[kernels]") {
   REQUIRE_THROWS_AS(
       xpipe::gemm(ctx, xpipe::Trans::No, xpipe::Trans::No, 2, 2, 3, 1.f, a, 1, b, 2, 0.f, c, 2),
       xpipe::BackendError);
+}
+
+namespace {
+// Runs a pass's quad form over n (a multiple of 4) elements of 16-byte aligned arrays and its
+// per-element call over a copy of them; every array must end with the same bits.
+template <int Arrays, class Make>
+void quad_matches_scalar(const char* what, Make make) {
+  constexpr xpipe::index_t n = 64;
+  std::vector<xpipe::HostBuffer<float>> quad, scalar;
+  xpipe::Rng rng{7};
+  for (int a = 0; a < Arrays; ++a) {
+    quad.emplace_back(n);
+    scalar.emplace_back(n);
+    for (xpipe::index_t i = 0; i < n; ++i) {
+      const float v = rng.uniform(1e-4f, 1.f);  // positive: valid second moments too
+      quad[a][i] = scalar[a][i] = v;
+    }
+  }
+  float* qp[Arrays];
+  float* sp[Arrays];
+  for (int a = 0; a < Arrays; ++a) {
+    qp[a] = quad[a].data();
+    sp[a] = scalar[a].data();
+    REQUIRE(reinterpret_cast<std::uintptr_t>(qp[a]) % 16 == 0);
+  }
+  const auto fq = make(qp), fs = make(sp);
+  const void* listed[decltype(fq)::streams];
+  fq.pointers(listed);
+  for (int a = 0; a < Arrays; ++a) REQUIRE(listed[a] == qp[a]);  // every array it streams
+  for (xpipe::index_t i = 0; i < n; i += 4) fq.quad(i);
+  for (xpipe::index_t i = 0; i < n; ++i) fs(i);
+  INFO(what);
+  for (int a = 0; a < Arrays; ++a)
+    REQUIRE(std::memcmp(quad[a].data(), scalar[a].data(), n * sizeof(float)) == 0);
+}
+}  // namespace
+
+TEST_CASE("The quad form of every vectorised pass gives the per-element call's bits",
+          "[kernels][cuda-math]") {
+  namespace ops = xpipe::ops;
+  namespace math = xpipe::math;
+  const auto adam = math::adam_scalars(1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, true, 3);
+  const auto nadam = math::nadam_scalars(1e-2f, 0.9f, 0.999f, 1e-8f, 0.f, false, 3);
+  const math::SgdScalars sgd{0.1f, 0.9f, 0.f, 1e-4f, true, false};
+  quad_matches_scalar<4>("adam step", [&](float* const* p) {
+    return ops::AdamStep{p[0], p[1], p[2], p[3], adam};
+  });
+  quad_matches_scalar<4>("adam predict", [&](float* const* p) {
+    return ops::AdamPredict{p[0], p[1], p[2], p[3], 3e-2f, adam};
+  });
+  quad_matches_scalar<3>("adam direction", [&](float* const* p) {
+    return ops::AdamDirection{p[0], p[1], p[2], adam};
+  });
+  quad_matches_scalar<3>("sgd step", [&](float* const* p) {
+    return ops::SgdStep{p[0], p[1], p[2], sgd};
+  });
+  quad_matches_scalar<3>("sgd predict", [&](float* const* p) {
+    return ops::SgdPredict{p[0], p[1], p[2], 0.3f};
+  });
+  quad_matches_scalar<4>("nadam step", [&](float* const* p) {
+    return ops::NadamStep{p[0], p[1], p[2], p[3], nadam};
+  });
 }

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -279,8 +280,9 @@ using S3 = Stage<Linear<16, 4>>;
 
 template <class P, class O, class E>
 std::vector<float> four_stages(const Schedule& s, const test::LabelledData& d, O opt, E&& exec,
-                               std::vector<long>* steps = nullptr) {
-  Pipeline<S0, S1, S2, S3, P, O> p(opt, {.batch = 16, .micro_batches = s.micro_batches, .seed = 3});
+                               std::vector<long>* steps = nullptr, P pred = {}) {
+  Pipeline<S0, S1, S2, S3, P, O> p(opt, {.batch = 16, .micro_batches = s.micro_batches, .seed = 3},
+                                   pred);
   p.train(s, d.epoch(), exec);
   if (steps)
     p.for_each_optimizer_state([&](int, const auto& st) { steps->push_back(st.steps_taken()); });
@@ -288,13 +290,15 @@ std::vector<float> four_stages(const Schedule& s, const test::LabelledData& d, O
 }
 }  // namespace
 
-TEST_CASE("Every remedy: threaded = reference bitwise, the no-ops on synchronous schedules",
-          "[pipeline][oracle][remedies]") {
+TEST_CASE(
+    "Every remedy: threaded = reference bitwise, AnyPredictor = the static type bitwise, "
+    "the no-ops on synchronous schedules",
+    "[pipeline][oracle][remedies]") {
   const auto d = test::random_classification(166, 20, 4, 1);
   [&]<class... P>(std::tuple<P...>*) {
     auto one = [&]<class Pr>(std::type_identity<Pr>) {
       for (const auto& [name, M] : std::vector<std::pair<const char*, int>>{
-               {"async-1f1b", 1}, {"async-1f1b", 4}, {"2bw", 4}, {"gpipe", 2}}) {
+               {"async-1f1b", 1}, {"async-1f1b", 4}, {"2bw", 4}, {"gpipe", 2}, {"1f1b-flush", 4}}) {
         INFO(Pr::name << " on " << name << " M=" << M);
         const Schedule s = make_schedule(name, 4, M, 11);
         for (const AnyOptimizer o :
@@ -307,6 +311,9 @@ TEST_CASE("Every remedy: threaded = reference bitwise, the no-ops on synchronous
             continue;
           }
           REQUIRE(four_stages<Pr>(s, d, o, ThreadedExecutor{}) == ref);
+          const AnyPredictor any = make_predictor(Pr::name);
+          REQUIRE(four_stages(s, d, o, ReferenceExecutor{}, nullptr, any) == ref);
+          REQUIRE(four_stages(s, d, o, ThreadedExecutor{}, nullptr, any) == ref);
         }
       }
     };
@@ -396,4 +403,126 @@ TEST_CASE("Prediction errors are measured per stage and s, without changing a bi
   REQUIRE(errors.empty());
   run.operator()<Stash>(true, &errors);
   REQUIRE(errors.empty());
+}
+
+TEST_CASE("Hyper-parameters as values: each one moves its remedy as worked by hand",
+          "[predict][remedies][any]") {
+  Setup s(async_1f1b(4, 1, 10));  // stage k stashes 4 - k versions; stage 0's delay is 3
+  // PipeNAG at momentum 0.95: 0.95 everywhere; per stage 0.9 + (4 - k - 1)(0.95 - 0.9) / 4.
+  for (int k = 0; k < 4; ++k) {
+    REQUIRE(PipeNAG::State<Adam, Host>(s.at(k, 1), PipeNAG{.momentum = 0.95f}).momentum(0.9f) ==
+            0.95f);
+    const double staged = 0.9 + (3 - k) * 0.05 / 4;
+    REQUIRE(PipeNAGStaged::State<Adam, Host>(s.at(k, 1), PipeNAGStaged{.momentum = 0.95f})
+                .momentum(0.9f) == Approx(staged));
+  }
+  // PipeMare annealed over T = 4 steps instead of the epoch's 10: tau^-(1 - t/4), tau = 3.
+  PipeMare::State<SGD, Host> mare(s.at(0, 1), PipeMare{.anneal_steps = 4});
+  REQUIRE(mare.rate_scale(0) == Approx(1.0 / 3));
+  REQUIRE(mare.rate_scale(2) == Approx(1.0 / std::sqrt(3.0)));
+  REQUIRE(mare.rate_scale(4) == Approx(1.0));
+  // PACI with one interval for every stage: 2, where the delays would give 3 and 1.
+  REQUIRE(AccumulateToBound::State<SGD, Host>(s.at(0, 1), {.interval = 2}).interval() == 2);
+  REQUIRE(AccumulateToBound::State<SGD, Host>(s.at(3, 1), {.interval = 2}).interval() == 2);
+
+  // MultiStep capped at 1 step where the schedule says s = 2 (K = 3, M = 1: stage 0's F2).
+  // SGD mu = 0.9, lr = 0.1 from w = 1, m = 0.5 with the held gradient 0.2: m1 = 0.45 + 0.2 =
+  // 0.65, w1 = 1 - 0.065 = 0.935 (uncapped it reads 0.8565: the test above).
+  Setup three(async_1f1b(3, 1, 6));
+  MultiStep::State<SGD, Host> capped(three.at(0, 1), MultiStep{.max_steps = 1});
+  auto opt = state(SGD{.lr = 0.1f, .momentum = 0.9f}, {1.05f});
+  set_grads(opt, {0.5f});
+  capped.before_step(ctx, opt);
+  opt.step(ctx);
+  set_grads(opt, {0.2f});
+  capped.before_step(ctx, opt);
+  REQUIRE(*capped.forward_weights(ctx, opt, 2) == Approx(0.935f).epsilon(1e-6));
+
+  // 2BW + EF at gamma 0.5: the second step (u = 0.3 after u = 0.1) is pushed on by half the
+  // change: 0.9 - 0.3 - 0.5 (0.3 - 0.1) = 0.5.
+  Setup two(pipedream_2bw(2, 2, 4));
+  DoubleBufferedEF::State<SGD, Host> ef(two.at(0, 1), DoubleBufferedEF{.gamma = 0.5f});
+  auto w = state(SGD{.lr = 0.1f, .momentum = 0.f}, {1.f});
+  for (float g : {1.f, 3.f}) {
+    set_grads(w, {g});
+    ef.before_step(ctx, w);
+    REQUIRE(ef.apply_step(ctx, w));
+  }
+  REQUIRE(w.weights()[0] == Approx(0.5f));
+}
+
+TEST_CASE("Hyper-parameters by name: set, listed, and refused with what they accept",
+          "[predict][any]") {
+  AnyPredictor p = make_predictor("pipenag");
+  REQUIRE(std::string(p.chosen_name()) == "pipenag");
+  REQUIRE(p.hyper_text() == "momentum=0.99");
+  p.set("momentum", 0.5);
+  REQUIRE(std::get<PipeNAG>(p.impl).momentum == 0.5f);
+  REQUIRE(p.hyper_text() == "momentum=0.5");
+  REQUIRE_THROWS_WITH(p.set("momentum", 1.0),
+                      "xpipe: predictor 'pipenag': momentum must be in [0, 1) (got 1)");
+  REQUIRE_THROWS_WITH(p.set("momentum", std::nan("")), Catch::Contains("must be in [0, 1)"));
+  REQUIRE_THROWS_WITH(p.set("momentum", -1e300), Catch::Contains("(got -1e+300)"));
+  REQUIRE_THROWS_WITH(p.set("gamma", 1.0),
+                      "xpipe: predictor 'pipenag' has no hyper-parameter 'gamma' (it has: "
+                      "momentum)");
+  REQUIRE(std::get<PipeNAG>(p.impl).momentum == 0.5f);  // a refused value changes nothing
+  AnyPredictor m = make_predictor("multistep");
+  REQUIRE_THROWS_WITH(m.set("max_steps", 1.5), Catch::Contains("an integer"));
+  m.set("max_steps", 3);
+  REQUIRE(m.hyper_text() == "max_steps=3");
+  AnyPredictor x = make_predictor("xpipe");
+  REQUIRE(x.hyper_text().empty());
+  REQUIRE_THROWS_WITH(x.set("momentum", 0.9), Catch::Contains("(it has none)"));
+  REQUIRE_THROWS_WITH(make_predictor("dc-asgd"), Catch::StartsWith("xpipe: unknown predictor "
+                                                                   "'dc-asgd' (available: latest, "
+                                                                   "stash, 2bw"));
+  // Every built-in name is a choice, in BuiltinPredictors' order; the default is Latest.
+  for (std::size_t i = 0; i < predictor_names.size(); ++i) {
+    REQUIRE(std::string(make_predictor(predictor_names[i]).chosen_name()) == predictor_names[i]);
+    REQUIRE(make_predictor(predictor_names[i]).impl.index() == i);
+  }
+  REQUIRE(std::string(AnyPredictor{}.chosen_name()) == "latest");
+}
+
+TEST_CASE("AnyPredictor carries hyper-parameters into training: the static type's bits",
+          "[pipeline][oracle][any]") {
+  const auto d = test::random_classification(166, 20, 4, 1);
+  const Schedule s = async_1f1b(4, 1, 11);
+  const Adam adam{.lr = 1e-2f};
+  const auto chosen = four_stages(s, d, adam, ReferenceExecutor{}, nullptr,
+                                  AnyPredictor{PipeNAG{.momentum = 0.9f}});
+  REQUIRE(chosen ==
+          four_stages(s, d, adam, ThreadedExecutor{}, nullptr, PipeNAG{.momentum = 0.9f}));
+  REQUIRE(chosen != four_stages<PipeNAG>(s, d, adam, ReferenceExecutor{}));  // the default 0.99
+  // MultiStep capped at one step is neither Latest nor uncapped MultiStep (s reaches 3 here).
+  const auto capped =
+      four_stages(s, d, adam, ThreadedExecutor{}, nullptr, AnyPredictor{MultiStep{.max_steps = 1}});
+  REQUIRE(capped != four_stages<MultiStep>(s, d, adam, ReferenceExecutor{}));
+  REQUIRE(capped != four_stages<Latest>(s, d, adam, ReferenceExecutor{}));
+  REQUIRE(capped ==
+          four_stages(s, d, adam, ReferenceExecutor{}, nullptr, MultiStep{.max_steps = 1}));
+}
+
+namespace {
+// A user's predictor: reads the live weights, like Latest, under another name.
+struct Mine {
+  static constexpr const char* name = "mine";
+  template <class O, class B>
+  struct State : Latest::State<O, B> {
+    using Latest::State<O, B>::State;
+  };
+};
+using MyAny = AnyPredictorWith<Mine>;  // the one line
+}  // namespace
+
+TEST_CASE("A user's predictor joins AnyPredictor in one line", "[predict][any]") {
+  static_assert(Predictor<MyAny>);
+  const auto d = test::random_classification(166, 20, 4, 1);
+  const Schedule s = async_1f1b(4, 2, 11);
+  const auto mine = four_stages(s, d, Adam{.lr = 1e-2f}, ThreadedExecutor{}, nullptr,
+                                make_predictor<MyAny>("mine"));
+  REQUIRE(mine == four_stages<Latest>(s, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}));
+  REQUIRE(std::string(make_predictor<MyAny>("xpipe").chosen_name()) == "xpipe");
+  REQUIRE_THROWS_WITH(make_predictor<MyAny>("yours"), Catch::EndsWith("2bw-ef, paci, mine)"));
 }

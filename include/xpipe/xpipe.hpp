@@ -43,6 +43,7 @@
 #include "xpipe/optim/variants.hpp"
 
 #include "xpipe/predict/accumulate.hpp"
+#include "xpipe/predict/any.hpp"
 #include "xpipe/predict/builtin.hpp"
 #include "xpipe/predict/error_feedback.hpp"
 #include "xpipe/predict/extrapolate.hpp"
@@ -77,4 +78,5 @@
 #include "xpipe/pipeline/stage_program.hpp"
 #include "xpipe/pipeline/stage_runtime.hpp"
 
+#include "xpipe/models/deep.hpp"
 #include "xpipe/models/mlp.hpp"

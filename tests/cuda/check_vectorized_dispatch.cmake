@@ -1,6 +1,6 @@
 # The cuda.vectorized_dispatch test: the object of vectorized_dispatch.cu (optimizer steps and
 # predictions on a CudaContext) must hold the vectorised kernel of every pass it instantiates,
-# i.e. the launchers of kernels/ops.hpp chose kernels/cuda/vectorized.cuh's overloads. No GPU.
+# i.e. backend/cuda/loops.cuh took the quad form each pass declares (kernels/ops.hpp). No GPU.
 #   cmake -DNM=<nm> -DOBJECTS=<objects;...> -P check_vectorized_dispatch.cmake
 set(symbols)
 foreach(o IN LISTS OBJECTS)
@@ -17,7 +17,7 @@ foreach(op AdamStep AdamPredict AdamDirection SgdStep SgdPredict NadamStep)
   endif()
 endforeach()
 if(missing)
-  message(FATAL_ERROR "no vectorised kernel for: ${missing} (the launchers of kernels/ops.hpp "
-                      "did not pick the overloads of kernels/cuda/vectorized.cuh)")
+  message(FATAL_ERROR "no vectorised kernel for: ${missing} (for_each_index on a CudaContext "
+                      "did not take their quad form: backend/cuda/loops.cuh, cuda_vec::HasQuads)")
 endif()
 message(STATUS "cuda.vectorized_dispatch: every optimizer pass runs the vectorised kernel")

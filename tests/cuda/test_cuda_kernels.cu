@@ -169,9 +169,9 @@ void element_ops(const xpipe::CudaContext& cctx) {
   check("softmax xent loss (+-1e4)", hloss, to_host(dloss), 1e-2f, 1e-5f);
 }
 
-// The vectorised loops of kernels/cuda/vectorized.cuh: each pass runs on a copy of the same inputs
+// The vectorised loops of backend/cuda/loops.cuh: each pass runs on a copy of the same inputs
 // through the scalar kernel (one float per thread) and through for_each_index on a CudaContext,
-// which picks the vectorised overload. The two must agree bit for bit over the whole buffers
+// which takes the quad form. The two must agree bit for bit over the whole buffers
 // (padding included: no write outside [0, n)), and the vectorised result must match the host
 // loop within the tolerances of element_ops. `offset` shifts each array's start by whole floats
 // from a 16-byte aligned allocation; `vectorised` says whether 128-bit accesses must run.
@@ -202,7 +202,7 @@ void vectorized_case(const xpipe::CudaContext& cctx, const char* what, xpipe::in
   for (int a = 0; a < Arrays; ++a) vpc[a] = vp[a];
   const bool vectorised = xpipe::cuda_vec::split_for(vpc, n).quads > 0;
   xpipe::cuda_vec::launch_scalar(cctx, n, make(sp));
-  xpipe::for_each_index(cctx, n, make(vp));  // what the launchers call: the vectorised overload
+  xpipe::for_each_index(cctx, n, make(vp));  // what the launchers call: the quad form
   xpipe::for_each_index(xpipe::HostContext{}, n, make(hp));
   XPIPE_CUDA_CHECK(cudaStreamSynchronize(cctx.stream));
   std::string label = std::string(what) + " n=" + std::to_string(n) + " offsets";

@@ -1,7 +1,7 @@
 // Compiled, never run: the optimizers' steps and predictions on a CudaContext, instantiated
 // exactly as a CUDA pipeline instantiates them. check_vectorized_dispatch.cmake then reads this
 // object's symbols: the vectorised kernels must be there (the launchers of kernels/ops.hpp picked
-// the overloads of kernels/cuda/vectorized.cuh), which needs no GPU.
+// the quad form each pass declares, through backend/cuda/loops.cuh), which needs no GPU.
 #include "xpipe/xpipe_cuda.cuh"
 
 namespace xpipe_dispatch_check {

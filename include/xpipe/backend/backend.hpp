@@ -18,20 +18,67 @@ namespace xpipe {
 //!     `data()`;
 //!   - `static constexpr const char* name`;
 //!   - `static constexpr index_t column_block`: columns one step of a column reduction sums.
+namespace detail {
 template <class B>
-concept Backend = requires {
+concept HasContext = requires {
   typename B::Context;
+};
+template <class B>
+concept HasContextOwner = requires {
   typename B::ContextOwner;
+};
+template <class B>
+concept HasBackendBuffer = requires {
   typename B::template Buffer<float>;
+};
+template <class B>
+concept HasBackendName = requires {
   { B::name } -> std::convertible_to<const char*>;
+};
+template <class B>
+concept HasColumnBlock = requires {
   { B::column_block } -> std::convertible_to<index_t>;
-}
-&&std::constructible_from<typename B::ContextOwner, const Placement&>&& requires(
-    const typename B::ContextOwner& owner, typename B::template Buffer<float>& buffer) {
+};
+template <class B>
+concept OwnsContext = std::constructible_from<typename B::ContextOwner, const Placement&> &&
+    requires(const typename B::ContextOwner& owner) {
   { owner.ctx() } -> std::convertible_to<const typename B::Context&>;
+};
+template <class B>
+concept BufferFromLength = std::constructible_from<typename B::template Buffer<float>, index_t> &&
+    requires(typename B::template Buffer<float>& buffer) {
   { buffer.data() } -> std::convertible_to<float*>;
+};
+}  // namespace detail
+
+template <class B>
+concept Backend = detail::HasContext<B> && detail::HasContextOwner<B> &&
+    detail::HasBackendBuffer<B> && detail::HasBackendName<B> && detail::HasColumnBlock<B> &&
+    detail::OwnsContext<B> && detail::BufferFromLength<B>;
+
+//! Fails to compile with one message per member B lacks, each naming it; the checks of a
+//! member's own shape are skipped when the member is missing. Usage:
+//! `static_assert(check_backend<MyBackend>());`
+template <class B>
+consteval bool check_backend() {
+  static_assert(detail::HasContext<B>, "xpipe: Backend: missing member type Context");
+  static_assert(detail::HasContextOwner<B>, "xpipe: Backend: missing member type ContextOwner");
+  static_assert(detail::HasBackendBuffer<B>,
+                "xpipe: Backend: missing member template Buffer<T> (an owning array of T)");
+  static_assert(detail::HasBackendName<B>,
+                "xpipe: Backend: missing static member name (static constexpr const char*)");
+  static_assert(detail::HasColumnBlock<B>,
+                "xpipe: Backend: missing static member column_block (static constexpr index_t)");
+  if constexpr (detail::HasContext<B> && detail::HasContextOwner<B>)
+    static_assert(detail::OwnsContext<B>,
+                  "xpipe: Backend: ContextOwner must be constructible from const Placement& and "
+                  "have ctx() returning const Context&");
+  if constexpr (detail::HasBackendBuffer<B>)
+    static_assert(detail::BufferFromLength<B>,
+                  "xpipe: Backend: Buffer<T> must be constructible from a length (index_t) and "
+                  "have data() returning T*");
+  return true;
 }
-&&std::constructible_from<typename B::template Buffer<float>, index_t>;
 
 static_assert(Backend<Host>);
 

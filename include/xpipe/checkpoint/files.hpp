@@ -89,13 +89,6 @@ bool parse_whole(std::string_view s, T& out, Base... base) {
   return ec == std::errc{} && end == s.data() + s.size();
 }
 
-//! The shortest text that reads back as `v` (for error messages: "1e+06", not "1000000.000000").
-inline std::string number_text(double v) {
-  char text[64];
-  const auto [end, ec] = std::to_chars(text, text + sizeof text, v);
-  return ec == std::errc{} ? std::string(text, end) : std::string("?");
-}
-
 //! fsync of a file or a folder; CheckpointError naming it on failure.
 inline void fsync_path(const std::filesystem::path& p, bool folder) {
   const int fd = ::open(p.c_str(), (folder ? (O_RDONLY | O_DIRECTORY) : O_RDONLY) | O_CLOEXEC);

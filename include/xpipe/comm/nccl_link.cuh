@@ -23,13 +23,11 @@
 #include "xpipe/core/error.hpp"
 
 //! Checks a NCCL call; throws xpipe::BackendError naming the call, file and line.
-#define XPIPE_NCCL_CHECK(call)                                                                \
-  do {                                                                                        \
-    const ncclResult_t xpipe_nr_ = (call);                                                    \
-    if (xpipe_nr_ != ncclSuccess)                                                             \
-      throw ::xpipe::BackendError(std::string("xpipe: ") + #call + " failed at " + __FILE__ + \
-                                  ":" + std::to_string(__LINE__) + ": " +                     \
-                                  ncclGetErrorString(xpipe_nr_));                             \
+#define XPIPE_NCCL_CHECK(call)                                                              \
+  do {                                                                                      \
+    const ncclResult_t xpipe_nr_ = (call);                                                  \
+    if (xpipe_nr_ != ncclSuccess)                                                           \
+      ::xpipe::cuda_detail::fail(#call, __FILE__, __LINE__, ncclGetErrorString(xpipe_nr_)); \
   } while (0)
 
 namespace xpipe {

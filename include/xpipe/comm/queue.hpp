@@ -22,15 +22,40 @@ struct MicroBatchMessage {
 //! consumer side `can_pop()`, `front()` -> const MicroBatchMessage&, `pop()`.
 //! Producer: `if (q.can_push()) { auto& m = q.back(); fill m; q.push(); }`;
 //! consumer: `if (q.can_pop()) { const auto& m = q.front(); use m; q.pop(); }`.
+namespace detail {
 template <class Q>
-concept Queue = std::constructible_from<Q, int, index_t, index_t> && requires(Q& q, const Q& cq) {
+concept QueueFromShape = std::constructible_from<Q, int, index_t, index_t>;
+template <class Q>
+concept QueueProducer = requires(Q& q, const Q& cq) {
   { cq.can_push() } -> std::convertible_to<bool>;
   { q.back() } -> std::same_as<MicroBatchMessage&>;
   q.push();
+};
+template <class Q>
+concept QueueConsumer = requires(Q& q, const Q& cq) {
   { cq.can_pop() } -> std::convertible_to<bool>;
   { cq.front() } -> std::same_as<const MicroBatchMessage&>;
   q.pop();
 };
+}  // namespace detail
+
+template <class Q>
+concept Queue = detail::QueueFromShape<Q> && detail::QueueProducer<Q> && detail::QueueConsumer<Q>;
+
+//! Fails to compile with one message per side of Queue that Q lacks. Usage:
+//! `static_assert(check_queue<MyQueue>());`
+template <class Q>
+consteval bool check_queue() {
+  static_assert(detail::QueueFromShape<Q>,
+                "xpipe: Queue: not constructible from (int capacity, index_t rows, index_t cols)");
+  static_assert(detail::QueueProducer<Q>,
+                "xpipe: Queue: missing a producer member: can_push() const -> bool, back() -> "
+                "MicroBatchMessage&, push()");
+  static_assert(detail::QueueConsumer<Q>,
+                "xpipe: Queue: missing a consumer member: can_pop() const -> bool, front() const "
+                "-> const MicroBatchMessage&, pop()");
+  return true;
+}
 
 //! Optional Queue members, for slots a device writes and reads on its streams, where a host-side
 //! push or pop says nothing about when the device is done: producer `acquire_back(ctx)` before
@@ -60,11 +85,33 @@ void queue_release_front(Q& q, const Ctx& ctx) {
 //! QueuePolicy: a tag naming the queue type that links stages on backend B.
 //! Required: `template <class B> using queue = ...` (a Queue whose slots live on B),
 //! `static constexpr const char* name`. Usage: `Pipeline<S0, S1, XPipe, InProcessRing>`.
+namespace detail {
 template <class P>
-concept QueuePolicy = requires {
+concept HasHostQueue = requires {
   typename P::template queue<Host>;
+};
+template <class P>
+concept HasQueuePolicyName = requires {
   { P::name } -> std::convertible_to<const char*>;
+};
+}  // namespace detail
+
+template <class P>
+concept QueuePolicy = detail::HasHostQueue<P> && detail::HasQueuePolicyName<P> &&
+    Queue<typename P::template queue<Host>>;
+
+//! Fails to compile with one message per member P lacks, and Queue's messages for the queue it
+//! names on the host. Usage: `static_assert(check_queue_policy<MyTransport>());`
+template <class P>
+consteval bool check_queue_policy() {
+  static_assert(detail::HasHostQueue<P>,
+                "xpipe: QueuePolicy: missing member template queue<Backend> (template <class B> "
+                "using queue = ...)");
+  static_assert(detail::HasQueuePolicyName<P>,
+                "xpipe: QueuePolicy: missing static member name (static constexpr const char*)");
+  if constexpr (detail::HasHostQueue<P>)
+    static_assert(check_queue<typename P::template queue<Host>>());
+  return true;
 }
-&&Queue<typename P::template queue<Host>>;
 
 }  // namespace xpipe

@@ -1,6 +1,7 @@
 // The one exception hierarchy of xpipe: every host-side failure derives from xpipe::Error.
 #pragma once
 
+#include <charconv>
 #include <stdexcept>
 #include <string>
 
@@ -72,5 +73,14 @@ std::string join_names(const Names& names) {
   }
   return out;
 }
+
+namespace detail {
+//! The shortest text that reads back as `v` (for error messages: "1e+06", not "1000000.000000").
+inline std::string number_text(double v) {
+  char text[64];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, v);
+  return ec == std::errc{} ? std::string(text, end) : std::string("?");
+}
+}  // namespace detail
 
 }  // namespace xpipe

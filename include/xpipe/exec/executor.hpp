@@ -43,11 +43,36 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 //! Program (throws StageError naming the stage and action when one fails), `trace()` ->
 //! const ExecutionTrace& of the last run. Executors that follow each list in order compute
 //! the same bits (the main oracle). Usage: `ThreadedExecutor e; pipeline.train(s, data, e);`
+namespace detail {
 template <class E>
-concept Executor = requires(E& e, detail::ProgramArchetype& p) {
+concept HasExecutorName = requires {
   { E::name } -> std::convertible_to<const char*>;
-  e.run(p);
-  { std::as_const(e).trace() } -> std::convertible_to<const ExecutionTrace&>;
 };
+template <class E>
+concept RunsPrograms = requires(E& e, ProgramArchetype& p) {
+  e.run(p);
+};
+template <class E>
+concept HasTrace = requires(const E& e) {
+  { e.trace() } -> std::convertible_to<const ExecutionTrace&>;
+};
+}  // namespace detail
+
+template <class E>
+concept Executor = detail::HasExecutorName<E> && detail::RunsPrograms<E> && detail::HasTrace<E>;
+
+//! Fails to compile with one message per member E lacks. Usage:
+//! `static_assert(check_executor<MyExecutor>());`
+template <class E>
+consteval bool check_executor() {
+  static_assert(detail::HasExecutorName<E>,
+                "xpipe: Executor: missing static member name (static constexpr const char*)");
+  static_assert(detail::RunsPrograms<E>,
+                "xpipe: Executor: missing run(program) accepting any Program (a template over "
+                "the program type)");
+  static_assert(detail::HasTrace<E>,
+                "xpipe: Executor: missing trace() const returning const ExecutionTrace&");
+  return true;
+}
 
 }  // namespace xpipe

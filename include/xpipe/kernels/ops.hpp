@@ -29,6 +29,19 @@ namespace xpipe {
 //! copyable, so a CUDA kernel takes one by value.
 namespace ops {
 
+//! Four floats read or written as one 128-bit access: the quad form of the memory-bound passes
+//! below (backend/cuda/loops.cuh runs it where the pointers allow; elements i..i+3, i at a
+//! 16-byte boundary of every array). Each lane goes through the same per-element math.
+struct alignas(16) Quad {
+  float lane[4];
+};
+XPIPE_HOST_DEVICE Quad load_quad(const float* p, index_t i) {
+  return *reinterpret_cast<const Quad*>(p + i);
+}
+XPIPE_HOST_DEVICE void store_quad(float* p, index_t i, const Quad& q) {
+  *reinterpret_cast<Quad*>(p + i) = q;
+}
+
 //! y(r, c) = Act(z(r, c) + bias[c]).
 template <class Act>
 struct BiasActivationForward {
@@ -110,6 +123,15 @@ struct SgdStep {
   float* XPIPE_RESTRICT m;
   math::SgdScalars s;
   XPIPE_HOST_DEVICE void operator()(index_t i) const { math::sgd_update(w[i], g[i], m[i], s); }
+  // The quad form (Quad above): the arrays it streams, and four elements at once.
+  static constexpr int streams = 3;
+  void pointers(const void* (&p)[streams]) const { p[0] = w, p[1] = g, p[2] = m; }
+  XPIPE_HOST_DEVICE void quad(index_t i) const {
+    Quad w4 = load_quad(w, i), m4 = load_quad(m, i);
+    const Quad g4 = load_quad(g, i);
+    for (int k = 0; k < 4; ++k) math::sgd_update(w4.lane[k], g4.lane[k], m4.lane[k], s);
+    store_quad(w, i, w4), store_quad(m, i, m4);
+  }
 };
 
 //! One Adam/AdamW update of weight i.
@@ -121,6 +143,16 @@ struct AdamStep {
   math::AdamScalars s;
   XPIPE_HOST_DEVICE void operator()(index_t i) const {
     math::adam_update(w[i], g[i], m[i], v[i], s);
+  }
+  // The quad form (Quad above).
+  static constexpr int streams = 4;
+  void pointers(const void* (&p)[streams]) const { p[0] = w, p[1] = g, p[2] = m, p[3] = v; }
+  XPIPE_HOST_DEVICE void quad(index_t i) const {
+    Quad w4 = load_quad(w, i), m4 = load_quad(m, i), v4 = load_quad(v, i);
+    const Quad g4 = load_quad(g, i);
+    for (int k = 0; k < 4; ++k)
+      math::adam_update(w4.lane[k], g4.lane[k], m4.lane[k], v4.lane[k], s);
+    store_quad(w, i, w4), store_quad(m, i, m4), store_quad(v, i, v4);
   }
 };
 
@@ -138,6 +170,15 @@ struct AdamDirection {
   float* XPIPE_RESTRICT d;
   math::AdamScalars s;
   XPIPE_HOST_DEVICE void operator()(index_t i) const { d[i] = math::adam_direction(m[i], v[i], s); }
+  // The quad form (Quad above).
+  static constexpr int streams = 3;
+  void pointers(const void* (&p)[streams]) const { p[0] = m, p[1] = v, p[2] = d; }
+  XPIPE_HOST_DEVICE void quad(index_t i) const {
+    const Quad m4 = load_quad(m, i), v4 = load_quad(v, i);
+    Quad d4;
+    for (int k = 0; k < 4; ++k) d4.lane[k] = math::adam_direction(m4.lane[k], v4.lane[k], s);
+    store_quad(d, i, d4);
+  }
 };
 
 //! out[i] = SGD's prediction of weight i.
@@ -148,6 +189,15 @@ struct SgdPredict {
   float s_lr;
   XPIPE_HOST_DEVICE void operator()(index_t i) const {
     out[i] = math::sgd_predict(w[i], m[i], s_lr);
+  }
+  // The quad form (Quad above).
+  static constexpr int streams = 3;
+  void pointers(const void* (&p)[streams]) const { p[0] = w, p[1] = m, p[2] = out; }
+  XPIPE_HOST_DEVICE void quad(index_t i) const {
+    const Quad w4 = load_quad(w, i), m4 = load_quad(m, i);
+    Quad o4;
+    for (int k = 0; k < 4; ++k) o4.lane[k] = math::sgd_predict(w4.lane[k], m4.lane[k], s_lr);
+    store_quad(out, i, o4);
   }
 };
 
@@ -162,6 +212,16 @@ struct AdamPredict {
   XPIPE_HOST_DEVICE void operator()(index_t i) const {
     out[i] = math::adam_predict(w[i], m[i], v[i], s_lr, s);
   }
+  // The quad form (Quad above).
+  static constexpr int streams = 4;
+  void pointers(const void* (&p)[streams]) const { p[0] = w, p[1] = m, p[2] = v, p[3] = out; }
+  XPIPE_HOST_DEVICE void quad(index_t i) const {
+    const Quad w4 = load_quad(w, i), m4 = load_quad(m, i), v4 = load_quad(v, i);
+    Quad o4;
+    for (int k = 0; k < 4; ++k)
+      o4.lane[k] = math::adam_predict(w4.lane[k], m4.lane[k], v4.lane[k], s_lr, s);
+    store_quad(out, i, o4);
+  }
 };
 
 //! One NAdam/NAdamW update of weight i.
@@ -173,6 +233,16 @@ struct NadamStep {
   math::NadamScalars s;
   XPIPE_HOST_DEVICE void operator()(index_t i) const {
     math::nadam_update(w[i], g[i], m[i], v[i], s);
+  }
+  // The quad form (Quad above).
+  static constexpr int streams = 4;
+  void pointers(const void* (&p)[streams]) const { p[0] = w, p[1] = g, p[2] = m, p[3] = v; }
+  XPIPE_HOST_DEVICE void quad(index_t i) const {
+    Quad w4 = load_quad(w, i), m4 = load_quad(m, i), v4 = load_quad(v, i);
+    const Quad g4 = load_quad(g, i);
+    for (int k = 0; k < 4; ++k)
+      math::nadam_update(w4.lane[k], g4.lane[k], m4.lane[k], v4.lane[k], s);
+    store_quad(w, i, w4), store_quad(m, i, m4), store_quad(v, i, v4);
   }
 };
 

@@ -33,6 +33,14 @@ std::string optimizer_label(const O& o) {
 }
 
 template <class P>
+std::string predictor_label(const P& p) {
+  if constexpr (requires { p.chosen_name(); })
+    return p.chosen_name();
+  else
+    return P::name;
+}
+
+template <class P>
 constexpr void check_checkpointable() {
   static_assert(
       requires { requires P::backend::host_memory; } || P::on_device,
@@ -67,7 +75,7 @@ std::map<std::string, std::string> pipeline_fields(const P& pipe) {
   f["pipeline.batch"] = std::to_string(o.batch);
   f["pipeline.micro_batches"] = std::to_string(o.micro_batches);
   f["pipeline.seed"] = std::to_string(o.seed);
-  f["pipeline.predictor"] = P::predictor::name;
+  f["pipeline.predictor"] = predictor_label(pipe.predictor_policy());
   f["pipeline.byte_order"] = std::endian::native == std::endian::little ? "little" : "big";
   pipe.for_each_optimizer_state([&](int k, const auto& st) {
     f["pipeline.optimizer"] = optimizer_label(st.optimizer());

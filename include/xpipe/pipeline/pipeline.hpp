@@ -1,7 +1,8 @@
 // Pipeline<Stages..., Policies...>: K stages of a model, trained by running a schedule with an
 // executor. The public face only; the pieces live beside it: arguments.hpp (sorting the
 // template arguments), micro_batches.hpp (the row split), stage_runtime.hpp (what a stage
-// owns), stage_program.hpp (what each action does).
+// owns), stage_program.hpp (what each action does), device_epoch.hpp (the epoch's upload, read-
+// back and evaluation on a DeviceBackend).
 #pragma once
 
 #include <algorithm>
@@ -9,8 +10,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
-#include <cstring>
-#include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -23,6 +23,7 @@
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/pipeline/arguments.hpp"
+#include "xpipe/pipeline/device_epoch.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 #include "xpipe/pipeline/stage_program.hpp"
 #include "xpipe/pipeline/stage_runtime.hpp"
@@ -58,6 +59,8 @@ struct EpochResult {
 //! Usage:
 //!   `Pipeline<S0, S1, S2, S3, XPipe, AdamW> p(AdamW{.lr = 1e-3f}, {.batch = 128});`
 //!   `p.train(async_1f1b(4, 4, n), epoch_data, executor);`
+//! The predictor is a value too (its hyper-parameters; AnyPredictor's choice):
+//!   `Pipeline<S0, S1, AnyPredictor, AnyOptimizer> q(opt, {}, make_predictor("pipenag"));`
 template <class... Ts>
 class Pipeline {
   using Args = detail::PipelineArguments<Ts...>;
@@ -76,8 +79,9 @@ class Pipeline {
   static constexpr int in_width = stage<0>::in_width;
   static constexpr int out_width = stage<stage_count - 1>::out_width;
 
-  explicit Pipeline(optimizer opt = {}, PipelineOptions options = {})
+  explicit Pipeline(optimizer opt = {}, PipelineOptions options = {}, predictor pred = {})
       : options_(options),
+        predictor_(std::move(pred)),
         runtimes_(make_runtimes(opt, options, std::make_index_sequence<stage_count>{})) {
     if (options.batch < 1 || options.micro_batches < 1 || options.micro_batches > options.batch)
       throw ConfigError("xpipe: Pipeline: need 1 <= micro_batches <= batch (got " +
@@ -89,10 +93,19 @@ class Pipeline {
   }
 
   //! Whether the backend's buffers are device memory (a GPU): weights, slots and queues there,
-  //! the epoch uploaded by train(), the loss summed there and read once per train() call.
+  //! the epoch uploaded by train(), the loss summed there and read once per train() call. Such a
+  //! backend must be a DeviceBackend (pipeline/device_backend.hpp names every member it needs).
   static constexpr bool on_device = !detail::reads_host_memory<typename backend::Context>;
+  static_assert([] {
+    if constexpr (on_device)
+      return check_device_backend<backend>();
+    else
+      return true;
+  }());
 
   const PipelineOptions& options() const { return options_; }
+  //! The predictor's value: its hyper-parameters (AnyPredictor: which one was chosen).
+  const predictor& predictor_policy() const { return predictor_; }
 
   //! Mini-batches of `rows` rows that train() runs (a tail of fewer than M rows is dropped).
   index_t mini_batches_for(index_t rows) const { return split_for(rows).mini_batches(); }
@@ -109,14 +122,15 @@ class Pipeline {
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (on_device) {
       // The executor's host threads only enqueue; the device may still be running when it
-      // returns. The one synchronisation of the run is here, after it (finish_on_device).
+      // returns. The one synchronisation of the run is here, after it (DeviceEpoch::finish).
       try {
         executor.run(program);
       } catch (...) {
-        drain_streams();  // nothing may still read the staging buffer or the slots
+        // Nothing may still read the staging buffer or the slots.
+        DeviceEpoch<backend>::drain(contexts(), stage_count, false);
         throw;
       }
-      finish_on_device(schedule, data);
+      device_.finish(contexts(), stage_count, schedule.total_micro_batches(), data, run_);
     } else {
       executor.run(program);
     }
@@ -135,7 +149,15 @@ class Pipeline {
   double evaluate(const Dataset& data) {
     check_finite_inputs(data.matrix(), "xpipe: Pipeline::evaluate");
     if constexpr (on_device) {
-      return evaluate_on_device(data);
+      return device_.evaluate(ctx_of(0), ctx_of(stage_count - 1), data, options_.batch, in_width,
+                              [&](ConstMatrix x) {
+                                for_each_stage([&](auto& rt) {
+                                  detail::activate_context(rt.ctx());
+                                  x = rt.eval_forward(x);
+                                  synchronize(rt.ctx());  // the next stage's stream reads x
+                                });
+                                return x;
+                              });
     } else {
       index_t correct = 0;
       const index_t chunk = options_.batch;
@@ -238,19 +260,8 @@ class Pipeline {
  private:
   template <std::size_t K>
   using Runtime = StageRuntime<stage<K>, optimizer, predictor, backend>;
-  template <class T>
-  using Buffer = typename backend::template Buffer<T>;
 
-  // What a device backend keeps between train() calls (grown, never shrunk): the epoch's
-  // copies on the devices, the pinned staging buffer they came through, the loss sums.
-  struct DeviceState {
-    typename backend::template PinnedBuffer<float> staging;
-    Buffer<float> inputs, eval_inputs;
-    Buffer<std::int32_t> labels, predicted;
-    Buffer<MicroBatchLoss> losses;
-    std::vector<MicroBatchLoss> host_losses;
-  };
-  struct NoDeviceState {};
+  struct NoDeviceEpoch {};
 
   template <std::size_t... I>
   static auto make_runtimes(optimizer opt, const PipelineOptions& o, std::index_sequence<I...>) {
@@ -359,7 +370,7 @@ class Pipeline {
         setup.stage = k;
         setup.params = S::param_count;
         rt.pred.reset();
-        rt.pred.emplace(setup);
+        detail::emplace_predictor_state(rt.pred, setup, predictor_);
         rt.probe.reset();
         if (options_.measure_prediction)
           rt.probe.emplace(k, S::param_count, analysis_.mini_batches_in_flight[k] + 1,
@@ -368,7 +379,9 @@ class Pipeline {
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] = analysis_.max_in_flight[k] * S::activation_floats(rows);
       });
-    if constexpr (on_device) upload(data, used, schedule.total_micro_batches());
+    if constexpr (on_device)
+      device_.upload(ctx_of(0), ctx_of(stage_count - 1), data, used, in_width,
+                     schedule.total_micro_batches(), run_);
   }
 
   using Context = typename backend::Context;
@@ -379,136 +392,9 @@ class Pipeline {
                                 [](const auto& rt, auto) -> const Context* { return &rt.ctx(); });
   }
 
-  // Device backends: the epoch's first `used` rows to the devices that read them, once per
-  // train() call: inputs to stage 0's, labels to the last stage's, each through the pinned
-  // staging buffer and an asynchronous copy on that stage's stream, so the stage's first read
-  // follows the copy on its own stream. The staging buffer is free to overwrite: the previous
-  // train() call synchronised every stream before returning. Sizes the loss array too.
-  void upload(EpochData data, index_t used, int micro_batches) {
-    auto& d = device_;
-    const index_t in_floats = used * in_width;
-    const index_t staged_floats = in_floats + used;  // inputs, then labels (both 4 bytes)
-    static_assert(sizeof(std::int32_t) == sizeof(float));
-    if (d.staging.size() < staged_floats)
-      d.staging = typename backend::template PinnedBuffer<float>(staged_floats);
-    float* staged_inputs = d.staging.data();
-    auto* staged_labels = reinterpret_cast<std::int32_t*>(d.staging.data() + in_floats);
-    if (data.inputs.ld == in_width) {
-      std::memcpy(staged_inputs, data.inputs.data, static_cast<std::size_t>(in_floats) * 4);
-    } else {
-      for (index_t r = 0; r < used; ++r)
-        std::memcpy(staged_inputs + r * in_width, data.inputs.data + r * data.inputs.ld,
-                    static_cast<std::size_t>(in_width) * 4);
-    }
-    std::memcpy(staged_labels, data.labels, static_cast<std::size_t>(used) * 4);
-
-    const Context& first = ctx_of(0);
-    detail::activate_context(first);
-    if (d.inputs.size() < in_floats) d.inputs = Buffer<float>(in_floats);
-    copy_from_pinned_async(first, staged_inputs, d.inputs.data(), in_floats);
-
-    const Context& last = ctx_of(stage_count - 1);
-    detail::activate_context(last);
-    if (d.labels.size() < used) d.labels = Buffer<std::int32_t>(used);
-    copy_from_pinned_async(last, staged_labels, d.labels.data(), used);
-    if (d.losses.size() < micro_batches) d.losses = Buffer<MicroBatchLoss>(micro_batches);
-
-    run_.read = EpochData{ConstMatrix{d.inputs.data(), used, in_width}, d.labels.data()};
-    run_.losses = d.losses.data();
-  }
-
-  // Device backends, after the executor returned: waits for every stage's stream (the run's one
-  // synchronisation), then reads each micro-batch's loss sum and checks them in micro-batch
-  // order, throwing what the host path throws at the first non-finite one (the loss message,
-  // naming the row and mini-batch, blamed on the inputs if they hold NaN or an infinity, in a
-  // StageError naming the last stage and the forward that computed it).
-  void finish_on_device(const Schedule& schedule, EpochData data) {
-    drain_streams(true);
-    const int G = schedule.total_micro_batches();
-    device_.host_losses.resize(static_cast<std::size_t>(G));
-    const Context& last = ctx_of(stage_count - 1);
-    detail::activate_context(last);
-    copy_to_host(last, run_.losses, device_.host_losses.data(), G);
-    for (int g = 0; g < G; ++g) {
-      const MicroBatchLoss& l = device_.host_losses[static_cast<std::size_t>(g)];
-      const auto [first_row, rows] = run_.split.micro_batch(g);
-      if (l.bad_row >= 0) {
-        const LossSource src{data.inputs, first_row,
-                             g / run_.split.micro_batches * run_.split.batch,
-                             run_.split.mini_batch_rows(g), g / run_.split.micro_batches};
-        try {
-          detail::throw_non_finite_loss(l.bad_value, l.bad_row, src);
-        } catch (const std::exception& e) {
-          throw StageError(stage_count - 1, to_string(fwd(g)), e.what());
-        }
-      }
-      run_.micro_loss[static_cast<std::size_t>(g)] = l.sum;
-      progress_.add(rows, l.sum);
-    }
-  }
-
-  // Waits for every stage's stream. With `report`, the first failure (a kernel's error surfaces
-  // at the synchronisation) is a StageError naming that stage, after all streams were waited for.
-  void drain_streams(bool report = false) const {
-    std::exception_ptr first;
-    int failed = -1;
-    for (int k = 0; k < stage_count; ++k) {
-      try {
-        detail::activate_context(ctx_of(k));
-        synchronize(ctx_of(k));
-      } catch (...) {
-        if (!first) {
-          first = std::current_exception();
-          failed = k;
-        }
-      }
-    }
-    if (!report || !first) return;
-    try {
-      std::rethrow_exception(first);
-    } catch (const std::exception& e) {
-      throw StageError(
-          failed, "end of run",
-          std::string("the device failed while running this stage's actions: ") + e.what());
-    }
-  }
-
-  // Device backends: evaluate() with each chunk uploaded to stage 0's device, each stage's
-  // forward on its own stream and waited for before the next stage reads its output (evaluation
-  // is not the hot path), the predictions computed on the last stage's device and read back.
-  double evaluate_on_device(const Dataset& data) {
-    auto& d = device_;
-    index_t correct = 0;
-    const index_t chunk = options_.batch;
-    eval_predicted_.resize(static_cast<std::size_t>(chunk));
-    const Context& first = ctx_of(0);
-    const Context& last = ctx_of(stage_count - 1);
-    detail::activate_context(first);
-    if (d.eval_inputs.size() < chunk * in_width) d.eval_inputs = Buffer<float>(chunk * in_width);
-    detail::activate_context(last);
-    if (d.predicted.size() < chunk) d.predicted = Buffer<std::int32_t>(chunk);
-    std::vector<float> rows_in(static_cast<std::size_t>(chunk * in_width));
-    for (index_t first_row = 0; first_row < data.count; first_row += chunk) {
-      const index_t rows = std::min(chunk, data.count - first_row);
-      const ConstMatrix host = data.matrix().slice_rows(first_row, rows);
-      for (index_t r = 0; r < rows; ++r)
-        std::memcpy(rows_in.data() + r * in_width, host.data + r * host.ld,
-                    static_cast<std::size_t>(in_width) * 4);
-      detail::activate_context(first);
-      copy_from_host(first, rows_in.data(), d.eval_inputs.data(), rows * in_width);
-      ConstMatrix x{d.eval_inputs.data(), rows, in_width};
-      for_each_stage([&](auto& rt) {
-        detail::activate_context(rt.ctx());
-        x = rt.eval_forward(x);
-        synchronize(rt.ctx());  // the next stage's stream reads x
-      });
-      detail::activate_context(last);
-      argmax_rows(last, x, d.predicted.data());
-      copy_to_host(last, d.predicted.data(), eval_predicted_.data(), rows);
-      for (index_t r = 0; r < rows; ++r)
-        correct += eval_predicted_[r] == data.labels[first_row + r];
-    }
-    return static_cast<double>(correct) / static_cast<double>(data.count);
+  // Stage k's context, as DeviceEpoch takes it.
+  std::function<const Context&(int)> contexts() const {
+    return [this](int k) -> const Context& { return ctx_of(k); };
   }
 
   template <std::size_t... I>
@@ -547,6 +433,7 @@ class Pipeline {
   static_assert(Program<RunProgram>);
 
   PipelineOptions options_;
+  predictor predictor_;
   decltype(make_runtimes(std::declval<optimizer>(), std::declval<const PipelineOptions&>(),
                          std::make_index_sequence<stage_count>{})) runtimes_;
   SharedRun<queue> run_;
@@ -557,7 +444,7 @@ class Pipeline {
   std::vector<int> copies_ = std::vector<int>(stage_count, 0);
   std::vector<index_t> activation_floats_ = std::vector<index_t>(stage_count, 0);
   std::vector<std::int32_t> eval_predicted_;
-  std::conditional_t<on_device, DeviceState, NoDeviceState> device_;
+  std::conditional_t<on_device, DeviceEpoch<backend>, NoDeviceEpoch> device_;
 };
 
 }  // namespace xpipe

@@ -16,15 +16,23 @@ namespace xpipe {
 //! weights it was computed on are at most one version old. The last Step of a train() call
 //! steps whatever has accumulated (nothing crosses an epoch). Forward and backward read the live
 //! weights; holds 1 buffer. Stage k takes about 1 / a_k of the steps of the others.
+//! `interval` (0, the default: each stage's delay) sets one a for every stage instead.
 struct AccumulateToBound {
   static constexpr const char* name = "paci";
+  int interval = 0;
+
+  template <class F>
+  void hyper_parameters(F&& f) {
+    f("interval", interval, HyperRange{0, 1e6});
+  }
 
   template <class O, class B>
   class State : public PredictorHooks {
    public:
-    explicit State(const PredictorSetup& setup)
+    explicit State(const PredictorSetup& setup, const AccumulateToBound& p = {})
         : setup_(setup),
-          interval_(std::max(1, setup.analysis->max_forward_s(setup.stage))),
+          interval_(p.interval > 0 ? p.interval
+                                   : std::max(1, setup.analysis->max_forward_s(setup.stage))),
           steps_in_run_(setup.schedule->mini_batches) {}
 
     //! a_k: mini-batches per real step.

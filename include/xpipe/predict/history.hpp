@@ -41,76 +41,82 @@ inline std::array<double, 4> history_fit_coefficients(int n, int degree, double 
 }
 
 namespace detail {
-//! HistoryFit: each forward and backward reads the stage's weights predicted over its
-//! apply-time s by a least-squares polynomial of degree Degree fitted, weight by weight, to the
-//! last Degree + 2 versions (the live one included; fewer, and a lower degree, early in a
-//! train() call). One fused pass sums the versions with the fit's coefficients. Holds
-//! Degree + 3 buffers: the live weights, Degree + 1 older versions and one scratch.
-template <int Degree, const char* Name>
-struct BasicHistoryFit {
-  static_assert(Degree == 1 || Degree == 2, "xpipe: HistoryFit: degree 1 or 2");
-  static constexpr const char* name = Name;
-  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
-  static constexpr int window = Degree + 2;  // versions fitted, the live one included
+//! The state of the history fits: each forward and backward reads the stage's weights
+//! predicted over its apply-time s by a least-squares polynomial of degree `degree` (1 or 2)
+//! fitted, weight by weight, to the last degree + 2 versions (the live one included; fewer, and
+//! a lower degree, early in a train() call). One fused pass sums the versions with the fit's
+//! coefficients. Holds degree + 3 buffers: the live weights, degree + 1 older versions and one
+//! scratch.
+template <class O, class B>
+class HistoryFitState : public PredictorHooks {
+ public:
+  HistoryFitState(const PredictorSetup& setup, int degree)
+      : setup_(setup), degree_(degree), window_(degree + 2), scratch_(setup.params) {
+    for (int i = 0; i < window_ - 1; ++i) older_.emplace_back(setup.params);
+  }
 
-  template <class O, class B>
-  class State : public PredictorHooks {
-   public:
-    explicit State(const PredictorSetup& setup) : setup_(setup), scratch_(setup.params) {
-      for (int i = 0; i < window - 1; ++i) older_.emplace_back(setup.params);
-    }
+  template <class Ctx>
+  const float* forward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
+    return at(ctx, opt, setup_.analysis->forward(setup_.stage, g).apply_time);
+  }
+  template <class Ctx>
+  const float* backward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
+    return at(ctx, opt, setup_.analysis->backward(setup_.stage, g).apply_time);
+  }
+  //! The live version is about to turn old: it replaces the oldest one kept.
+  template <class Ctx>
+  void before_step(const Ctx& ctx, OptimizerState<O, B>& opt) {
+    copy_buffer(ctx, opt.weights(), older_[static_cast<std::size_t>(next_)].data(), setup_.params);
+    next_ = (next_ + 1) % (window_ - 1);
+    held_ = std::min(held_ + 1, window_ - 1);
+  }
+  int weight_copies() const { return window_ + 1; }
 
-    template <class Ctx>
-    const float* forward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return at(ctx, opt, setup_.analysis->forward(setup_.stage, g).apply_time);
+ private:
+  template <class Ctx>
+  const float* at(const Ctx& ctx, OptimizerState<O, B>& opt, int s) {
+    const int n = held_ + 1;  // versions known, oldest first, the live one last
+    if (s == 0 || n == 1) return opt.weights();
+    const std::array<double, 4> coef = history_fit_coefficients(n, degree_, s);
+    const float* x[4]{};
+    float c[4]{};
+    for (int i = 0; i < n - 1; ++i) {  // older versions, oldest first
+      const int slot = (next_ - held_ + i + 2 * (window_ - 1)) % (window_ - 1);
+      x[i] = older_[static_cast<std::size_t>(slot)].data();
+      c[i] = static_cast<float>(coef[static_cast<std::size_t>(i)]);
     }
-    template <class Ctx>
-    const float* backward_weights(const Ctx& ctx, OptimizerState<O, B>& opt, int g) {
-      return at(ctx, opt, setup_.analysis->backward(setup_.stage, g).apply_time);
-    }
-    //! The live version is about to turn old: it replaces the oldest one kept.
-    template <class Ctx>
-    void before_step(const Ctx& ctx, OptimizerState<O, B>& opt) {
-      copy_buffer(ctx, opt.weights(), older_[static_cast<std::size_t>(next_)].data(),
-                  setup_.params);
-      next_ = (next_ + 1) % (window - 1);
-      held_ = std::min(held_ + 1, window - 1);
-    }
-    int weight_copies() const { return window + 1; }
+    x[n - 1] = opt.weights();
+    c[n - 1] = static_cast<float>(coef[static_cast<std::size_t>(n - 1)]);
+    combine(ctx, x, c, n, scratch_.data(), setup_.params);
+    return scratch_.data();
+  }
 
-   private:
-    template <class Ctx>
-    const float* at(const Ctx& ctx, OptimizerState<O, B>& opt, int s) {
-      const int n = held_ + 1;  // versions known, oldest first, the live one last
-      if (s == 0 || n == 1) return opt.weights();
-      const std::array<double, 4> coef = history_fit_coefficients(n, Degree, s);
-      const float* x[4]{};
-      float c[4]{};
-      for (int i = 0; i < n - 1; ++i) {  // older versions, oldest first
-        const int slot = (next_ - held_ + i + 2 * (window - 1)) % (window - 1);
-        x[i] = older_[static_cast<std::size_t>(slot)].data();
-        c[i] = static_cast<float>(coef[static_cast<std::size_t>(i)]);
-      }
-      x[n - 1] = opt.weights();
-      c[n - 1] = static_cast<float>(coef[static_cast<std::size_t>(n - 1)]);
-      combine(ctx, x, c, n, scratch_.data(), setup_.params);
-      return scratch_.data();
-    }
-
-    PredictorSetup setup_;
-    std::vector<typename B::template Buffer<float>> older_;  // ring of older versions
-    typename B::template Buffer<float> scratch_;
-    int next_ = 0, held_ = 0;
-  };
+  PredictorSetup setup_;
+  int degree_, window_;  // window: versions fitted, the live one included
+  std::vector<typename B::template Buffer<float>> older_;  // ring of older versions
+  typename B::template Buffer<float> scratch_;
+  int next_ = 0, held_ = 0;
 };
-inline constexpr char fit_linear_name[] = "fit-linear";
-inline constexpr char fit_quadratic_name[] = "fit-quadratic";
 }  // namespace detail
 
 //! A line fitted to the last 3 versions of each weight, read s steps ahead.
-using FitLinear = detail::BasicHistoryFit<1, detail::fit_linear_name>;
+struct FitLinear {
+  static constexpr const char* name = "fit-linear";
+  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
+  template <class O, class B>
+  struct State : detail::HistoryFitState<O, B> {
+    explicit State(const PredictorSetup& setup) : detail::HistoryFitState<O, B>(setup, 1) {}
+  };
+};
 //! A parabola fitted to the last 4 versions of each weight, read s steps ahead.
-using FitQuadratic = detail::BasicHistoryFit<2, detail::fit_quadratic_name>;
+struct FitQuadratic {
+  static constexpr const char* name = "fit-quadratic";
+  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
+  template <class O, class B>
+  struct State : detail::HistoryFitState<O, B> {
+    explicit State(const PredictorSetup& setup) : detail::HistoryFitState<O, B>(setup, 2) {}
+  };
+};
 
 static_assert(Predictor<FitLinear>);
 static_assert(Predictor<FitQuadratic>);

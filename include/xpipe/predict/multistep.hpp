@@ -4,6 +4,7 @@
 // forward (the idea of FTPipe-style "msnag" predictors).
 #pragma once
 
+#include <algorithm>
 #include <array>
 
 #include "xpipe/predict/predictor.hpp"
@@ -15,18 +16,26 @@ namespace xpipe {
 //! last step (zero before the first step of a train() call): exactly what s real steps with that
 //! gradient would give, bit for bit, for any optimizer. Holds the live weights, the saved
 //! gradient, the predicted weights and a scratch copy of each optimizer moment: 3 + moments
-//! buffers (5 under Adam, 4 under SGD). Each prediction is s + 1 + moments passes.
+//! buffers (5 under Adam, 4 under SGD). Each prediction is s + 1 + moments passes; `max_steps`
+//! (0, the default: none) caps the s rolled forward, trading the prediction for time.
 struct MultiStep {
   static constexpr const char* name = "multistep";
   static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
+  int max_steps = 0;
+
+  template <class F>
+  void hyper_parameters(F&& f) {
+    f("max_steps", max_steps, HyperRange{0, 1000});
+  }
 
   template <class O, class B>
   class State : public PredictorHooks {
     static constexpr int moments = OptimizerState<O, B>::moment_buffers;
 
    public:
-    explicit State(const PredictorSetup& setup)
+    explicit State(const PredictorSetup& setup, const MultiStep& p = {})
         : setup_(setup),
+          max_steps_(p.max_steps),
           grad_(setup.params),
           weights_(setup.params),
           moment0_(moments > 0 ? setup.params : 0),
@@ -50,6 +59,7 @@ struct MultiStep {
    private:
     template <class Ctx>
     const float* at(const Ctx& ctx, OptimizerState<O, B>& opt, int s) {
+      if (max_steps_ > 0) s = std::min(s, max_steps_);
       if (s == 0) return opt.weights();
       const index_t n = setup_.params;
       copy_buffer(ctx, opt.weights(), weights_.data(), n);
@@ -62,6 +72,7 @@ struct MultiStep {
     }
 
     PredictorSetup setup_;
+    int max_steps_;
     typename B::template Buffer<float> grad_, weights_, moment0_, moment1_;
   };
 };

@@ -15,7 +15,7 @@ namespace xpipe {
 //! async 1F1B at M = 1).
 //!   - Learning-rate rescheduling: step t (0-based, counted over the whole training) uses
 //!     lr tau_k^-(1 - min(t / T, 1)): lr / tau_k at the start, the full lr from step T on. T is
-//!     one epoch's mini-batches of the schedule trained.
+//!     `anneal_steps`, or with 0 (the default) one epoch's mini-batches of the schedule trained.
 //!   - Discrepancy correction: the backward of a micro-batch forwarded `lag` steps earlier reads
 //!     W - lag * delta, where delta is an exponential average of the per-step weight change,
 //!     delta = gamma delta + (1 - gamma) (W_t+1 - W_t), gamma = 1 - 1 / tau_k (an average over
@@ -24,14 +24,21 @@ namespace xpipe {
 //! train() call (one epoch), so a resumed run computes the same bits.
 struct PipeMare {
   static constexpr const char* name = "pipemare";
+  int anneal_steps = 0;  // T; 0: the mini-batches of the schedule trained
+
+  template <class F>
+  void hyper_parameters(F&& f) {
+    f("anneal_steps", anneal_steps, HyperRange{0, 1e9});
+  }
 
   template <class O, class B>
   class State : public PredictorHooks {
    public:
-    explicit State(const PredictorSetup& setup)
+    explicit State(const PredictorSetup& setup, const PipeMare& p = {})
         : setup_(setup),
           tau_(std::max(1, setup.analysis->max_forward_s(setup.stage))),
-          anneal_steps_(std::max(1, setup.schedule->mini_batches)),
+          anneal_steps_(
+              std::max(1, p.anneal_steps > 0 ? p.anneal_steps : setup.schedule->mini_batches)),
           velocity_(setup.params),
           scratch_(setup.params) {}
 

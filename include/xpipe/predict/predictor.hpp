@@ -3,6 +3,7 @@
 #pragma once
 
 #include <concepts>
+#include <optional>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/optim/adam.hpp"
@@ -20,6 +21,18 @@ struct PredictorSetup {
   index_t params = 0;                           // floats in the stage's flat weight buffer
   const Schedule* schedule = nullptr;           // K, M, mini-batches and every stage's actions
   const StalenessAnalysis* analysis = nullptr;  // version and s of every action, sizes to hold
+};
+
+//! The values a predictor's hyper-parameter may take: [low, high], with either end open; integer
+//! ones are members of type int. A predictor lists its hyper-parameters with a member
+//! `template <class F> void hyper_parameters(F&& f)` calling `f("momentum", momentum, range)`
+//! once for each (members that can be set at run time: predict/any.hpp sets them by name).
+struct HyperRange {
+  double low = 0, high = 0;
+  bool low_open = false, high_open = false;
+  bool contains(double v) const {
+    return (low_open ? v > low : v >= low) && (high_open ? v < high : v <= high);
+  }
 };
 
 //! No-op hooks for predictor states that keep nothing per micro-batch and save nothing before a
@@ -47,8 +60,10 @@ template <class P, class O, class B>
 concept HasPredictorState = requires {
   typename P::template State<O, B>;
 };
-template <class S>
-concept FromPredictorSetup = std::constructible_from<S, const PredictorSetup&>;
+// A State is built from its setup, and from the predictor's value where it has hyper-parameters.
+template <class S, class P>
+concept FromPredictorSetup = std::constructible_from<S, const PredictorSetup&> ||
+    std::constructible_from<S, const PredictorSetup&, const P&>;
 template <class S, class O, class B>
 concept HasForwardWeights = requires(S& st, const typename B::Context& ctx,
                                      OptimizerState<O, B>& opt) {
@@ -76,10 +91,20 @@ concept HasWeightCopies = requires(const S& st) {
   { st.weight_copies() } -> std::convertible_to<int>;
 };
 
-template <class S, class O, class B>
+template <class S, class P, class O, class B>
 concept PredictorStateFor =
-    FromPredictorSetup<S> && HasForwardWeights<S, O, B> && HasBackwardWeights<S, O, B> &&
+    FromPredictorSetup<S, P> && HasForwardWeights<S, O, B> && HasBackwardWeights<S, O, B> &&
     HasBackwardDone<S> && HasBeforeStep<S, O, B> && HasWeightCopies<S>;
+//! Builds predictor P's State for one stage into `slot` (a std::optional of it), passing the
+//! predictor's value where the State takes it.
+template <class P, class S>
+void emplace_predictor_state(std::optional<S>& slot, const PredictorSetup& setup,
+                             const P& predictor) {
+  if constexpr (std::constructible_from<S, const PredictorSetup&, const P&>)
+    slot.emplace(setup, predictor);
+  else
+    slot.emplace(setup);
+}
 }  // namespace detail
 
 //! Predictor: a policy choosing the weights each action of a stage reads, for optimizer O on
@@ -87,7 +112,8 @@ concept PredictorStateFor =
 //! predictor written for one backend's context qualifies for that backend only).
 //! Required members:
 //!   - `static constexpr const char* name`;
-//!   - `template <class O, class B> class State`, constructible from `const PredictorSetup&`
+//!   - `template <class O, class B> class State`, constructible from `const PredictorSetup&`,
+//!     or from `(const PredictorSetup&, const P&)` to read the predictor's hyper-parameters
 //!     (allocate every copy there: nothing may allocate while training), with
 //!     - `const float* forward_weights(const Ctx&, OptimizerState<O, B>&, int g)`: the weights
 //!       Forward(g) reads (the live ones, a stashed or a predicted copy);
@@ -102,12 +128,13 @@ concept PredictorStateFor =
 //! keep accumulating into the next mini-batch's). Returns whether the weights were stepped.
 //! Optional: `static constexpr StalenessTarget target`, the s an extrapolating predictor reads
 //! (`analysis->forward(stage, g).s(target)`). Deriving the State from PredictorHooks supplies
-//! no-op backward_done and before_step. README, "Writing a predictor", has the call order.
+//! no-op backward_done and before_step. Optional: `hyper_parameters(f)` (HyperRange above).
+//! docs/contributing.md, "Add a predictor", has the call order.
 //! Usage: `static_assert(Predictor<XPipe>); static_assert(Predictor<MyCudaOnly, Adam, Cuda>);`
 template <class P, class O = Adam, class B = Host>
 concept Predictor = detail::HasPredictorName<P> && detail::HasValidTarget<P> &&
     detail::HasPredictorState<P, O, B> &&
-    detail::PredictorStateFor<typename P::template State<O, B>, O, B>;
+    detail::PredictorStateFor<typename P::template State<O, B>, P, O, B>;
 
 //! Fails to compile with one message per requirement P does not meet for optimizer O on backend
 //! B, each naming the member; checks that depend on State are skipped when State is missing, so
@@ -122,8 +149,10 @@ consteval bool check_predictor() {
                 "xpipe: Predictor: missing member template State<Optimizer, Backend>");
   if constexpr (detail::HasPredictorState<P, O, B>) {
     using S = typename P::template State<O, B>;
-    static_assert(detail::FromPredictorSetup<S>,
-                  "xpipe: Predictor: State lacks the constructor State(const PredictorSetup&)");
+    static_assert(detail::FromPredictorSetup<S, P>,
+                  "xpipe: Predictor: State lacks the constructor State(const PredictorSetup&) "
+                  "(or State(const PredictorSetup&, const P&) for a predictor with "
+                  "hyper-parameters)");
     static_assert(detail::HasForwardWeights<S, O, B>,
                   "xpipe: Predictor: State lacks forward_weights(ctx, opt, g) returning const "
                   "float* (ctx: const Backend::Context&, opt: OptimizerState<O, B>&)");

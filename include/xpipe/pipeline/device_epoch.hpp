@@ -1,0 +1,171 @@
+// The device half of a Pipeline's epoch (a DeviceBackend: CUDA, the emulated device): the
+// epoch's upload before the run, the one synchronisation and the loss read-back after it, the
+// drain after a failure, and evaluation on the devices. Pipeline holds one DeviceEpoch and calls
+// it where its backend is a device; nothing here runs on a host backend.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "xpipe/data/dataset.hpp"
+#include "xpipe/layers/loss.hpp"
+#include "xpipe/pipeline/device_backend.hpp"
+#include "xpipe/pipeline/stage_program.hpp"
+
+namespace xpipe {
+
+//! What a pipeline on device backend B keeps between train() calls (grown, never shrunk): the
+//! epoch's copies on the devices, the pinned staging buffer they came through, the loss sums.
+template <class B>
+class DeviceEpoch {
+  static_assert(check_device_backend<B>());
+  using Context = typename B::Context;
+  template <class T>
+  using Buffer = typename B::template Buffer<T>;
+
+ public:
+  //! The epoch's first `used` rows to the devices that read them, once per train() call: inputs
+  //! (`in_width` wide) to stage 0's device (`first`), labels to the last stage's (`last`), each
+  //! through the pinned staging buffer and an asynchronous copy on that stage's stream, so the
+  //! stage's first read follows the copy on its own stream. The staging buffer is free to
+  //! overwrite: the previous train() call synchronised every stream before returning. Sizes the
+  //! loss array too, and points `run` at the device copies.
+  template <class Q>
+  void upload(const Context& first, const Context& last, EpochData data, index_t used,
+              index_t in_width, int micro_batches, SharedRun<Q>& run) {
+    const index_t in_floats = used * in_width;
+    const index_t staged_floats = in_floats + used;  // inputs, then labels (both 4 bytes)
+    static_assert(sizeof(std::int32_t) == sizeof(float));
+    if (staging_.size() < staged_floats)
+      staging_ = typename B::template PinnedBuffer<float>(staged_floats);
+    float* staged_inputs = staging_.data();
+    auto* staged_labels = reinterpret_cast<std::int32_t*>(staging_.data() + in_floats);
+    if (data.inputs.ld == in_width) {
+      std::memcpy(staged_inputs, data.inputs.data, static_cast<std::size_t>(in_floats) * 4);
+    } else {
+      for (index_t r = 0; r < used; ++r)
+        std::memcpy(staged_inputs + r * in_width, data.inputs.data + r * data.inputs.ld,
+                    static_cast<std::size_t>(in_width) * 4);
+    }
+    std::memcpy(staged_labels, data.labels, static_cast<std::size_t>(used) * 4);
+
+    detail::activate_context(first);
+    if (inputs_.size() < in_floats) inputs_ = Buffer<float>(in_floats);
+    copy_from_pinned_async(first, staged_inputs, inputs_.data(), in_floats);
+
+    detail::activate_context(last);
+    if (labels_.size() < used) labels_ = Buffer<std::int32_t>(used);
+    copy_from_pinned_async(last, staged_labels, labels_.data(), used);
+    if (losses_.size() < micro_batches) losses_ = Buffer<MicroBatchLoss>(micro_batches);
+
+    run.read = EpochData{ConstMatrix{inputs_.data(), used, in_width}, labels_.data()};
+    run.losses = losses_.data();
+  }
+
+  //! After the executor returned: waits for every stage's stream (the run's one
+  //! synchronisation), then reads each micro-batch's loss sum and checks them in micro-batch
+  //! order, throwing what the host path throws at the first non-finite one (the loss message,
+  //! naming the row and mini-batch, blamed on the inputs if they hold NaN or an infinity, in a
+  //! StageError naming the last stage and the forward that computed it). `ctx_of(k)` is stage
+  //! k's context, of `stages`.
+  template <class Q>
+  void finish(const std::function<const Context&(int)>& ctx_of, int stages, int micro_batches,
+              EpochData data, SharedRun<Q>& run) {
+    drain(ctx_of, stages, true);
+    const int G = micro_batches;
+    host_losses_.resize(static_cast<std::size_t>(G));
+    const Context& last = ctx_of(stages - 1);
+    detail::activate_context(last);
+    copy_to_host(last, run.losses, host_losses_.data(), G);
+    for (int g = 0; g < G; ++g) {
+      const MicroBatchLoss& l = host_losses_[static_cast<std::size_t>(g)];
+      const auto [first_row, rows] = run.split.micro_batch(g);
+      if (l.bad_row >= 0) {
+        const LossSource src{data.inputs, first_row, g / run.split.micro_batches * run.split.batch,
+                             run.split.mini_batch_rows(g), g / run.split.micro_batches};
+        try {
+          detail::throw_non_finite_loss(l.bad_value, l.bad_row, src);
+        } catch (const std::exception& e) {
+          throw StageError(stages - 1, to_string(fwd(g)), e.what());
+        }
+      }
+      run.micro_loss[static_cast<std::size_t>(g)] = l.sum;
+      run.progress->add(rows, l.sum);
+    }
+  }
+
+  //! Waits for every stage's stream. With `report`, the first failure (a kernel's error surfaces
+  //! at the synchronisation) is a StageError naming that stage, after all streams were waited
+  //! for; without, nothing is thrown (after a failure, so nothing still reads the staging buffer
+  //! or the slots).
+  static void drain(const std::function<const Context&(int)>& ctx_of, int stages, bool report) {
+    std::exception_ptr first;
+    int failed = -1;
+    for (int k = 0; k < stages; ++k) {
+      try {
+        detail::activate_context(ctx_of(k));
+        synchronize(ctx_of(k));
+      } catch (...) {
+        if (!first) {
+          first = std::current_exception();
+          failed = k;
+        }
+      }
+    }
+    if (!report || !first) return;
+    try {
+      std::rethrow_exception(first);
+    } catch (const std::exception& e) {
+      throw StageError(
+          failed, "end of run",
+          std::string("the device failed while running this stage's actions: ") + e.what());
+    }
+  }
+
+  //! Pipeline::evaluate on the devices: each chunk of `chunk` rows uploaded to stage 0's device,
+  //! `forward_stages(x)` runs every stage's forward (each on its own stream, waited for before
+  //! the next stage reads its output: evaluation is not the hot path) and returns the logits,
+  //! the predictions computed on the last stage's device and read back.
+  template <class ForwardStages>
+  double evaluate(const Context& first, const Context& last, const Dataset& data, index_t chunk,
+                  index_t in_width, ForwardStages&& forward_stages) {
+    index_t correct = 0;
+    eval_predicted_.resize(static_cast<std::size_t>(chunk));
+    detail::activate_context(first);
+    if (eval_inputs_.size() < chunk * in_width) eval_inputs_ = Buffer<float>(chunk * in_width);
+    detail::activate_context(last);
+    if (predicted_.size() < chunk) predicted_ = Buffer<std::int32_t>(chunk);
+    std::vector<float> rows_in(static_cast<std::size_t>(chunk * in_width));
+    for (index_t first_row = 0; first_row < data.count; first_row += chunk) {
+      const index_t rows = std::min(chunk, data.count - first_row);
+      const ConstMatrix host = data.matrix().slice_rows(first_row, rows);
+      for (index_t r = 0; r < rows; ++r)
+        std::memcpy(rows_in.data() + r * in_width, host.data + r * host.ld,
+                    static_cast<std::size_t>(in_width) * 4);
+      detail::activate_context(first);
+      copy_from_host(first, rows_in.data(), eval_inputs_.data(), rows * in_width);
+      const ConstMatrix x = forward_stages(ConstMatrix{eval_inputs_.data(), rows, in_width});
+      detail::activate_context(last);
+      argmax_rows(last, x, predicted_.data());
+      copy_to_host(last, predicted_.data(), eval_predicted_.data(), rows);
+      for (index_t r = 0; r < rows; ++r)
+        correct += eval_predicted_[r] == data.labels[first_row + r];
+    }
+    return static_cast<double>(correct) / static_cast<double>(data.count);
+  }
+
+ private:
+  typename B::template PinnedBuffer<float> staging_;
+  Buffer<float> inputs_, eval_inputs_;
+  Buffer<std::int32_t> labels_, predicted_;
+  Buffer<MicroBatchLoss> losses_;
+  std::vector<MicroBatchLoss> host_losses_;
+  std::vector<std::int32_t> eval_predicted_;
+};
+
+}  // namespace xpipe
