@@ -2,7 +2,7 @@
 # Builds every gpu-labelled test, the GPU benchmark and xpipe-train (for its --device cuda run)
 # for one GPU architecture and packs them, with the shared libraries a bare machine with only the
 # CUDA toolkit lacks and the Fashion-MNIST files (when found), into gpu-bundle/ (ignored by git),
-# for scripts/gpu-check.sh to run on a lent GPU machine (README: "Checking on a GPU"). Runs here,
+# for scripts/gpu-check.sh to run on a lent GPU machine (docs/guide.md, "Checking on a GPU"). Runs here,
 # without a GPU.
 #   scripts/gpu-bundle.sh [--arch 90] [--build-dir build-gpu-sm90] [--out gpu-bundle] [--compress]
 #                         [--no-limit] [--data-dir DIR | --no-data]

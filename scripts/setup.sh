@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages xpipe needs (only those missing), then configures and builds the
-# release preset. Safe to run again: installed packages and an up-to-date build are skipped.
+# release preset: everything, or only the targets named as arguments (scripts/run.sh builds
+# xpipe-train alone). Safe to run again: installed packages and an up-to-date build are skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -38,4 +39,8 @@ fi
 if [[ ! -f build/CMakeCache.txt ]]; then
   cmake --preset release
 fi
-cmake --build --preset release -j "$(nproc)"
+if (($#)); then
+  cmake --build --preset release -j "$(nproc)" --target "$@"
+else
+  cmake --build --preset release -j "$(nproc)"
+fi

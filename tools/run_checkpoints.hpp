@@ -84,16 +84,21 @@ inline std::vector<EpochRecord> parse_records(const std::string& text, const std
 //! Refuses to resume a run whose configuration differs from the checkpoint's, naming the first
 //! field that differs (the fields are those that change what the run computes). Fields that
 //! xpipe-train added later are missing from older checkpoints: run.dp means 1 there, and the
-//! data's CRCs cannot be checked (said on stderr, and resumed).
+//! data's CRCs cannot be checked (said on stderr, and resumed). `defaults` adds fields whose
+//! value in an older checkpoint depends on the run (run.predictor_params: the predictor's
+//! default hyper-parameters).
 inline void check_run_fields(const std::map<std::string, std::string>& saved,
                              const std::map<std::string, std::string>& now,
-                             const std::string& where) {
-  static const std::map<std::string, std::string> added_later{
+                             const std::string& where,
+                             const std::map<std::string, std::string>& defaults = {}) {
+  std::map<std::string, std::string> added_later{
       {"run.dp", "1"}, {"run.train_data_crc32", ""}, {"run.test_data_crc32", ""}};
+  added_later.insert(defaults.begin(), defaults.end());
   for (const auto& [key, value] : now) {
     const auto it = saved.find(key);
     const auto later = added_later.find(key);
-    if (it == saved.end() && later != added_later.end() && later->second.empty()) {
+    const bool data_crc = key == "run.train_data_crc32" || key == "run.test_data_crc32";
+    if (it == saved.end() && data_crc) {
       std::fprintf(stderr,
                    "  %s: an older checkpoint without '%s': the data it was trained on cannot be "
                    "checked against this run's\n",

@@ -236,7 +236,8 @@ template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
               int repeats, int cores, double hop = 0, bool pin = false) {
   constexpr int K = P::stage_count;
-  P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M});
+  P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M},
+         make_predictor<typename P::predictor>(predictor));
   const SyntheticData data(batch * N, P::in_width);
   Cell c;
   c.schedule = name, c.predictor = predictor;
@@ -351,15 +352,13 @@ inline std::string validation_predictor(const std::string& schedule) {
 inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
                             int repeats, int cores, double hop = 0, bool pin = false) {
   const std::string predictor = validation_predictor(schedule);
-  return with_predictor(predictor, [&]<class Pr>(std::type_identity<Pr>) {
-    if (K == 2)
-      return run_cell<Pipeline<mlp::K2a, mlp::K2b, Pr, AnyOptimizer>>(schedule, predictor, M, batch,
-                                                                      N, repeats, cores, hop, pin);
-    if (K == 4)
-      return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Pr, AnyOptimizer>>(
-          schedule, predictor, M, batch, N, repeats, cores, hop, pin);
-    throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
-  });
+  if (K == 2)
+    return run_cell<Pipeline<mlp::K2a, mlp::K2b, AnyPredictor, AnyOptimizer>>(
+        schedule, predictor, M, batch, N, repeats, cores, hop, pin);
+  if (K == 4)
+    return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
+        schedule, predictor, M, batch, N, repeats, cores, hop, pin);
+  throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
 }
 
 //! The reference MLP's four layers (each with its ReLU; the last with the loss), measured: the
@@ -367,7 +366,8 @@ inline Cell validation_cell(int K, const std::string& schedule, int M, index_t b
 //! rows, and each stage's median forward and backward are fitted as fixed + rows x per-sample.
 inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
                                                       int repeats) {
-  using P = Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, Latest, AnyOptimizer>;
+  // The validation's 4-stage type (Latest, AnyPredictor's default): one instantiation for both.
+  using P = Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>;
   constexpr int K = P::stage_count;
   std::array<StageSamples, 2> at{StageSamples(K), StageSamples(K)};
   const std::array<index_t, 2> rows{small, large};

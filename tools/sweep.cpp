@@ -340,7 +340,7 @@ void SweepFiles::write_summaries() const {
   }
   write_file_atomically(dir_ / "sweep.csv", csv.str());
 
-  // sweep.md: the same summary as a Markdown table, for a README.
+  // sweep.md: the same summary as a Markdown table, for a results page.
   std::ostringstream md;
   md << "| K | M | optimizer | remedy | test accuracy by epoch, mean ± sd (n) | gap to GPipe, "
         "last epoch (points) | samples/s | weights per stage "

@@ -37,7 +37,7 @@ struct SweepPlan {
   float lr = 1e-3f;      // every optimizer but sgd
   float sgd_lr = 0.01f;  // sgd (momentum 0.9)
   // The default sizes, chosen so the default sweep runs in under 30 minutes on the 2-core VM
-  // (README: The staleness sweep says why these).
+  // (docs/guide.md, "The staleness sweep", says why these).
   long batch = 64, train_samples = 8000, test_samples = 5000;
   int epochs = 2;
 };

@@ -43,6 +43,9 @@ struct RunConfig {
   int micro_batches = 4;
   std::string schedule = "async-1f1b";
   std::string predictor = "xpipe";
+  // --predictor-param key=value, each applied to the run's predictor where it has that key
+  // (main checks every one against the runs' predictors before any run starts).
+  std::vector<std::pair<std::string, double>> predictor_params;
   std::string optimizer = "adam";
   float lr = 1e-3f;
   long batch = 128;
@@ -158,6 +161,22 @@ inline std::string float_text(float v) {
   return buf;
 }
 
+// The run's predictor: c.predictor with the --predictor-param values it has a key for.
+inline AnyPredictor run_predictor(const RunConfig& c) {
+  AnyPredictor p = make_predictor(c.predictor);
+  for (const auto& [key, value] : c.predictor_params) {
+    bool has = false;
+    std::visit(
+        [&](auto& q) {
+          for_each_hyper_parameter(
+              q, [&](const char* k, auto&, HyperRange) { has = has || key == k; });
+        },
+        p.impl);
+    if (has) p.set(key, value);
+  }
+  return p;
+}
+
 // What a checkpoint records of the run: everything that changes what it computes (not the
 // executor, which gives the same bits, nor --epochs, which a resumed run may extend).
 inline std::map<std::string, std::string> run_fields(const RunConfig& c, const DatasetPair& data) {
@@ -166,6 +185,7 @@ inline std::map<std::string, std::string> run_fields(const RunConfig& c, const D
           {"run.micro_batches", std::to_string(c.micro_batches)},
           {"run.schedule", c.schedule},
           {"run.predictor", c.predictor},
+          {"run.predictor_params", run_predictor(c).hyper_text()},
           {"run.optimizer", c.optimizer},
           {"run.lr", float_text(c.lr)},
           {"run.batch", std::to_string(c.batch)},
@@ -276,7 +296,8 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
          PipelineOptions{.batch = replica_batch,
                          .micro_batches = c.micro_batches,
                          .seed = c.seed,
-                         .measure_prediction = c.measure_prediction});
+                         .measure_prediction = c.measure_prediction},
+         run_predictor(c));
   Batcher batcher(data.train, c.batch, c.seed);
   HostBuffer<float> x(data.train.count * data.train.width);
   HostBuffer<std::int32_t> y(data.train.count);
@@ -307,7 +328,8 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   if (!ckpt_dir.empty() && c.resume) {
     if (const auto found = tools::find_resumable_checkpoint(ckpt_dir, c.label(), root)) {
       const std::string where = found->folder.string();
-      tools::check_run_fields(found->fields, fields, where);
+      tools::check_run_fields(found->fields, fields, where,
+                              {{"run.predictor_params", make_predictor(c.predictor).hyper_text()}});
       load_checkpoint(pipe, *found);
       const auto& bytes = found->file("records.tsv");
       rec.epochs = tools::parse_records(std::string(bytes.begin(), bytes.end()),
@@ -471,16 +493,16 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   return rec;
 }
 
+// One Pipeline type per model split (and queue policy): the predictor and the optimizer are
+// values chosen at run time (AnyPredictor, AnyOptimizer).
 template <class... Stages>
 RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
-  return with_predictor(c.predictor, [&]<class P>(std::type_identity<P>) {
 #if defined(XPIPE_WITH_MPI)
-    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>,
-                        Pipeline<Stages..., P, AnyOptimizer, MpiChannel>>(c, data, check);
+  return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer>,
+                      Pipeline<Stages..., AnyPredictor, AnyOptimizer, MpiChannel>>(c, data, check);
 #else
-    return run_pipeline<Pipeline<Stages..., P, AnyOptimizer>>(c, data, check);
+  return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer>>(c, data, check);
 #endif
-  });
 }
 
 // The model table's runners, one per compiled model (train_models_mlp.cpp, train_models_deep.cpp).

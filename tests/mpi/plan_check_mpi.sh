@@ -8,7 +8,7 @@ plan=$1 dir=$2
 shift 2
 rm -rf "$dir" && mkdir -p "$dir"
 "$plan" profile --out "$dir/mlp.json" --repeats 3
-# Loose on purpose (quiet, the README's four runs: within 16%): it catches a planner or a run
+# Loose on purpose (quiet, docs/results.md, check-mpi: within 16%): it catches a planner or a run
 # wrong by half (both ranks' work counted on one core, a plan run on another split), not a busy
 # machine's noise, nor a missing all-reduce alone (about a tenth of this step).
 "$@" -np 2 "$plan" check-mpi --model "$dir/mlp.json" --mini-batches 8 --repeats 2 \

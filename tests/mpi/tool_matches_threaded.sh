@@ -2,7 +2,7 @@
 # xpipe-train --executor mpi against the threaded executor on the same flags: the per-epoch loss
 # and test accuracy of runs.csv must be the same text (the same bits, printed to 6 digits), and
 # rank 0 alone must write (the files exist once, in --out). With --dp 2, the loss must agree
-# within 1% (the gradient sums run in another order; see below and the README). The runs get a
+# within 1% (the gradient sums run in another order; see below and docs/results.md, "MPI"). The runs get a
 # TMPDIR of their own, where no rank may leave a private folder (xpipe-train-rank-*): ctest gives
 # each test one (a .../tmpdir/NAME folder, made anew here); run by hand, WORKDIR/tmp.
 # Usage: tool_matches_threaded.sh XPIPE_TRAIN WORKDIR mpirun [flags...]

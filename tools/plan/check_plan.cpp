@@ -1,0 +1,85 @@
+// xpipe-plan check-plan: the planner's step times against runs this machine can make (1 x 1,
+// 2 x 1 and 1 x 2 of the reference MLP, a core per device), given the cores measured free.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "plan/common.hpp"
+#include "plan/runs.hpp"
+#include "plan/subcommands.hpp"
+#include "sim_profile.hpp"
+
+namespace xpipe::tools::plan {
+namespace {
+
+struct Options {
+  std::string model;
+  int batch = 128, mini_batches = 24, repeats = 3;
+};
+
+int run(const Options& o) {
+  const std::string& model_file = o.model;
+  const int b = o.batch, N = o.mini_batches, repeats = o.repeats;
+  sim::PlanRequest req = two_device_request(model_file, b);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  std::printf(
+      "planner step times (from %s; in-process, no all-reduce) against runs on this machine, "
+      "batch %d per replica (%s). 'planner' is given the cores measured free before and after the "
+      "run, "
+      "'quiet' a core per device.\n\n| plan | planner ms | measured ms | error | cores free | "
+      "quiet ms | measured how |\n|---|--:|--:|--:|--:|--:|---|\n",
+      model_file.c_str(), b, machine_note().c_str());
+  for (const auto& [dp, pp] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}}) {
+    req.device_counts = {dp * pp};
+    req.cluster.cores_per_replica = 0;
+    const sim::PlanResult quiet = sim::make_plans(req);
+    for (const sim::Plan& q : quiet.plans) {
+      if (q.dp != dp || q.pp != pp) continue;
+      double measured = 0;
+      std::string how;
+      std::vector<double> m, free;
+      for (int i = 0; i < repeats; ++i) {
+        const double before = measure_available_cores(cores);
+        if (pp == 1) {
+          m.push_back(measure_sequential_step(b, N, dp));
+        } else {
+          m.push_back(validation_cell(pp, q.schedule, q.micro_batches, b, N, 1, cores).measured);
+        }
+        free.push_back(0.5 * (before + measure_available_cores(cores)));
+      }
+      measured = median(m);
+      how = pp > 1    ? "Pipeline, ThreadedExecutor"
+            : dp == 1 ? "SequentialTrainer, 1 thread"
+                      : std::to_string(dp) + " SequentialTrainers side by side";
+      // The same plan, its replicas sharing the cores this process was measured to get.
+      const double avail = median(free);
+      req.cluster.cores_per_replica = avail / dp;
+      double predicted = 0;
+      for (const sim::Plan& p : sim::make_plans(req).plans)
+        if (p.label() == q.label()) predicted = p.step_seconds;
+      std::printf("| %s | %.3f | %.3f | %+.1f%% | %.2f | %.3f | %s |\n", q.label().c_str(),
+                  predicted * 1e3, measured * 1e3, 100 * (predicted / measured - 1), avail,
+                  q.step_seconds * 1e3, how.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_check_plan(CLI::App& app) {
+  auto* cli = app.add_subcommand("check-plan", "planner step times vs runs on this machine");
+  auto o = std::make_shared<Options>();
+  cli->add_option("--model", o->model, "model JSON of the reference MLP (xpipe-plan profile)")
+      ->required();
+  cli->add_option("--batch", o->batch, "per-replica batch")->check(CLI::Range(4, 1 << 16));
+  cli->add_option("--mini-batches", o->mini_batches, "steps per run")->check(CLI::Range(2, 100000));
+  cli->add_option("--repeats", o->repeats, "runs (medians)")->check(CLI::Range(1, 100));
+  return {cli, [o] { return run(*o); }};
+}
+
+}  // namespace xpipe::tools::plan
