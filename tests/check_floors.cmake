@@ -1,5 +1,5 @@
 # The style.include_floors test: a header under include/xpipe/<folder>/ includes only headers of
-# its own floor or lower ones (DESIGN.md's layering). Prints every include that reaches up.
+# its own floor or lower ones (docs/layout.md, "Floors"). Prints every include that reaches up.
 #   cmake -DSOURCE_DIR=<repo> -P check_floors.cmake
 # floor_of(folder out): the floor's rank, lowest 0; -1 for a folder with no floor.
 function(floor_of folder out)

@@ -4,6 +4,8 @@
 // machine runs does not inflate it), the cores the process gets measured, the
 // built-in MLP's layers fitted as fixed + rows x per-sample, and the validation of the simulator
 // against the threaded executor's measured run of the same Pipeline and schedule.
+// Over 400 lines: the profile, the serial executor it needs and the validation share their
+// timing helpers; xpipe-plan's subcommands (tools/plan/) call into it.
 #pragma once
 
 #include <pthread.h>

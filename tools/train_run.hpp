@@ -2,6 +2,8 @@
 // signal and MPI state, and run_pipeline / run_stages, which train one configuration on one
 // compiled Pipeline type. The model table's instantiations are spread over train_models_*.cpp
 // so that they compile in parallel; main() is in xpipe_train.cpp.
+// Over 400 lines: run_pipeline is one run's whole life (data, checkpoints, resume, epochs,
+// failures), kept in one function template so its order reads top to bottom.
 #pragma once
 
 #include <unistd.h>

@@ -202,7 +202,7 @@ inline void gemm(const HostContext& ctx, Trans ta, Trans tb, index_t m, index_t 
 
 //! Sets flush-to-zero and denormals-are-zero on the calling thread for its lifetime. Adam's
 //! second moments decay into denormals after a few epochs and slow every step by about a third
-//! without it (DESIGN.md); each training thread should hold one.
+//! without it (docs/design.md); each training thread should hold one.
 class ScopedFlushDenormals {
  public:
   ScopedFlushDenormals() {

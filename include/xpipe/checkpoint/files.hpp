@@ -9,6 +9,8 @@
 // The reader trusts nothing: the MANIFEST's own checksum, version, every size and checksum, every
 // name. A damaged checkpoint is set aside (renamed, never deleted) so its name can be written
 // again.
+// Over 400 lines on purpose: writer, reader, verification and the scan of a folder are one
+// protocol whose invariants read in one place.
 #pragma once
 
 #include <fcntl.h>

@@ -3,6 +3,8 @@
 // gradients travel on MpiChannel links; each stage's gradient is averaged over its replicas by
 // a non-blocking all-reduce that overlaps the stage's remaining forwards. Every wait has a
 // deadline. The same bits as the threaded executor at R = 1. Needs xpipe::mpi.
+// Over 400 lines: the executor, its rank layout and its gradient all-reduce share one wait
+// discipline (deadlines, who is blamed), kept together (its wait reports: exec/mpi_waits.hpp).
 #pragma once
 
 #include <mpi.h>
@@ -100,7 +102,7 @@ inline void mpi_write_wait_state(int fd) noexcept {
 
 //! Call before MPI_Init: picks Open MPI's ring algorithm for MPI_Iallreduce (unless the
 //! environment already chose one). Its default (recursive doubling for 2 ranks) took 3x as long
-//! as a blocking MPI_Allreduce on a 4 MB stage gradient here; the ring matches it (README,
+//! as a blocking MPI_Allreduce on a 4 MB stage gradient here; the ring matches it (docs/results.md,
 //! bench_mpi). Other MPI libraries ignore the variable.
 inline void mpi_default_tuning() {
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);

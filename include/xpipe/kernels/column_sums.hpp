@@ -12,8 +12,8 @@ namespace detail {
 // L1-resident row segment on a CPU core that adds a vector of each row at a time. A GPU thread
 // sums its column alone, so it waits on each load's latency unless many are in flight: it issues
 // 16 rows' loads before their adds (in the same order: the bits do not change). With nvcc's
-// default unrolling the MLP's 128-row sums were latency-bound on an H200 (README, "Checking on
-// a GPU").
+// default unrolling the MLP's 128-row sums were latency-bound on an H200 (docs/results.md, "GPU
+// benchmarks").
 template <index_t Width>
 XPIPE_HOST_DEVICE void column_sums_from(ConstMatrix dy, index_t c0, index_t n, float* db,
                                         bool accumulate) {

@@ -28,7 +28,7 @@ XPIPE_HOST_DEVICE void sgd_update(float& w, float g, float& m, const SgdScalars&
   w -= s.lr * d;
 }
 
-//! SGD's next-step direction for prediction: the momentum buffer itself (DESIGN.md).
+//! SGD's next-step direction for prediction: the momentum buffer itself (docs/design.md).
 XPIPE_HOST_DEVICE float sgd_direction(float m) {
   return m;
 }

@@ -3,6 +3,8 @@
 // template arguments), micro_batches.hpp (the row split), stage_runtime.hpp (what a stage
 // owns), stage_program.hpp (what each action does), device_epoch.hpp (the epoch's upload, read-
 // back and evaluation on a DeviceBackend).
+// Over 400 lines because it is one class template: train, evaluate, the state accessors and
+// prepare() share Pipeline's private members; what could stand alone already lives beside it.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Staleness analysis: for every action, the weight version it reads and its version difference
-// s under the two targets of DESIGN.md, plus what each stage must hold (activations in flight,
+// s under the two targets of docs/design.md, plus what each stage must hold (activations in flight,
 // stashed weight versions, mini-batches in flight). Derived from the schedule, never assumed.
 #pragma once
 

@@ -35,7 +35,7 @@ class CudaLtPlans {
   //! an H200 at the MLP's batch-128 shapes, every algorithm cuBLASLt offered with the bias
   //! epilogue was slower than cublasSgemm + the bias kernel, while the bias-gradient epilogue
   //! beat GEMM + column sums on the 1024-wide layers (`bench_gpu --gemm-detail`; the numbers are
-  //! in the README, "Checking on a GPU"). Turn on where `--gemm-detail` says the forward
+  //! in docs/results.md, "GPU benchmarks"). Turn on where `--gemm-detail` says the forward
   //! epilogue wins. Usage: `ctx.lt->forward_epilogues = true;` (read at each forward).
   bool forward_epilogues = false;
 
