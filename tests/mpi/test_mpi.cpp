@@ -78,7 +78,8 @@ Outcome train_threaded(const std::string& sched, const std::string& pred, int M,
                        const test::LabelledData& d, int epochs) {
   Outcome o;
   try {
-    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7});
+    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7},
+           make_predictor(pred));
     const Schedule s =
         make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
     ThreadedExecutor exec;
@@ -96,7 +97,8 @@ Outcome train_mpi(MpiExecutor& exec, const std::string& sched, const std::string
                   index_t batch, const test::LabelledData& d, int epochs) {
   Outcome o;
   try {
-    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7});
+    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7},
+           make_predictor(pred));
     const Schedule s =
         make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
     for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
@@ -124,12 +126,12 @@ void bitwise_for_model() {
   int combos = 0;
   for (const char* sched : schedule_names)
     for (const char* pred : predictor_names)
-      with_predictor(pred, [&]<class P>(std::type_identity<P>) {
+      [&] {  // the predictor chosen at run time: one Pipeline type per executor
         const std::string what = std::string(sched) + " x " + pred;
         const Outcome thr =
-            train_threaded<Pipeline<S..., P, AnyOptimizer>>(sched, pred, M, 16, d, 2);
-        const Outcome mpi =
-            train_mpi<Pipeline<S..., P, AnyOptimizer, MpiChannel>>(exec, sched, pred, M, 16, d, 2);
+            train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer>>(sched, pred, M, 16, d, 2);
+        const Outcome mpi = train_mpi<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(
+            exec, sched, pred, M, 16, d, 2);
         ++combos;
         if (!thr.error.empty() || !mpi.error.empty()) {
           if (thr.error != mpi.error)
@@ -140,7 +142,7 @@ void bitwise_for_model() {
             std::memcmp(thr.weights.data(), mpi.weights.data(), thr.weights.size() * 4) != 0)
           fail(what + ": weights differ from the threaded executor's");
         if (thr.losses != mpi.losses) fail(what + ": losses differ from the threaded executor's");
-      });
+      }();
   if (world_rank() == 0)
     std::printf("bitwise: %d schedule x predictor runs on %d ranks compared\n", combos, K);
 }
@@ -177,9 +179,9 @@ void data_parallel() {
   double worst = 0, worst_abs = 0;
   for (const char* sched : schedule_names)
     for (const char* pred : predictor_names)
-      with_predictor(pred, [&]<class P>(std::type_identity<P>) {
+      [&] {
         const std::string what = std::string(sched) + " x " + pred;
-        const Outcome mpi = train_mpi<Pipeline<A, D, P, AnyOptimizer, MpiChannel>>(
+        const Outcome mpi = train_mpi<Pipeline<A, D, AnyPredictor, AnyOptimizer, MpiChannel>>(
             exec, sched, pred, M, B / R, mine, 2);
         if (!mpi.error.empty()) {
           if (std::string(sched) == "2bw" || std::string(pred) == "2bw") return;  // M < K etc.
@@ -198,7 +200,7 @@ void data_parallel() {
         // that to ~1e-8 in a weight. tol = 1e-6 + 1e-5 |ref| leaves 10x to 100x room and would
         // still catch a missing 1 / R or a replica's rows counted twice (~1e-2).
         const Outcome one =
-            train_threaded<Pipeline<A, D, P, AnyOptimizer>>(sched, pred, M, B, d, 2);
+            train_threaded<Pipeline<A, D, AnyPredictor, AnyOptimizer>>(sched, pred, M, B, d, 2);
         for (std::size_t i = 0; i < one.weights.size(); ++i) {
           const double ref = one.weights[i], got = mpi.weights[i];
           const double tol = 1e-6 + 1e-5 * std::fabs(ref);
@@ -214,7 +216,7 @@ void data_parallel() {
           if (!(std::fabs(one.losses[e] - mpi.losses[e]) <= 1e-6 + 1e-5 * one.losses[e]))
             fail(what + ": epoch loss " + std::to_string(mpi.losses[e]) + ", one process " +
                  std::to_string(one.losses[e]));
-      });
+      }();
   if (world_rank() == 0)
     std::printf(
         "dp: 2 replicas x 2 stages: replicas bitwise equal; worst |dp - one| = %.3g (%.3f of "

@@ -19,8 +19,7 @@ namespace xpipe::tools::plan {
 namespace {
 
 struct Options {
-  std::string model;
-  int batch = 128, mini_batches = 16, repeats = 3;
+  StepCheckFlags step{.mini_batches = 16};
   double max_error = 0;
   std::string out;
 };
@@ -153,7 +152,7 @@ int run(const Options& o) {
     return 2;
   }
   try {
-    rc = check(o.model, o.batch, o.mini_batches, o.repeats, o.max_error, o.out);
+    rc = check(o.step.model, o.step.batch, o.step.mini_batches, o.step.repeats, o.max_error, o.out);
   } catch (const std::exception& e) {  // the other rank may wait for this one: end the job
     std::fprintf(stderr, "xpipe-plan: %s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const UsageError*>(&e) ? 2 : 1);
@@ -171,11 +170,7 @@ Subcommand add_check_mpi(CLI::App& app) {
   auto* cli = app.add_subcommand("check-mpi",
                                  "planner step times vs the MPI executor (run under mpirun -np 2)");
   auto o = std::make_shared<Options>();
-  cli->add_option("--model", o->model, "model JSON of the reference MLP (xpipe-plan profile)")
-      ->required();
-  cli->add_option("--batch", o->batch, "per-replica batch")->check(CLI::Range(4, 1 << 16));
-  cli->add_option("--mini-batches", o->mini_batches, "steps per run")->check(CLI::Range(2, 100000));
-  cli->add_option("--repeats", o->repeats, "runs (medians)")->check(CLI::Range(1, 100));
+  add_step_check_flags(cli, o->step);
   cli->add_option("--max-error", o->max_error, "exit 3 if any |error| exceeds this fraction")
       ->check(CLI::Range(0.0, 100.0));
   cli->add_option("--out", o->out, "folder for check-mpi.json");

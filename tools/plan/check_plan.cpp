@@ -16,13 +16,12 @@ namespace xpipe::tools::plan {
 namespace {
 
 struct Options {
-  std::string model;
-  int batch = 128, mini_batches = 24, repeats = 3;
+  StepCheckFlags step{.mini_batches = 24};
 };
 
 int run(const Options& o) {
-  const std::string& model_file = o.model;
-  const int b = o.batch, N = o.mini_batches, repeats = o.repeats;
+  const std::string& model_file = o.step.model;
+  const int b = o.step.batch, N = o.step.mini_batches, repeats = o.step.repeats;
   sim::PlanRequest req = two_device_request(model_file, b);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   std::printf(
@@ -74,11 +73,7 @@ int run(const Options& o) {
 Subcommand add_check_plan(CLI::App& app) {
   auto* cli = app.add_subcommand("check-plan", "planner step times vs runs on this machine");
   auto o = std::make_shared<Options>();
-  cli->add_option("--model", o->model, "model JSON of the reference MLP (xpipe-plan profile)")
-      ->required();
-  cli->add_option("--batch", o->batch, "per-replica batch")->check(CLI::Range(4, 1 << 16));
-  cli->add_option("--mini-batches", o->mini_batches, "steps per run")->check(CLI::Range(2, 100000));
-  cli->add_option("--repeats", o->repeats, "runs (medians)")->check(CLI::Range(1, 100));
+  add_step_check_flags(cli, o->step);
   return {cli, [o] { return run(*o); }};
 }
 

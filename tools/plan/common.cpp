@@ -128,4 +128,12 @@ sim::PlanRequest two_device_request(const std::string& model_file, int b) {
   return req;
 }
 
+void add_step_check_flags(CLI::App* cli, StepCheckFlags& f) {
+  cli->add_option("--model", f.model, "model JSON of the reference MLP (xpipe-plan profile)")
+      ->required();
+  cli->add_option("--batch", f.batch, "per-replica batch")->check(CLI::Range(4, 1 << 16));
+  cli->add_option("--mini-batches", f.mini_batches, "steps per run")->check(CLI::Range(2, 100000));
+  cli->add_option("--repeats", f.repeats, "runs (medians)")->check(CLI::Range(1, 100));
+}
+
 }  // namespace xpipe::tools::plan

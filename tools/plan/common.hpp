@@ -2,6 +2,7 @@
 // field at fault, flag lists, the output folder and its files, and the planner's two-device check.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -62,6 +63,15 @@ void write_out(const fs::path& dir, const std::string& name, const std::string& 
 std::string machine_note();
 
 // ---- check-plan and check-mpi -----------------------------------------------------------------
+
+//! The flags check-plan and check-mpi share: the model JSON, the batch per replica, the steps of
+//! a run and the runs (medians).
+struct StepCheckFlags {
+  std::string model;
+  int batch = 128, mini_batches = 16, repeats = 3;
+};
+//! Adds --model, --batch, --mini-batches and --repeats to `cli`, into `f`.
+void add_step_check_flags(CLI::App* cli, StepCheckFlags& f);
 
 //! What the checks ask the planner: the plans for up to 2 devices of one core each (as much
 //! memory as needed, a flat E(B): step times only) at b rows per replica and M in {1, 2, 4}.

@@ -24,20 +24,14 @@
 namespace xpipe {
 
 namespace detail {
-template <class O>
-std::string optimizer_label(const O& o) {
-  if constexpr (requires { o.chosen_name(); })
-    return o.chosen_name();
+// A policy's name in a checkpoint: the chosen one of a run-time choice (AnyOptimizer,
+// AnyPredictor), else the type's own.
+template <class T>
+std::string policy_label(const T& t) {
+  if constexpr (requires { t.chosen_name(); })
+    return t.chosen_name();
   else
-    return O::name;
-}
-
-template <class P>
-std::string predictor_label(const P& p) {
-  if constexpr (requires { p.chosen_name(); })
-    return p.chosen_name();
-  else
-    return P::name;
+    return T::name;
 }
 
 template <class P>
@@ -75,10 +69,10 @@ std::map<std::string, std::string> pipeline_fields(const P& pipe) {
   f["pipeline.batch"] = std::to_string(o.batch);
   f["pipeline.micro_batches"] = std::to_string(o.micro_batches);
   f["pipeline.seed"] = std::to_string(o.seed);
-  f["pipeline.predictor"] = predictor_label(pipe.predictor_policy());
+  f["pipeline.predictor"] = policy_label(pipe.predictor_policy());
   f["pipeline.byte_order"] = std::endian::native == std::endian::little ? "little" : "big";
   pipe.for_each_optimizer_state([&](int k, const auto& st) {
-    f["pipeline.optimizer"] = optimizer_label(st.optimizer());
+    f["pipeline.optimizer"] = policy_label(st.optimizer());
     f["pipeline.stage-" + std::to_string(k) + ".params"] = std::to_string(st.size());
   });
   return f;

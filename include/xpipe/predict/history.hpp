@@ -99,24 +99,24 @@ class HistoryFitState : public PredictorHooks {
 };
 }  // namespace detail
 
+namespace detail {
+//! The history fit of degree Degree (1 or 2) as a predictor.
+template <int Degree>
+struct BasicHistoryFit {
+  static_assert(Degree == 1 || Degree == 2, "xpipe: HistoryFit: degree 1 or 2");
+  static constexpr const char* name = Degree == 1 ? "fit-linear" : "fit-quadratic";
+  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
+  template <class O, class B>
+  struct State : HistoryFitState<O, B> {
+    explicit State(const PredictorSetup& setup) : HistoryFitState<O, B>(setup, Degree) {}
+  };
+};
+}  // namespace detail
+
 //! A line fitted to the last 3 versions of each weight, read s steps ahead.
-struct FitLinear {
-  static constexpr const char* name = "fit-linear";
-  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
-  template <class O, class B>
-  struct State : detail::HistoryFitState<O, B> {
-    explicit State(const PredictorSetup& setup) : detail::HistoryFitState<O, B>(setup, 1) {}
-  };
-};
+using FitLinear = detail::BasicHistoryFit<1>;
 //! A parabola fitted to the last 4 versions of each weight, read s steps ahead.
-struct FitQuadratic {
-  static constexpr const char* name = "fit-quadratic";
-  static constexpr StalenessTarget target = StalenessTarget::ApplyTime;
-  template <class O, class B>
-  struct State : detail::HistoryFitState<O, B> {
-    explicit State(const PredictorSetup& setup) : detail::HistoryFitState<O, B>(setup, 2) {}
-  };
-};
+using FitQuadratic = detail::BasicHistoryFit<2>;
 
 static_assert(Predictor<FitLinear>);
 static_assert(Predictor<FitQuadratic>);

@@ -42,39 +42,31 @@ class PipeNAGState : public StashState<O, B> {
 };
 }  // namespace detail
 
+namespace detail {
+//! PipeNAG with the momentum at every stage (PerStage false) or per stage (true).
+template <bool PerStage>
+struct BasicPipeNAG {
+  static constexpr const char* name = PerStage ? "pipenag-k" : "pipenag";
+  float momentum = 0.99f;
+
+  template <class F>
+  void hyper_parameters(F&& f) {
+    f("momentum", momentum, HyperRange{0, 1, false, true});
+  }
+  template <class O, class B>
+  struct State : PipeNAGState<O, B> {
+    explicit State(const PredictorSetup& setup, const BasicPipeNAG& p = {})
+        : PipeNAGState<O, B>(setup, p.momentum, PerStage, name) {}
+  };
+};
+}  // namespace detail
+
 //! PipeNAG: stashing + Nesterov steps (NAdam / Nesterov SGD) with momentum `momentum` (0.99, as
 //! in the authors' code) at every stage. Holds what Stash holds.
-struct PipeNAG {
-  static constexpr const char* name = "pipenag";
-  float momentum = 0.99f;
-
-  template <class F>
-  void hyper_parameters(F&& f) {
-    f("momentum", momentum, HyperRange{0, 1, false, true});
-  }
-  template <class O, class B>
-  struct State : detail::PipeNAGState<O, B> {
-    explicit State(const PredictorSetup& setup, const PipeNAG& p = {})
-        : detail::PipeNAGState<O, B>(setup, p.momentum, false, name) {}
-  };
-};
-
+using PipeNAG = detail::BasicPipeNAG<false>;
 //! PipeNAG's per-stage variant: momentum beta + (versions(k) - 1) (momentum - beta) / K, higher
 //! where the delay is longer (beta: the optimizer's own, e.g. Adam's 0.9; `momentum` 0.99).
-struct PipeNAGStaged {
-  static constexpr const char* name = "pipenag-k";
-  float momentum = 0.99f;
-
-  template <class F>
-  void hyper_parameters(F&& f) {
-    f("momentum", momentum, HyperRange{0, 1, false, true});
-  }
-  template <class O, class B>
-  struct State : detail::PipeNAGState<O, B> {
-    explicit State(const PredictorSetup& setup, const PipeNAGStaged& p = {})
-        : detail::PipeNAGState<O, B>(setup, p.momentum, true, name) {}
-  };
-};
+using PipeNAGStaged = detail::BasicPipeNAG<true>;
 
 static_assert(Predictor<PipeNAG>);
 static_assert(Predictor<PipeNAGStaged>);
