@@ -153,6 +153,34 @@ void compare_one(const Schedule& s, const Dataset& d, O opt, const std::vector<i
   }
 }
 
+// Every predictor chosen at run time (AnyPredictor: what xpipe-train --device cuda runs): the
+// CUDA executor against the reference executor on the GPU bitwise, as compare_one checks the
+// static types; and for Latest, Stash and XPipe, AnyPredictor against the static type on the
+// GPU bitwise (the same kernels in the same order).
+template <class E>
+Outcome train_any(const Schedule& s, const Dataset& d, const Adam& opt, E executor,
+                  const AnyPredictor& pred) {
+  Pipeline<S0, S1, S2, S3, AnyPredictor, Adam, Cuda> p(
+      opt, {.batch = batch, .micro_batches = M, .seed = 11, .devices = {0}}, pred);
+  const EpochResult r = p.train(s, epoch_of(d), executor);
+  return {p.weights(), r.loss, p.evaluate(d)};
+}
+
+template <class... Static>
+void any_predictor(const Schedule& s, const Dataset& d, const Adam& adam) {
+  for (const char* name : predictor_names) {
+    const AnyPredictor pred = make_predictor(name);
+    const std::string what = s.name + " x AnyPredictor(" + name + ")";
+    const Outcome gpu = train_any(s, d, adam, CudaExecutor{}, pred);
+    check_same(what + ": reference vs CUDA executor",
+               train_any(s, d, adam, ReferenceExecutor{}, pred).weights, gpu.weights);
+  }
+  (check_same(s.name + ": AnyPredictor(" + Static::name + ") vs the static type on the GPU",
+              train<Static, Adam, Cuda>(s, d, adam, CudaExecutor{}, {0}).weights,
+              train_any(s, d, adam, CudaExecutor{}, make_predictor(Static::name)).weights),
+   ...);
+}
+
 // Stages 0 and 2 as Dense layers (the ReLU in the forward GEMM's epilogue, the stage's third
 // gradient buffer on the device): from the same seed they start from the host's Linear-then-ReLU
 // weights, train async 1F1B x XPipe on the GPU to them within the tolerance above, twice bitwise.
@@ -334,6 +362,7 @@ int main() {
     compare_one<Stash>(async, d, adam, spread);
     compare_one<XPipe>(async, d, adam, spread);
     compare_one<SpecTrain>(async, d, SGD{.lr = 0.05f, .momentum = 0.9f}, spread);
+    any_predictor<Latest, Stash, XPipe>(async, d, adam);  // M = K: 2BW and 2BW + EF can run
     non_finite_loss(d);
     resume_from_checkpoint(d);
     stalled_queues(d);
