@@ -471,8 +471,12 @@ TEST_CASE("Hyper-parameters by name: set, listed, and refused with what they acc
   REQUIRE_THROWS_WITH(m.set("max_steps", 1.5), Catch::Contains("an integer"));
   m.set("max_steps", 3);
   REQUIRE(m.hyper_text() == "max_steps=3");
+  REQUIRE(make_predictor("pipemare").hyper_names() == std::vector<std::string>{"anneal_steps"});
+  REQUIRE(make_predictor("2bw-ef").has_hyper_parameter("gamma"));
   AnyPredictor x = make_predictor("xpipe");
   REQUIRE(x.hyper_text().empty());
+  REQUIRE(x.hyper_names().empty());
+  REQUIRE_FALSE(x.has_hyper_parameter("momentum"));
   REQUIRE_THROWS_WITH(x.set("momentum", 0.9), Catch::Contains("(it has none)"));
   REQUIRE_THROWS_WITH(make_predictor("dc-asgd"), Catch::StartsWith("xpipe: unknown predictor "
                                                                    "'dc-asgd' (available: latest, "

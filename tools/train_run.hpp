@@ -166,16 +166,8 @@ inline std::string float_text(float v) {
 // The run's predictor: c.predictor with the --predictor-param values it has a key for.
 inline AnyPredictor run_predictor(const RunConfig& c) {
   AnyPredictor p = make_predictor(c.predictor);
-  for (const auto& [key, value] : c.predictor_params) {
-    bool has = false;
-    std::visit(
-        [&](auto& q) {
-          for_each_hyper_parameter(
-              q, [&](const char* k, auto&, HyperRange) { has = has || key == k; });
-        },
-        p.impl);
-    if (has) p.set(key, value);
-  }
+  for (const auto& [key, value] : c.predictor_params)
+    if (p.has_hyper_parameter(key)) p.set(key, value);
   return p;
 }
 

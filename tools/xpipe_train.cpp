@@ -17,7 +17,6 @@
 #include <string>
 #include <system_error>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "sweep.hpp"
@@ -275,21 +274,13 @@ std::string check_predictor_params(const std::vector<std::string>& given,
     if (eq == std::string::npos || key.empty() || value_text.empty() || ec != std::errc() ||
         end != value_text.data() + value_text.size())
       return "'" + text + "' is not key=number (e.g. momentum=0.95)";
-    std::string keys;  // of the predictors in use, for the message
+    std::vector<std::string> keys;  // of the predictors in use, for the message
     bool used = false;
     for (const std::string& name : predictors) {
       AnyPredictor p = make_predictor(name);
-      bool has = false;
-      std::visit(
-          [&](auto& q) {
-            for_each_hyper_parameter(q, [&](const char* k, auto&, HyperRange) {
-              has = has || key == k;
-              if (keys.find(k) == std::string::npos)
-                keys += (keys.empty() ? "" : ", ") + std::string(k);
-            });
-          },
-          p.impl);
-      if (!has) continue;
+      for (const std::string& k : p.hyper_names())
+        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+      if (!p.has_hyper_parameter(key)) continue;
       used = true;
       try {
         p.set(key, value);
@@ -299,7 +290,8 @@ std::string check_predictor_params(const std::vector<std::string>& given,
     }
     if (!used)
       return "no predictor of this command (" + join_names(predictors) + ") has '" + key + "' (" +
-             (keys.empty() ? std::string("they have no hyper-parameters") : "they have: " + keys) +
+             (keys.empty() ? std::string("they have no hyper-parameters")
+                           : "they have: " + join_names(keys)) +
              ")";
     c.predictor_params.emplace_back(key, value);
   }

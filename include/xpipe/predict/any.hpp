@@ -67,6 +67,15 @@ void set_hyper_parameter(P& p, std::string_view key, double value) {
                       (keys.empty() ? std::string("it has none") : "it has: " + keys) + ")");
 }
 
+//! The keys of p's hyper-parameters, in declaration order (none without any).
+template <class P>
+std::vector<std::string> hyper_parameter_names(const P& p) {
+  P copy = p;  // hyper_parameters() hands out mutable references
+  std::vector<std::string> out;
+  for_each_hyper_parameter(copy, [&](const char* k, auto&, HyperRange) { out.emplace_back(k); });
+  return out;
+}
+
 //! "key=value,key=value" of p's hyper-parameters in declaration order ("" without any), for
 //! labels and checkpoint fields. Usage: `hyper_parameter_text(PipeNAG{})` is "momentum=0.99".
 template <class P>
@@ -98,6 +107,16 @@ struct AnyPredictorOf {
   //! set_hyper_parameter on the chosen predictor.
   void set(std::string_view key, double value) {
     std::visit([&](auto& p) { set_hyper_parameter(p, key, value); }, impl);
+  }
+  //! hyper_parameter_names of the chosen predictor.
+  std::vector<std::string> hyper_names() const {
+    return std::visit([](const auto& p) { return hyper_parameter_names(p); }, impl);
+  }
+  //! Whether the chosen predictor has hyper-parameter `key`.
+  bool has_hyper_parameter(std::string_view key) const {
+    for (const std::string& k : hyper_names())
+      if (k == key) return true;
+    return false;
   }
   //! hyper_parameter_text of the chosen predictor.
   std::string hyper_text() const {
@@ -164,8 +183,7 @@ struct AnyPredictorOf {
     template <std::size_t I, class Q>
     void emplace(const PredictorSetup& setup, const Q& q) {
       // Built in place: a State need be neither copyable nor movable.
-      if constexpr (std::constructible_from<typename Q::template State<O, B>, const PredictorSetup&,
-                                            const Q&>)
+      if constexpr (detail::TakesPredictorValue<typename Q::template State<O, B>, Q>)
         impl_.template emplace<I + 1>(setup, q);
       else
         impl_.template emplace<I + 1>(setup);

@@ -62,8 +62,10 @@ concept HasPredictorState = requires {
 };
 // A State is built from its setup, and from the predictor's value where it has hyper-parameters.
 template <class S, class P>
-concept FromPredictorSetup = std::constructible_from<S, const PredictorSetup&> ||
-    std::constructible_from<S, const PredictorSetup&, const P&>;
+concept TakesPredictorValue = std::constructible_from<S, const PredictorSetup&, const P&>;
+template <class S, class P>
+concept FromPredictorSetup =
+    std::constructible_from<S, const PredictorSetup&> || TakesPredictorValue<S, P>;
 template <class S, class O, class B>
 concept HasForwardWeights = requires(S& st, const typename B::Context& ctx,
                                      OptimizerState<O, B>& opt) {
@@ -100,7 +102,7 @@ concept PredictorStateFor =
 template <class P, class S>
 void emplace_predictor_state(std::optional<S>& slot, const PredictorSetup& setup,
                              const P& predictor) {
-  if constexpr (std::constructible_from<S, const PredictorSetup&, const P&>)
+  if constexpr (TakesPredictorValue<S, P>)
     slot.emplace(setup, predictor);
   else
     slot.emplace(setup);
