@@ -259,6 +259,31 @@ case $case in
     [ "$(wc -l <want.txt)" -ge 3 ] || fail "runs.json has no prediction errors per epoch"
     cmp -s want.txt got.txt || fail "resumed prediction errors differ: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
+  cnn_resume_is_exact)  # the ResNet (BatchNorm state) with augmentation: resume = straight
+    base=(--model resnet --stages 4 -M 2 --batch 32 --train-samples 256 --test-samples 100
+      --executor reference --augment-flip)
+    ck=("${base[@]}" --augment-pad 2)
+    run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck-straight --out straight
+    run 0 "${ck[@]}" --epochs 1 --checkpoint-dir ck --out first
+    [ -f ck/async-1f1b_xpipe_adam/ckpt-000001/stage-0.state.bin ] ||
+      fail "the checkpoint lacks stage 0's BatchNorm state"
+    run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --resume --out resumed
+    cut -d, -f9-11 straight/runs.csv >want.txt
+    cut -d, -f9-11 resumed/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    grep -Eq '"augment": ?"pad=2,flip=1"' resumed/runs.json || fail "runs.json lacks the augmentation"
+    # Another augmentation is another computation: refused, named.
+    run 1 "${base[@]}" --augment-pad 1 --epochs 3 --checkpoint-dir ck --resume --out other
+    says "run.augment = pad=2,flip=1, this run has pad=1,flip=1"
+    ;;
+  cnn_executors_agree)  # the VGG over 4 stages: threaded = reference, every epoch's numbers
+    v=(--model vgg --stages 4 -M 4 --batch 64 --train-samples 512 --test-samples 100 --epochs 2)
+    run 0 "${v[@]}" --executor reference --out ref
+    run 0 "${v[@]}" --executor threaded --out thr
+    cut -d, -f9-11 ref/runs.csv >want.txt
+    cut -d, -f9-11 thr/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "threaded differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out
     run 2 "${small[@]}" --checkpoint-dir ck --out out

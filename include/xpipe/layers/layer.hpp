@@ -15,6 +15,16 @@ namespace xpipe {
 //! Width of a layer that keeps whatever width it receives (activations).
 inline constexpr int any_width = 0;
 
+//! What a forward is for, and where its layer's non-trainable state lives (BatchNorm's running
+//! statistics: `state_count` floats of the stage's state buffer, checkpointed, never optimised
+//! or predicted). Training forwards use and update the batch's statistics; evaluation reads the
+//! state. Stage::forward hands each layer that declares state its part of the stage's buffer.
+//! Usage: `S::forward(ctx, w, x, acts, Running{state.data(), /*training=*/false});`
+struct Running {
+  float* state = nullptr;
+  bool training = true;
+};
+
 namespace detail {
 template <class L>
 concept HasInWidth = requires {
@@ -50,6 +60,34 @@ concept HasScratchBackward = requires(const typename B::Context& ctx, const floa
                                       Matrix dx, Matrix scratch) {
   L::backward(ctx, p, g, acc, x, y, dy, dx, scratch);
 };
+// What a layer keeps per micro-batch beyond its output (a convolution's primitives, BatchNorm's
+// statistics): L::Saved<B>, built from the slot's row capacity, one per activation slot.
+template <class L, class B>
+concept HasSaved = requires {
+  typename L::template Saved<B>;
+}
+&&std::constructible_from<typename L::template Saved<B>, index_t>;
+template <class L, class B>
+concept HasSavedForward = HasSaved<L, B> &&
+    requires(const typename B::Context& ctx, const float* p, ConstMatrix x, Matrix y,
+             typename L::template Saved<B>& s) {
+  L::forward(ctx, p, x, y, s);
+};
+// A forward that also takes the layer's part of the stage's non-trainable state (Running).
+template <class L, class B>
+concept HasStateForward = HasSaved<L, B> &&
+    requires(const typename B::Context& ctx, const float* p, ConstMatrix x, Matrix y,
+             typename L::template Saved<B>& s, Running run) {
+  { L::state_count } -> std::convertible_to<index_t>;
+  L::init_state(std::span<float>{});
+  L::forward(ctx, p, x, y, s, run);
+};
+template <class L, class B>
+concept HasSavedBackward = HasSaved<L, B> &&
+    requires(const typename B::Context& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+             ConstMatrix y, ConstMatrix dy, Matrix dx, typename L::template Saved<B>& s) {
+  L::backward(ctx, p, g, acc, x, y, dy, dx, s);
+};
 }  // namespace detail
 
 //! How many of a model's layer numbers (seed sub-streams of Stage::init) layer L takes: 1, or
@@ -71,6 +109,25 @@ consteval std::size_t init_streams() {
 template <class L, class B = Host>
 inline constexpr bool takes_grad_scratch = detail::HasScratchBackward<L, B>;
 
+//! Whether layer L keeps state per micro-batch slot on backend B (L::Saved<B>): Stage's
+//! Activations then hold one, and L's forward and backward take it as their last argument.
+//! Usage: `if constexpr (keeps_saved<L, B>) L::forward(ctx, p, x, y, acts.template saved<I>());`
+template <class L, class B = Host>
+inline constexpr bool keeps_saved = detail::HasSaved<L, B>;
+
+//! Floats of non-trainable state layer L keeps (L::state_count; 0 for most layers).
+template <class L>
+consteval index_t state_count_of() {
+  if constexpr (requires { L::state_count; })
+    return static_cast<index_t>(L::state_count);
+  else
+    return 0;
+}
+
+//! Whether layer L's forward takes a Running (its state, and training or evaluation) on B.
+template <class L, class B = Host>
+inline constexpr bool takes_running = detail::HasStateForward<L, B>;
+
 //! Layer: a stateless description of one layer; its parameters live in the stage's flat buffer.
 //! Its compute functions are probed with backend B's context (a layer written only for CUDA
 //! is a Layer<L, Cuda>). Stage<...> checks the backend-free members (check_layer_shape);
@@ -85,12 +142,23 @@ inline constexpr bool takes_grad_scratch = detail::HasScratchBackward<L, B>;
 //!     where dx may be empty (the first layer of a model needs no input gradient); or the same
 //!     with a last `Matrix scratch` argument: rows x out_width floats of the stage's, distinct
 //!     from dy and dx, for the layer to write an intermediate gradient into (Dense).
-//! Optional: `static constexpr std::size_t init_streams` (default 1), how many of the model's
-//! layer numbers, and so seed sub-streams, the layer takes (Dense: 2, as `Linear, ReLU`).
+//! Optional:
+//!   - `static constexpr std::size_t init_streams` (default 1), how many of the model's layer
+//!     numbers, and so seed sub-streams, the layer takes (Dense: 2, as `Linear, ReLU`);
+//!   - `using in_shape = Shape<C, H, W>;` and `using out_shape = ...;` (core/shape.hpp): the
+//!     image a layer takes or gives, checked against its neighbours' by Stage and Pipeline;
+//!   - `template <class B> struct Saved`, constructible from the slot's row capacity: what the
+//!     layer keeps per micro-batch slot beyond its output (Conv2d's oneDNN primitives). Its
+//!     forward and backward then take a `Saved<B>&` as their last argument instead;
+//!   - with Saved: `static constexpr index_t state_count` and `static void init_state(span)`:
+//!     non-trainable state (BatchNorm's running statistics); its forward then takes a last
+//!     `Running` argument: its part of the stage's state buffer, and whether it trains.
 template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
-    detail::HasInit<L> && detail::HasForward<L, B> &&
-    (detail::HasBackward<L, B> || detail::HasScratchBackward<L, B>);
+    detail::HasInit<L> &&(detail::HasForward<L, B> || detail::HasSavedForward<L, B> ||
+                          detail::HasStateForward<L, B>)&&(detail::HasBackward<L, B> ||
+                                                           detail::HasScratchBackward<L, B> ||
+                                                           detail::HasSavedBackward<L, B>);
 
 //! Fails to compile with a message naming the first backend-free member L lacks (widths,
 //! param_count, init): what Stage<...> needs whatever the backend.
@@ -107,12 +175,14 @@ consteval bool check_layer_shape() {
 template <class L, class B = Host>
 consteval bool check_layer() {
   static_assert(check_layer_shape<L>());
-  static_assert(detail::HasForward<L, B>,
-                "xpipe: Layer: missing static forward(ctx, params, ConstMatrix x, Matrix y) for "
-                "this backend's context");
-  static_assert(detail::HasBackward<L, B> || detail::HasScratchBackward<L, B>,
+  static_assert(
+      detail::HasForward<L, B> || detail::HasSavedForward<L, B> || detail::HasStateForward<L, B>,
+      "xpipe: Layer: missing static forward(ctx, params, ConstMatrix x, Matrix y"
+      "[, Saved<B>&[, Running]]) for this backend's context");
+  static_assert(detail::HasBackward<L, B> || detail::HasScratchBackward<L, B> ||
+                    detail::HasSavedBackward<L, B>,
                 "xpipe: Layer: missing static backward(ctx, params, grads, accumulate, x, y, dy, "
-                "dx[, scratch]) for this backend's context");
+                "dx[, scratch or Saved<B>&]) for this backend's context");
   return true;
 }
 

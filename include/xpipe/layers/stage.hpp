@@ -2,16 +2,19 @@
 // and forward/backward over caller-owned buffers (so executors can keep several micro-batches).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <tuple>
 #include <utility>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/core/random.hpp"
+#include "xpipe/core/shape.hpp"
 #include "xpipe/layers/layer.hpp"
 
 namespace xpipe {
@@ -27,6 +30,61 @@ struct LayerWidthCheck {
       "xpipe: Stage: layer input width does not match the previous layer's output "
       "width (LayerWidthCheck<LayerIndex, PreviousOutWidth, LayerInWidth> above names them)");
   static constexpr bool value = true;
+};
+
+// As LayerWidthCheck, for image shapes: where a boundary carries a shape and the layer after it
+// declares the shape it takes, the two must agree (a 784-wide 1x28x28 image is not a 4x14x14).
+template <std::size_t LayerIndex, Dims PreviousOutShape, Dims LayerInShape>
+struct LayerShapeCheck {
+  static_assert(!PreviousOutShape.known() || !LayerInShape.known() ||
+                    PreviousOutShape == LayerInShape,
+                "xpipe: Stage: layer input shape does not match the previous layer's output "
+                "shape (LayerShapeCheck<LayerIndex, PreviousOutShape, LayerInShape> above names "
+                "them as Dims{channels, height, width})");
+  static constexpr bool value = true;
+};
+
+// The image shape at each boundary: a layer's out_shape; what a width-preserving layer (ReLU)
+// receives; none after a layer that gives a flat width. Boundary 0 is the first layer's in_shape,
+// or that of the first shaped layer behind width-preserving ones.
+template <class... Ls>
+consteval std::array<Dims, sizeof...(Ls) + 1> boundary_dims() {
+  constexpr std::array<Dims, sizeof...(Ls)> ins{layer_in_dims<Ls>()...};
+  constexpr std::array<Dims, sizeof...(Ls)> outs{layer_out_dims<Ls>()...};
+  constexpr std::array<bool, sizeof...(Ls)> keeps{(Ls::out_width == any_width)...};
+  std::array<Dims, sizeof...(Ls) + 1> d{};
+  for (std::size_t i = 0; i < ins.size(); ++i) {
+    if (ins[i].known()) {
+      d[0] = ins[i];
+      break;
+    }
+    if (!keeps[i]) break;
+  }
+  for (std::size_t i = 0; i < ins.size(); ++i) d[i + 1] = keeps[i] ? d[i] : outs[i];
+  return d;
+}
+
+// Floats a layer keeps per micro-batch beyond its output, where it says (L::saved_floats).
+template <class L>
+constexpr index_t saved_floats_of(index_t rows) {
+  if constexpr (requires { L::saved_floats(rows); })
+    return L::saved_floats(rows);
+  else
+    return 0;
+}
+
+// Saved<B> of a layer that keeps one, or nothing.
+struct NothingSaved {
+  explicit NothingSaved(index_t) {}
+};
+template <class L, class B>
+struct SavedOf {
+  using type = NothingSaved;
+};
+template <class L, class B>
+requires HasSaved<L, B>
+struct SavedOf<L, B> {
+  using type = typename L::template Saved<B>;
 };
 
 template <class... Ls>
@@ -64,6 +122,11 @@ struct Stage {
   static constexpr std::array<int, layer_count + 1> widths = detail::boundary_widths<Ls...>();
   static constexpr int in_width = widths[0];
   static constexpr int out_width = widths[layer_count];
+  //! shapes[i]: the image shape at boundary i, Dims{} where it is a flat width.
+  static constexpr std::array<Dims, layer_count + 1> shapes = detail::boundary_dims<Ls...>();
+  //! The image shape the stage takes and gives (Dims{} when flat); Pipeline checks neighbours.
+  static constexpr Dims in_shape = shapes[0];
+  static constexpr Dims out_shape = shapes[layer_count];
 
   //! Every layer's forward and backward exist for backend B (Pipeline checks this for its own).
   template <class B>
@@ -80,6 +143,14 @@ struct Stage {
         ...);
   }
   static_assert(check_widths(std::index_sequence_for<Ls...>{}));
+  template <std::size_t... I>
+  static consteval bool check_shapes(std::index_sequence<I...>) {
+    return (detail::LayerShapeCheck<I, shapes[I], layer_in_dims<Ls>()>::value && ...);
+  }
+  static_assert(check_shapes(std::index_sequence_for<Ls...>{}));
+  static_assert(((!layer_in_dims<Ls>().known() || layer_in_dims<Ls>().size() == Ls::in_width) &&
+                 ...),
+                "xpipe: Stage: a layer's in_shape does not hold in_width floats");
 
   static consteval std::array<index_t, layer_count + 1> offsets() {
     constexpr std::array<index_t, layer_count> counts{Ls::param_count...};
@@ -94,9 +165,10 @@ struct Stage {
   static constexpr std::array<index_t, layer_count + 1> param_offsets = offsets();
   //! Length of the stage's flat parameter (and gradient, and moment) buffer.
   static constexpr index_t param_count = param_offsets[layer_count];
-  //! Floats of activations one micro-batch of `rows` rows keeps (outputs of every layer).
+  //! Floats of activations one micro-batch of `rows` rows keeps: every layer's output, and
+  //! what layers keep beyond it (L::saved_floats(rows): a residual block's inner activations).
   static constexpr index_t activation_floats(index_t rows) {
-    index_t n = 0;
+    index_t n = (detail::saved_floats_of<Ls>(rows) + ... + 0);
     for (std::size_t i = 1; i <= layer_count; ++i) n += rows * widths[i];
     return n;
   }
@@ -104,6 +176,33 @@ struct Stage {
     int m = 0;
     for (int w : widths) m = w > m ? w : m;
     return m;
+  }
+
+  //! state_offsets[i]: where layer i's non-trainable state (BatchNorm's running statistics)
+  //! starts in the stage's state buffer; state_count: that buffer's length (0 for most stages).
+  static constexpr std::array<index_t, layer_count + 1> state_offsets = [] {
+    constexpr std::array<index_t, layer_count> n{state_count_of<Ls>()...};
+    std::array<index_t, layer_count + 1> o{};
+    for (std::size_t i = 0; i < layer_count; ++i) o[i + 1] = o[i] + n[i];
+    return o;
+  }();
+  static constexpr index_t state_count = state_offsets[layer_count];
+
+  //! The initial non-trainable state (BatchNorm: running mean 0, variance 1), on the host.
+  static void init_state(std::span<float> state) {
+    if (static_cast<index_t>(state.size()) != state_count)
+      throw ShapeError("xpipe: Stage::init_state: state buffer has " +
+                       std::to_string(state.size()) + " floats, the stage needs " +
+                       std::to_string(state_count));
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (state_count_of<layer<I>>() > 0)
+              layer<I>::init_state(state.subspan(state_offsets[I], state_count_of<layer<I>>()));
+          }(),
+          ...);
+    }
+    (std::make_index_sequence<layer_count>{});
   }
 
   //! init_stream_offsets[i]: the seed sub-stream of layer i counted from the stage's first;
@@ -132,13 +231,16 @@ struct Stage {
     (std::make_index_sequence<layer_count>{});
   }
 
-  //! Activations of one micro-batch through the stage, on backend B: the input view and every
-  //! layer's output. Allocated once for up to max_rows rows; reused for every micro-batch.
+  //! Activations of one micro-batch through the stage, on backend B: the input view, every
+  //! layer's output, and what layers keep per micro-batch beyond it (their Saved<B>, e.g.
+  //! Conv2d's primitives). Allocated once for up to max_rows rows; reused for every micro-batch.
   template <class B = DefaultBackend>
   class Activations {
    public:
     explicit Activations(index_t max_rows)
-        : max_rows_(max_rows), storage_(activation_floats(max_rows)) {}
+        : max_rows_(max_rows),
+          storage_(activation_floats(max_rows)),
+          saved_(typename detail::SavedOf<Ls, B>::type(max_rows)...) {}
     index_t max_rows() const { return max_rows_; }
     index_t rows() const { return rows_; }
     //! Boundary i: i = 0 is the stage input, i = layer_count its output.
@@ -149,6 +251,12 @@ struct Stage {
       return {const_cast<float*>(storage_.data()) + off, rows_, widths[i]};
     }
     ConstMatrix output() const { return boundary(layer_count); }
+    //! Layer I's Saved<B> in this slot (detail::NothingSaved for a layer that keeps none). The
+    //! backward writes it too (caches), hence a mutable member behind a const slot.
+    template <std::size_t I>
+    auto& saved() const {
+      return std::get<I>(saved_);
+    }
 
     //! Binds the input of the next forward; it must stay valid until that micro-batch's backward.
     void bind_input(ConstMatrix x) {
@@ -168,6 +276,7 @@ struct Stage {
     index_t rows_ = 0;
     ConstMatrix input_{};
     typename B::template Buffer<float> storage_;
+    mutable std::tuple<typename detail::SavedOf<Ls, B>::type...> saved_;
   };
 
   //! Whether some layer's backward takes a gradient scratch buffer (Dense) on backend B.
@@ -197,13 +306,30 @@ struct Stage {
   };
 
   //! Runs every layer on `x` with the given flat parameters (latest, stashed or predicted);
-  //! returns the output view (inside acts).
+  //! returns the output view (inside acts). `run`: training or evaluation, and the stage's
+  //! state buffer (state_count floats on the context's backend) for the layers that keep state;
+  //! a training forward without one leaves their running statistics alone.
   template <class Ctx, class Acts>
-  static ConstMatrix forward(const Ctx& ctx, const float* params, ConstMatrix x, Acts& acts) {
+  static ConstMatrix forward(const Ctx& ctx, const float* params, ConstMatrix x, Acts& acts,
+                             Running run = {}) {
     acts.bind_input(x);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1)),
-       ...);
+      (
+          [&] {
+            if constexpr (takes_running<layer<I>, typename Ctx::backend>)
+              layer<I>::forward(
+                  ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1),
+                  acts.template saved<I>(),
+                  Running{run.state == nullptr ? nullptr : run.state + state_offsets[I],
+                          run.training});
+            else if constexpr (keeps_saved<layer<I>, typename Ctx::backend>)
+              layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I),
+                                acts.boundary(I + 1), acts.template saved<I>());
+            else
+              layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I),
+                                acts.boundary(I + 1));
+          }(),
+          ...);
     }
     (std::make_index_sequence<layer_count>{});
     return acts.output();
@@ -228,7 +354,11 @@ struct Stage {
           [&] {
             constexpr std::size_t I = layer_count - 1 - J;
             Matrix down = I == 0 ? dx : scratch.get(static_cast<int>(J % 2), rows, widths[I]);
-            if constexpr (xpipe::takes_grad_scratch<layer<I>, typename Ctx::backend>)
+            if constexpr (keeps_saved<layer<I>, typename Ctx::backend>)
+              layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
+                                 accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down,
+                                 acts.template saved<I>());
+            else if constexpr (xpipe::takes_grad_scratch<layer<I>, typename Ctx::backend>)
               layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
                                  accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down,
                                  scratch.get(2, rows, widths[I + 1]));

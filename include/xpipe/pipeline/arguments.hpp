@@ -102,6 +102,17 @@ struct StageBoundaryCheck {
   static constexpr bool value = true;
 };
 
+//! As StageBoundaryCheck, for image shapes: where both stages name one, they must agree.
+template <std::size_t StageIndex, Dims StageOutShape, Dims NextStageInShape>
+struct StageShapeCheck {
+  static_assert(!StageOutShape.known() || !NextStageInShape.known() ||
+                    StageOutShape == NextStageInShape,
+                "xpipe: Pipeline: a stage's output shape differs from the next stage's input "
+                "shape (StageShapeCheck<StageIndex, StageOutShape, NextStageInShape> above names "
+                "them as Dims{channels, height, width})");
+  static constexpr bool value = true;
+};
+
 //! Pipeline<Ts...>'s arguments by role, with defaults: Latest, Adam, DefaultBackend,
 //! InProcessRing. Every check fires here, once, with a message naming the fault.
 template <class... Ts>
@@ -153,7 +164,9 @@ struct PipelineArguments {
 
   template <std::size_t... I>
   static consteval bool check_boundaries(std::index_sequence<I...>) {
-    return (StageBoundaryCheck<I, stage<I>::out_width, stage<I + 1>::in_width>::value && ...);
+    return ((StageBoundaryCheck<I, stage<I>::out_width, stage<I + 1>::in_width>::value &&
+             StageShapeCheck<I, stage<I>::out_shape, stage<I + 1>::in_shape>::value) &&
+            ...);
   }
   static_assert(check_boundaries(std::make_index_sequence<stage_count - 1>{}));
 

@@ -1,4 +1,5 @@
-// Checkpoints of a Pipeline: each stage's weights, optimizer moments and step count, with the
+// Checkpoints of a Pipeline: each stage's weights, optimizer moments and step count (and its
+// layers' non-trainable state, BatchNorm's running statistics, where it has any), with the
 // pipeline's shape and the caller's run fields, in the crash-safe folder format of
 // checkpoint/files.hpp. Taken between train() calls, which is a drained point: a train() call
 // runs its whole schedule, so no micro-batch is in flight, every predictor copy (stashed
@@ -75,11 +76,19 @@ std::map<std::string, std::string> pipeline_fields(const P& pipe) {
     f["pipeline.optimizer"] = policy_label(st.optimizer());
     f["pipeline.stage-" + std::to_string(k) + ".params"] = std::to_string(st.size());
   });
+  // Only stages with state (BatchNorm) name it, so checkpoints of other models read as before.
+  pipe.for_each_running_state_on([&](int k, const float*, index_t n, const auto&) {
+    f["pipeline.stage-" + std::to_string(k) + ".state"] = std::to_string(n);
+  });
   return f;
 }
 
 inline std::string stage_file(int k) {
   return "stage-" + std::to_string(k) + ".bin";
+}
+// A stage's non-trainable state (BatchNorm running statistics), where it has any.
+inline std::string stage_state_file(int k) {
+  return "stage-" + std::to_string(k) + ".state.bin";
 }
 }  // namespace detail
 
@@ -123,6 +132,11 @@ std::filesystem::path save_checkpoint(const P& pipe, const std::filesystem::path
     std::memcpy(bytes.data() + n * (1 + moments), &steps, sizeof steps);
     w.add_file(detail::stage_file(k), bytes);
   });
+  pipe.for_each_running_state_on([&](int k, const float* state, index_t n, const auto& ctx) {
+    bytes.resize(static_cast<std::size_t>(n) * sizeof(float));
+    detail::state_to_host<P>(ctx, state, bytes.data(), bytes.size());
+    w.add_file(detail::stage_state_file(k), bytes);
+  });
   return w.commit();
 }
 
@@ -162,6 +176,15 @@ std::map<std::string, std::string> load_checkpoint(P& pipe, const CheckpointCont
     for (int i = 0; i < moments; ++i)
       detail::state_from_host<P>(ctx, bytes.data() + n * (1 + i), st.moment(i), n);
     st.set_steps_taken(static_cast<long>(steps));
+  });
+  pipe.for_each_running_state_on([&](int k, float* state, index_t n, const auto& ctx) {
+    const std::vector<char>& bytes = c.file(detail::stage_state_file(k));
+    if (bytes.size() != static_cast<std::size_t>(n) * sizeof(float))
+      throw CheckpointError("xpipe: checkpoint " +
+                            (c.folder / detail::stage_state_file(k)).string() + " has " +
+                            std::to_string(bytes.size()) + " bytes; stage " + std::to_string(k) +
+                            "'s state needs " + std::to_string(n * sizeof(float)));
+    detail::state_from_host<P>(ctx, bytes.data(), state, bytes.size());
   });
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : c.fields)

@@ -192,6 +192,48 @@ class Pipeline {
     return out;
   }
 
+  //! Every stage's non-trainable state (BatchNorm running statistics), concatenated on the host;
+  //! empty for a model without any.
+  std::vector<float> running_state() const {
+    std::vector<float> out;
+    for_each_running_state_on([&](int, const float* state, index_t n, const auto& ctx) {
+      const std::size_t at = out.size();
+      out.resize(at + static_cast<std::size_t>(n));
+      if constexpr (on_device)
+        copy_to_host(ctx, state, out.data() + at, n);
+      else
+        std::copy(state, state + n, out.data() + at);
+    });
+    return out;
+  }
+
+  //! Calls f(k, state, n, ctx) for each stage k with non-trainable state: its n floats (on the
+  //! backend) and its context, made current first. Between train() calls (checkpoints).
+  template <class F>
+  void for_each_running_state_on(F&& f) {
+    int k = 0;
+    for_each_stage([&](auto& rt) {
+      using S = typename std::remove_cvref_t<decltype(rt)>::Stage;
+      if constexpr (S::state_count > 0) {
+        detail::activate_context(rt.ctx());
+        f(k, rt.running.data(), S::state_count, rt.ctx());
+      }
+      ++k;
+    });
+  }
+  template <class F>
+  void for_each_running_state_on(F&& f) const {
+    int k = 0;
+    for_each_stage([&](const auto& rt) {
+      using S = typename std::remove_cvref_t<decltype(rt)>::Stage;
+      if constexpr (S::state_count > 0) {
+        detail::activate_context(rt.ctx());
+        f(k, rt.running.data(), S::state_count, rt.ctx());
+      }
+      ++k;
+    });
+  }
+
   //! Calls f(k, state) with stage k's OptimizerState (weights, moments, step count) for each k:
   //! between train() calls, the whole trained state (pipeline/checkpoint.hpp saves it). On a
   //! device backend its buffers are device memory: use for_each_optimizer_state_on to copy.

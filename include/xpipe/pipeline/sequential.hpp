@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "xpipe/data/dataset.hpp"
@@ -42,13 +43,19 @@ class SequentialTrainer {
         row_loss_(max_batch),
         predicted_(max_batch),
         batch_x_(max_batch * Model::in_width),
-        batch_y_(max_batch) {
+        batch_y_(max_batch),
+        running_(Model::state_count) {
     Model::init({state_.weights(), static_cast<std::size_t>(Model::param_count)}, seed);
+    Model::init_state({running_.data(), static_cast<std::size_t>(Model::state_count)});
   }
 
   index_t max_batch() const { return acts_.max_rows(); }
   OptimizerState<O, B>& state() { return state_; }
   const OptimizerState<O, B>& state() const { return state_; }
+  //! The model's non-trainable state (BatchNorm running statistics; empty for most models).
+  std::span<const float> running_state() const {
+    return {running_.data(), static_cast<std::size_t>(Model::state_count)};
+  }
 
   //! Forward, loss, backward and one optimizer step on a batch; returns the batch's mean loss.
   //! With chunks = M > 1 the batch is processed as M consecutive row chunks whose gradients
@@ -68,7 +75,7 @@ class SequentialTrainer {
     for (int c = 0; c < chunks; ++c) {
       const auto [first, n] = split_rows(rows, chunks, c);
       const ConstMatrix logits =
-          Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_);
+          Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_, running(true));
       const Matrix dlogits{dlogits_.data(), n, Model::out_width};
       SoftmaxCrossEntropy::forward_backward_unchecked(
           ctx, logits, labels + first, 1.f / static_cast<float>(rows), dlogits, row_loss_.data());
@@ -104,8 +111,8 @@ class SequentialTrainer {
     index_t correct = 0;
     for (index_t first = 0; first < data.count; first += max_batch()) {
       const index_t rows = std::min(max_batch(), data.count - first);
-      const ConstMatrix logits =
-          Model::forward(ctx, state_.weights(), data.matrix().slice_rows(first, rows), acts_);
+      const ConstMatrix logits = Model::forward(
+          ctx, state_.weights(), data.matrix().slice_rows(first, rows), acts_, running(false));
       argmax_rows(ctx, logits, predicted_.data());
       for (index_t r = 0; r < rows; ++r) correct += predicted_[r] == data.labels[first + r];
     }
@@ -113,6 +120,10 @@ class SequentialTrainer {
   }
 
  private:
+  Running running(bool training) {
+    return {Model::state_count > 0 ? running_.data() : nullptr, training};
+  }
+
   OptimizerState<O, B> state_;
   typename Model::template Activations<B> acts_;
   typename Model::template GradScratch<B> scratch_;
@@ -121,6 +132,7 @@ class SequentialTrainer {
   HostBuffer<std::int32_t> predicted_;
   HostBuffer<float> batch_x_;
   HostBuffer<std::int32_t> batch_y_;
+  Buffer<float> running_;
 };
 
 }  // namespace xpipe

@@ -113,7 +113,7 @@ struct StageProgram {
       if (rt.probe && g % run.split.micro_batches == 0)
         rt.probe->record(g / run.split.micro_batches, run.analysis->forward(I, g).apply_time, w,
                          rt.opt.weights());
-    const ConstMatrix y = S::forward(rt.ctx(), w, x, rt.acts[slot]);
+    const ConstMatrix y = rt.train_forward(w, x, slot);
     if constexpr (I + 1 < K) {
       Q& out_q = run.links.at(io.out);
       MicroBatchMessage& out = out_q.back();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "xpipe/backend/backend.hpp"
+#include "xpipe/layers/layer.hpp"
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/optim/optimizer.hpp"
 #include "xpipe/pipeline/prediction_probe.hpp"
@@ -40,25 +41,48 @@ struct StageRuntime {
   Buffer<float> row_loss;  // last stage: per-row loss of the current micro-batch
   std::vector<int> slot_of, free_slots;
   typename S::template Activations<B> eval_acts;
+  Buffer<float> running;    // the layers' non-trainable state (BatchNorm running statistics)
   bool fresh_grads = true;  // the next backward overwrites the gradient instead of adding
 
   StageRuntime(O o, const Placement& where, index_t batch, std::uint64_t seed,
                std::size_t first_layer)
-      : context(where), opt(o, S::param_count), scratch(batch), row_loss(batch), eval_acts(batch) {
+      : context(where),
+        opt(o, S::param_count),
+        scratch(batch),
+        row_loss(batch),
+        eval_acts(batch),
+        running(S::state_count) {
     // The context came first: on a GPU it made the stage's device current, so every buffer
     // above lives there. Initial weights are drawn on the host (the same bits on any backend).
     if constexpr (detail::reads_host_memory<Context>) {
       S::init({opt.weights(), static_cast<std::size_t>(S::param_count)}, seed, first_layer);
+      S::init_state({running.data(), static_cast<std::size_t>(S::state_count)});
     } else {
       std::vector<float> w(static_cast<std::size_t>(S::param_count));
       S::init({w.data(), w.size()}, seed, first_layer);
       copy_from_host(ctx(), w.data(), opt.weights(), S::param_count);
+      if constexpr (S::state_count > 0) {
+        std::vector<float> st(static_cast<std::size_t>(S::state_count));
+        S::init_state({st.data(), st.size()});
+        copy_from_host(ctx(), st.data(), running.data(), S::state_count);
+      }
     }
   }
 
   const Context& ctx() const { return context.ctx(); }
 
-  ConstMatrix eval_forward(ConstMatrix x) { return S::forward(ctx(), opt.weights(), x, eval_acts); }
+  //! The state buffer layers read and update (null for a stage without state).
+  float* running_state() { return S::state_count > 0 ? running.data() : nullptr; }
+
+  //! A training forward: the micro-batch's statistics, the running ones updated.
+  ConstMatrix train_forward(const float* w, ConstMatrix x, int slot) {
+    return S::forward(ctx(), w, x, acts[static_cast<std::size_t>(slot)],
+                      Running{running_state(), true});
+  }
+  //! An evaluation forward on the live weights: the running statistics, nothing updated.
+  ConstMatrix eval_forward(ConstMatrix x) {
+    return S::forward(ctx(), opt.weights(), x, eval_acts, Running{running_state(), false});
+  }
 
   //! Sizes the activation slots (kept when large enough) and frees every slot.
   void ensure_slots(int slots, index_t rows, bool receives, bool last) {

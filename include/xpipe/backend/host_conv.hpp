@@ -1,0 +1,368 @@
+// ConvPlans<Host>: 2-D convolution on the host through oneDNN's convolution primitives (forward,
+// backward data, backward weights), made once per batch size and reused, so a step allocates
+// nothing. oneDNN's C API only: nvcc 13 cannot parse its C++ header in C++20 mode, and this header
+// reaches CUDA translation units through xpipe.hpp.
+#pragma once
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xpipe/backend/host.hpp"
+#include "xpipe/core/buffer.hpp"
+#include "xpipe/core/conv_geometry.hpp"
+#include "xpipe/core/error.hpp"
+
+namespace xpipe {
+
+//! A backend's convolution: forward, backward data and backward weights of a ConvGeometry, with
+//! whatever it prepares once (oneDNN primitives on the host, column buffers on CUDA).
+template <class B>
+class ConvPlans;
+
+namespace detail {
+
+// An owned oneDNN C handle, destroyed with its destroy function.
+template <class T, dnnl_status_t (*Destroy)(T)>
+class DnnlHandle {
+ public:
+  DnnlHandle() = default;
+  DnnlHandle(const DnnlHandle&) = delete;
+  DnnlHandle& operator=(const DnnlHandle&) = delete;
+  DnnlHandle(DnnlHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  DnnlHandle& operator=(DnnlHandle&& o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  ~DnnlHandle() {
+    if (h_ != nullptr) Destroy(h_);
+  }
+  T get() const { return h_; }
+  //! For a create function's output argument.
+  T* out() { return &h_; }
+
+ private:
+  T h_ = nullptr;
+};
+using DnnlPrimitive = DnnlHandle<dnnl_primitive_t, dnnl_primitive_destroy>;
+using DnnlPrimitiveDesc = DnnlHandle<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>;
+using DnnlMemory = DnnlHandle<dnnl_memory_t, dnnl_memory_destroy>;
+using DnnlStream = DnnlHandle<dnnl_stream_t, dnnl_stream_destroy>;
+using DnnlAttr = DnnlHandle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>;
+
+// A failed oneDNN call is a BackendError naming the step and the convolution.
+inline void dnnl_check(dnnl_status_t s, const char* what, const ConvGeometry& g) {
+  if (s != dnnl_success)
+    throw BackendError(std::string("xpipe: oneDNN ") + what + " failed with status " +
+                       std::to_string(s) + " for the convolution " + conv_geometry_text(g));
+}
+
+// The CPU engine, made once for the process.
+inline dnnl_engine_t host_engine() {
+  static const DnnlHandle<dnnl_engine_t, dnnl_engine_destroy> engine = [] {
+    DnnlHandle<dnnl_engine_t, dnnl_engine_destroy> e;
+    if (dnnl_engine_create(e.out(), dnnl_cpu, 0) != dnnl_success)
+      throw BackendError("xpipe: oneDNN could not make its CPU engine");
+    return e;
+  }();
+  return engine.get();
+}
+
+}  // namespace detail
+
+//! The host's convolution: oneDNN's direct convolution primitives in the layouts they choose
+//! (blocked, e.g. nChw16c with AVX-512: several times faster than on plain NCHW), with reorders
+//! from and to xpipe's plain rows (NCHW activations, OIHW weights) around them. A plan per batch
+//! size (a few: the training micro-batch, a smaller last one, the evaluation chunk), each made
+//! on its first use; after that a call sets memory handles and executes on buffers of the plan.
+//! Scratchpads are ours (oneDNN's user scratchpad mode), so oneDNN allocates nothing per call
+//! either. The backward-weights primitive overwrites; `accumulate` adds from a buffer of the plan.
+//! Usage: `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
+template <>
+class ConvPlans<Host> {
+ public:
+  //! g.rows: the most images one call may take.
+  explicit ConvPlans(const ConvGeometry& g) : max_(g) {}
+
+  //! y = conv(x, w) + b (b unused without bias).
+  void forward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
+               const float* b, float* y) {
+    Plan& p = plan(g);
+    if (!p.forward) p.make_forward();
+    threads(ctx);
+    Forward& f = *p.forward;
+    f.src.take(p, x);
+    f.last_src = x;
+    f.weights.take(p, w);
+    f.dst.bind(p, y);
+    set(p, f.bias.get(), g.bias ? b : nullptr);
+    execute(p, f.primitive.get(),
+            {{{DNNL_ARG_SRC, f.src.arg()},
+              {DNNL_ARG_WEIGHTS, f.weights.arg()},
+              {DNNL_ARG_DST, f.dst.arg()},
+              {DNNL_ARG_SCRATCHPAD, f.scratch.memory.get()},
+              {DNNL_ARG_BIAS, f.bias.get()}}},
+            g.bias ? 5 : 4);
+    f.dst.give(p);
+  }
+
+  //! The backward of one call: dx = the input gradient of dy through w (skipped when dx is null),
+  //! dw (+)= the weight gradient over every image, db (+)= dy summed per channel (unused without
+  //! bias). dy is reordered once for both primitives where they want one layout, and x is not
+  //! reordered again when it is the input of this object's last forward (the contract of a
+  //! layer's Saved state: a micro-batch's backward follows its forward on the same, unchanged x).
+  void backward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
+                const float* dy, float* dx, float* dw, float* db, bool accumulate) {
+    Plan& p = plan(g);
+    if (!p.backward) p.make_backward();
+    threads(ctx);
+    Backward& b = *p.backward;
+    b.diff_dst.take(p, dy);
+    if (dx != nullptr) {
+      b.weights.take(p, w);
+      b.diff_src.bind(p, dx);
+      if (!b.dy_shared) b.diff_dst_for_data.take(p, dy);
+      execute(p, b.data.get(),
+              {{{DNNL_ARG_DIFF_SRC, b.diff_src.arg()},
+                {DNNL_ARG_WEIGHTS, b.weights.arg()},
+                {DNNL_ARG_DIFF_DST, b.dy_shared ? b.diff_dst.arg() : b.diff_dst_for_data.arg()},
+                {DNNL_ARG_SCRATCHPAD, b.data_scratch.memory.get()}}},
+              4);
+      b.diff_src.give(p);
+    }
+    const Forward* f = p.forward.get();
+    const bool reuse_x = f != nullptr && f->last_src == x && !f->src.direct && !b.src.direct &&
+                         dnnl_memory_desc_equal(&f->src.wanted, &b.src.wanted);
+    if (reuse_x)
+      b.src.bind(p, x);
+    else
+      b.src.take(p, x);
+    const index_t nw = g.weight_floats(), nb = g.bias ? g.oc : 0;
+    // Accumulating: the gradient goes to the plan's buffer first, then one pass adds it.
+    float* to_w = accumulate ? b.grad_sum.data() : dw;
+    float* to_b = accumulate ? b.grad_sum.data() + nw : db;
+    b.diff_weights.bind(p, to_w);
+    set(p, b.diff_bias.get(), g.bias ? to_b : nullptr);
+    execute(p, b.weights_primitive.get(),
+            {{{DNNL_ARG_SRC, reuse_x ? f->src.arg() : b.src.arg()},
+              {DNNL_ARG_DIFF_DST, b.diff_dst.arg()},
+              {DNNL_ARG_DIFF_WEIGHTS, b.diff_weights.arg()},
+              {DNNL_ARG_SCRATCHPAD, b.weights_scratch.memory.get()},
+              {DNNL_ARG_DIFF_BIAS, b.diff_bias.get()}}},
+            g.bias ? 5 : 4);
+    b.diff_weights.give(p);
+    if (accumulate) {
+      const float* sum = b.grad_sum.data();
+      for_each_index(ctx, nw, [=](index_t i) { dw[i] += sum[i]; });
+      if (nb > 0) for_each_index(ctx, nb, [=](index_t i) { db[i] += sum[nw + i]; });
+    }
+  }
+
+ private:
+  using Desc = dnnl_memory_desc_t;
+  struct Plan;
+
+  // A primitive's own scratchpad, sized by its primitive descriptor.
+  struct Scratch {
+    HostBuffer<float> buffer{0};
+    detail::DnnlMemory memory;
+    void make(const Plan& p, dnnl_primitive_desc_t pd) {
+      const Desc* d = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+      buffer = HostBuffer<float>(static_cast<index_t>(dnnl_memory_desc_get_size(d) / 4 + 1));
+      detail::dnnl_check(dnnl_memory_create(memory.out(), d, detail::host_engine(), buffer.data()),
+                         "scratchpad", p.g);
+    }
+  };
+
+  // One operand of a primitive: the caller's plain memory (its handle set per call) and, where
+  // the primitive wants another layout, a buffer of the plan's in that layout and the reorder
+  // between them (into it for an input, out of it for an output).
+  struct Operand {
+    Desc wanted{};
+    detail::DnnlMemory user, inner;
+    detail::DnnlPrimitive reorder;
+    HostBuffer<float> buffer{0};
+    bool direct = true;
+    void make(const Plan& p, const Desc& plain, dnnl_primitive_desc_t pd, dnnl_query_t what,
+              bool input) {
+      const dnnl_engine_t e = detail::host_engine();
+      wanted = *dnnl_primitive_desc_query_md(pd, what, 0);
+      detail::dnnl_check(dnnl_memory_create(user.out(), &plain, e, DNNL_MEMORY_NONE), "memory",
+                         p.g);
+      direct = dnnl_memory_desc_equal(&plain, &wanted) != 0;
+      if (direct) return;
+      buffer = HostBuffer<float>(static_cast<index_t>(dnnl_memory_desc_get_size(&wanted) / 4 + 1));
+      detail::dnnl_check(dnnl_memory_create(inner.out(), &wanted, e, buffer.data()), "memory", p.g);
+      detail::DnnlPrimitiveDesc rpd;
+      detail::dnnl_check(dnnl_reorder_primitive_desc_create(rpd.out(), input ? &plain : &wanted, e,
+                                                            input ? &wanted : &plain, e, nullptr),
+                         "reorder", p.g);
+      detail::dnnl_check(dnnl_primitive_create(reorder.out(), rpd.get()), "reorder", p.g);
+    }
+    dnnl_memory_t arg() const { return direct ? user.get() : inner.get(); }
+    void bind(const Plan& p, const float* data) { set(p, user.get(), data); }
+    // An input: binds data and reorders it into the primitive's layout.
+    void take(const Plan& p, const float* data) {
+      bind(p, data);
+      if (!direct)
+        execute(p, reorder.get(), {{{DNNL_ARG_FROM, user.get()}, {DNNL_ARG_TO, inner.get()}}}, 2);
+    }
+    // An output: reorders the primitive's result into the bound plain memory.
+    void give(const Plan& p) {
+      if (!direct)
+        execute(p, reorder.get(), {{{DNNL_ARG_FROM, inner.get()}, {DNNL_ARG_TO, user.get()}}}, 2);
+    }
+  };
+
+  struct Forward {
+    detail::DnnlPrimitive primitive;
+    Operand src, weights, dst;
+    detail::DnnlMemory bias;
+    Scratch scratch;
+    const float* last_src = nullptr;  // the x of the last forward, whose reorder src holds
+  };
+  struct Backward {
+    detail::DnnlPrimitive data, weights_primitive;
+    Operand diff_dst, diff_dst_for_data, weights, diff_src, src, diff_weights;
+    detail::DnnlMemory diff_bias;
+    Scratch data_scratch, weights_scratch;
+    HostBuffer<float> grad_sum{0};
+    bool dy_shared = false;  // both primitives want dy in one layout
+  };
+
+  // The primitives of one batch size, made with oneDNN's choice of layouts (format_tag::any).
+  struct Plan {
+    ConvGeometry g;
+    Desc src, weights, bias, dst;        // plain: NCHW, OIHW, x
+    Desc any_src, any_weights, any_dst;  // the primitive's choice
+    dnnl_dims_t strides{}, padding{};
+    detail::DnnlStream stream;
+    detail::DnnlAttr attr;
+    detail::DnnlPrimitiveDesc forward_pd;
+    std::unique_ptr<Forward> forward;
+    std::unique_ptr<Backward> backward;
+
+    explicit Plan(const ConvGeometry& geometry) : g(geometry) {
+      const dnnl_dims_t x{g.rows, g.c, g.h, g.w}, w{g.oc, g.c, g.k, g.k}, b{g.oc},
+          y{g.rows, g.oc, g.oh, g.ow};
+      desc(src, 4, x, dnnl_nchw);
+      desc(weights, 4, w, dnnl_oihw);
+      desc(bias, 1, b, dnnl_x);
+      desc(dst, 4, y, dnnl_nchw);
+      desc(any_src, 4, x, dnnl_format_tag_any);
+      desc(any_weights, 4, w, dnnl_format_tag_any);
+      desc(any_dst, 4, y, dnnl_format_tag_any);
+      strides[0] = strides[1] = g.stride;
+      padding[0] = padding[1] = g.pad;
+      const dnnl_engine_t e = detail::host_engine();
+      detail::dnnl_check(dnnl_stream_create(stream.out(), e, dnnl_stream_default_flags), "stream",
+                         g);
+      detail::dnnl_check(dnnl_primitive_attr_create(attr.out()), "attributes", g);
+      detail::dnnl_check(
+          dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
+          "attributes", g);
+      dnnl_convolution_desc_t d;
+      detail::dnnl_check(
+          dnnl_convolution_forward_desc_init(&d, dnnl_forward_training, dnnl_convolution_direct,
+                                             &any_src, &any_weights, g.bias ? &bias : nullptr,
+                                             &any_dst, strides, padding, padding),
+          "convolution forward descriptor", g);
+      detail::dnnl_check(dnnl_primitive_desc_create(forward_pd.out(), &d, attr.get(), e, nullptr),
+                         "convolution forward", g);
+    }
+    void desc(Desc& d, int n, const dnnl_dims_t dims, dnnl_format_tag_t tag) const {
+      detail::dnnl_check(dnnl_memory_desc_init_by_tag(&d, n, dims, dnnl_f32, tag),
+                         "memory descriptor", g);
+    }
+    void make_forward() {
+      auto f = std::make_unique<Forward>();
+      const dnnl_primitive_desc_t pd = forward_pd.get();
+      f->src.make(*this, src, pd, dnnl_query_src_md, true);
+      f->weights.make(*this, weights, pd, dnnl_query_weights_md, true);
+      f->dst.make(*this, dst, pd, dnnl_query_dst_md, false);
+      detail::dnnl_check(
+          dnnl_memory_create(f->bias.out(), &bias, detail::host_engine(), DNNL_MEMORY_NONE),
+          "memory", g);
+      f->scratch.make(*this, pd);
+      detail::dnnl_check(dnnl_primitive_create(f->primitive.out(), pd), "convolution forward", g);
+      forward = std::move(f);
+    }
+    void make_backward() {
+      const dnnl_engine_t e = detail::host_engine();
+      dnnl_convolution_desc_t dd, wd;
+      detail::dnnl_check(dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct,
+                                                                  &any_src, &any_weights, &any_dst,
+                                                                  strides, padding, padding),
+                         "convolution backward-data descriptor", g);
+      detail::dnnl_check(dnnl_convolution_backward_weights_desc_init(
+                             &wd, dnnl_convolution_direct, &any_src, &any_weights,
+                             g.bias ? &bias : nullptr, &any_dst, strides, padding, padding),
+                         "convolution backward-weights descriptor", g);
+      detail::DnnlPrimitiveDesc data_pd, weights_pd;
+      detail::dnnl_check(
+          dnnl_primitive_desc_create(data_pd.out(), &dd, attr.get(), e, forward_pd.get()),
+          "convolution backward data", g);
+      detail::dnnl_check(
+          dnnl_primitive_desc_create(weights_pd.out(), &wd, attr.get(), e, forward_pd.get()),
+          "convolution backward weights", g);
+      auto b = std::make_unique<Backward>();
+      b->diff_dst.make(*this, dst, weights_pd.get(), dnnl_query_diff_dst_md, true);
+      const Desc* data_dy = dnnl_primitive_desc_query_md(data_pd.get(), dnnl_query_diff_dst_md, 0);
+      b->dy_shared = dnnl_memory_desc_equal(data_dy, &b->diff_dst.wanted) != 0;
+      if (!b->dy_shared)
+        b->diff_dst_for_data.make(*this, dst, data_pd.get(), dnnl_query_diff_dst_md, true);
+      b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true);
+      b->diff_src.make(*this, src, data_pd.get(), dnnl_query_diff_src_md, false);
+      b->src.make(*this, src, weights_pd.get(), dnnl_query_src_md, true);
+      b->diff_weights.make(*this, weights, weights_pd.get(), dnnl_query_diff_weights_md, false);
+      detail::dnnl_check(dnnl_memory_create(b->diff_bias.out(), &bias, e, DNNL_MEMORY_NONE),
+                         "memory", g);
+      b->data_scratch.make(*this, data_pd.get());
+      b->weights_scratch.make(*this, weights_pd.get());
+      b->grad_sum = HostBuffer<float>(g.weight_floats() + g.oc);
+      detail::dnnl_check(dnnl_primitive_create(b->data.out(), data_pd.get()),
+                         "convolution backward data", g);
+      detail::dnnl_check(dnnl_primitive_create(b->weights_primitive.out(), weights_pd.get()),
+                         "convolution backward weights", g);
+      backward = std::move(b);
+    }
+  };
+
+  Plan& plan(const ConvGeometry& g) {
+    if (g.rows <= 0 || g.rows > max_.rows || !(g.with_rows(max_.rows) == max_))
+      throw ShapeError("xpipe: convolution " + conv_geometry_text(g) +
+                       " does not fit the plans made for " + conv_geometry_text(max_));
+    for (auto& p : plans_)
+      if (p->g.rows == g.rows) return *p;
+    plans_.push_back(std::make_unique<Plan>(g));
+    return *plans_.back();
+  }
+
+  // oneDNN takes handles as void*; it writes only through the destination arguments.
+  static void set(const Plan& p, dnnl_memory_t m, const float* data) {
+    detail::dnnl_check(dnnl_memory_set_data_handle(m, const_cast<float*>(data)), "set handle", p.g);
+  }
+
+  // oneDNN's OpenMP runtime sizes its team from the calling thread's max-threads setting, as
+  // dnnl_sgemm does: each stage thread gets its own count.
+  static void threads(const HostContext& ctx) {
+    if (omp_get_max_threads() != ctx.threads) omp_set_num_threads(ctx.threads);
+  }
+
+  static void execute(const Plan& p, dnnl_primitive_t prim,
+                      const std::array<dnnl_exec_arg_t, 5>& args, int count) {
+    detail::dnnl_check(dnnl_primitive_execute(prim, p.stream.get(), count, args.data()), "execute",
+                       p.g);
+    detail::dnnl_check(dnnl_stream_wait(p.stream.get()), "stream wait", p.g);
+  }
+
+  ConvGeometry max_;
+  std::vector<std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace xpipe

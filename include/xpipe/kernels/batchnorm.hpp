@@ -1,0 +1,197 @@
+// Batch normalisation over the channels of NCHW rows (BatchNorm2d): the per-channel statistics,
+// the normalisation and its backward as shared per-channel and per-element functions, their
+// function objects and launchers (one code path for the host loop and a CUDA kernel).
+#pragma once
+
+#include <cmath>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/core/config.hpp"
+#include "xpipe/core/tensor.hpp"
+
+namespace xpipe {
+
+//! The layout of a batch-normalised activation: `channels` planes of `plane` = H W floats per
+//! row, `rows` rows; eps is added to the variance; momentum weights a new statistic into the
+//! running one (PyTorch's convention: running = (1 - momentum) running + momentum new).
+struct NormGeometry {
+  index_t rows = 0;
+  int channels = 0;
+  int plane = 0;
+  float eps = 1e-5f;
+  float momentum = 0.1f;
+};
+
+namespace math {
+
+//! Mean and biased variance of channel c over every row and pixel, summed in double in row,
+//! then pixel order (two passes: the variance from the deviations, not E[x^2] - E[x]^2).
+XPIPE_HOST_DEVICE void channel_moments(ConstMatrix x, const NormGeometry& g, int c, double& mean,
+                                       double& var) {
+  const double n = static_cast<double>(g.rows) * g.plane;
+  double s = 0;
+  for (index_t r = 0; r < g.rows; ++r) {
+    const float* p = x.row(r) + static_cast<index_t>(c) * g.plane;
+    for (int i = 0; i < g.plane; ++i) s += p[i];
+  }
+  mean = s / n;
+  double q = 0;
+  for (index_t r = 0; r < g.rows; ++r) {
+    const float* p = x.row(r) + static_cast<index_t>(c) * g.plane;
+    for (int i = 0; i < g.plane; ++i) {
+      const double d = p[i] - mean;
+      q += d * d;
+    }
+  }
+  var = q / n;
+}
+
+//! y = gamma (x - mean) invstd + beta.
+XPIPE_HOST_DEVICE float normalize(float x, float mean, float invstd, float gamma, float beta) {
+  return gamma * ((x - mean) * invstd) + beta;
+}
+
+//! The input gradient of one element, from its channel's sums of dy and of dy xhat:
+//! dx = gamma invstd / n (n dy - sum(dy) - xhat sum(dy xhat)), xhat = (x - mean) invstd.
+XPIPE_HOST_DEVICE float normalize_input_grad(float x, float dy, float mean, float invstd,
+                                             float gamma, float sum_dy, float sum_dy_xhat,
+                                             float n) {
+  const float xhat = (x - mean) * invstd;
+  return gamma * invstd / n * (n * dy - sum_dy - xhat * sum_dy_xhat);
+}
+
+}  // namespace math
+
+namespace ops {
+
+//! Per channel c: the micro-batch's mean and 1 / sqrt(var + eps) into stats[c], stats[C + c];
+//! when `running` is set, the running mean and unbiased variance updated by momentum.
+struct BatchNormStatistics {
+  ConstMatrix x;
+  NormGeometry g;
+  float* stats;
+  float* running;
+  XPIPE_HOST_DEVICE void operator()(index_t c) const {
+    double mean = 0, var = 0;
+    math::channel_moments(x, g, static_cast<int>(c), mean, var);
+    stats[c] = static_cast<float>(mean);
+    stats[g.channels + c] = static_cast<float>(1.0 / sqrt(var + g.eps));
+    if (running != nullptr) {
+      const double n = static_cast<double>(g.rows) * g.plane;
+      const double unbiased = n > 1 ? var * n / (n - 1) : var;
+      running[c] = (1.f - g.momentum) * running[c] + g.momentum * static_cast<float>(mean);
+      running[g.channels + c] =
+          (1.f - g.momentum) * running[g.channels + c] + g.momentum * static_cast<float>(unbiased);
+    }
+  }
+};
+
+//! The eval statistics from the running ones: mean as is, invstd = 1 / sqrt(var + eps).
+struct BatchNormRunningStatistics {
+  const float* running;
+  NormGeometry g;
+  float* stats;
+  XPIPE_HOST_DEVICE void operator()(index_t c) const {
+    stats[c] = running[c];
+    stats[g.channels + c] = 1.f / sqrtf(running[g.channels + c] + g.eps);
+  }
+};
+
+//! y(r, i) = gamma[c] (x - mean[c]) invstd[c] + beta[c], c = i / plane.
+struct BatchNormForward {
+  ConstMatrix x;
+  Matrix y;
+  const float* gamma;
+  const float* beta;
+  const float* stats;
+  int channels, plane;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
+    const index_t c = i / plane;
+    y(r, i) = math::normalize(x(r, i), stats[c], stats[channels + c], gamma[c], beta[c]);
+  }
+};
+
+//! Per channel c: sum(dy) and sum(dy xhat) into sums[c], sums[C + c], and dgamma (+)=
+//! sum(dy xhat), dbeta (+)= sum(dy); summed in double in row, then pixel order.
+struct BatchNormBackwardSums {
+  ConstMatrix x, dy;
+  NormGeometry g;
+  const float* stats;
+  float* sums;
+  float* dgamma;
+  float* dbeta;
+  bool accumulate;
+  XPIPE_HOST_DEVICE void operator()(index_t c) const {
+    const float mean = stats[c], invstd = stats[g.channels + c];
+    double s = 0, sx = 0;
+    const index_t at = c * g.plane;
+    for (index_t r = 0; r < g.rows; ++r)
+      for (int i = 0; i < g.plane; ++i) {
+        const float d = dy(r, at + i);
+        s += d;
+        sx += static_cast<double>(d) * ((x(r, at + i) - mean) * invstd);
+      }
+    sums[c] = static_cast<float>(s);
+    sums[g.channels + c] = static_cast<float>(sx);
+    dgamma[c] = (accumulate ? dgamma[c] : 0.f) + static_cast<float>(sx);
+    dbeta[c] = (accumulate ? dbeta[c] : 0.f) + static_cast<float>(s);
+  }
+};
+
+//! dx(r, i) from the channel sums (math::normalize_input_grad).
+struct BatchNormBackwardInput {
+  ConstMatrix x, dy;
+  Matrix dx;
+  const float* gamma;
+  const float* stats;
+  const float* sums;
+  int channels, plane;
+  float n;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
+    const index_t c = i / plane;
+    dx(r, i) = math::normalize_input_grad(x(r, i), dy(r, i), stats[c], stats[channels + c],
+                                          gamma[c], sums[c], sums[channels + c], n);
+  }
+};
+
+}  // namespace ops
+
+//! Training statistics of x (mean, invstd into stats: 2 C floats), updating `running` (mean,
+//! variance: 2 C floats) unless it is null. One channel per index: the reduction order is fixed.
+template <class Ctx>
+void batch_norm_statistics(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, float* stats,
+                           float* running) {
+  for_each_index(ctx, g.channels, x.rows * x.cols, ops::BatchNormStatistics{x, g, stats, running});
+}
+
+//! Evaluation statistics from the running ones (stats: mean, invstd).
+template <class Ctx>
+void batch_norm_running_statistics(const Ctx& ctx, const NormGeometry& g, const float* running,
+                                   float* stats) {
+  for_each_index(ctx, g.channels, ops::BatchNormRunningStatistics{running, g, stats});
+}
+
+//! y = gamma xhat + beta with the given statistics.
+template <class Ctx>
+void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Matrix y,
+                        const float* gamma, const float* beta, const float* stats) {
+  for_each_element(ctx, x.rows, x.cols,
+                   ops::BatchNormForward{x, y, gamma, beta, stats, g.channels, g.plane});
+}
+
+//! The backward: channel sums into `sums` (2 C floats), dgamma and dbeta (+)=, then dx unless
+//! dx is empty.
+template <class Ctx>
+void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                         Matrix dx, const float* gamma, const float* stats, float* sums,
+                         float* dgamma, float* dbeta, bool accumulate) {
+  for_each_index(ctx, g.channels, x.rows * x.cols,
+                 ops::BatchNormBackwardSums{x, dy, g, stats, sums, dgamma, dbeta, accumulate});
+  if (dx.empty()) return;
+  const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
+  for_each_element(
+      ctx, x.rows, x.cols,
+      ops::BatchNormBackwardInput{x, dy, dx, gamma, stats, sums, g.channels, g.plane, n});
+}
+
+}  // namespace xpipe

@@ -1,0 +1,309 @@
+// Image pooling (max, average, global average) forward and backward: the per-element math, the
+// function objects and the launchers, written once for the host loop and the CUDA kernels.
+#pragma once
+
+#include "xpipe/core/config.hpp"
+#include "xpipe/core/conv_geometry.hpp"
+#include "xpipe/core/tensor.hpp"
+
+// As in kernels/ops.hpp, the element loop each launcher calls (for_each_element) is found by
+// argument-dependent lookup on the context: backend/host.hpp's for a HostContext, the CUDA
+// kernels' (backend/cuda.cuh) for a CudaContext. Every backward is a gather, one input element
+// per call summing the output windows that hold it in a fixed order: no atomics, and bits that do
+// not depend on the thread count or the order in which a GPU runs its threads.
+
+namespace xpipe {
+
+//! A square k x k pooling window over NCHW images c x h x w, the same stride and zero padding on
+//! both axes, giving c x oh x ow. Trivially copyable: a CUDA kernel takes it by value.
+//! Usage: `constexpr PoolGeometry g = pool_geometry(3, 6, 6, 2, 2, 0);  // g.oh == 3`
+struct PoolGeometry {
+  int c = 0, h = 0, w = 0;
+  int k = 1, stride = 1, pad = 0;
+  int oh = 0, ow = 0;
+
+  //! Floats of one input image and of one output image.
+  XPIPE_HOST_DEVICE index_t in_floats() const { return static_cast<index_t>(c) * h * w; }
+  XPIPE_HOST_DEVICE index_t out_floats() const { return static_cast<index_t>(c) * oh * ow; }
+  friend constexpr bool operator==(const PoolGeometry&, const PoolGeometry&) = default;
+};
+
+//! The geometry of k x k pooling with this stride and padding over c x h x w images.
+constexpr PoolGeometry pool_geometry(int c, int h, int w, int k, int stride, int pad) {
+  PoolGeometry g{c, h, w, k, stride, pad};
+  g.oh = conv_out_extent(h, k, stride, pad);
+  g.ow = conv_out_extent(w, k, stride, pad);
+  return g;
+}
+
+namespace math {
+
+//! Positions [begin, end) along one axis.
+struct PoolSpan {
+  int begin = 0, end = 0;
+};
+
+//! The input cells along one axis of `in` that window o covers, its padding cut off.
+XPIPE_HOST_DEVICE PoolSpan pool_window_cells(int o, int k, int stride, int pad, int in) {
+  const int first = o * stride - pad;
+  return {first < 0 ? 0 : first, first + k < in ? first + k : in};
+}
+
+//! The windows along one axis of `out` whose cells include input cell i: those o with
+//! o * stride - pad <= i < o * stride - pad + k.
+XPIPE_HOST_DEVICE PoolSpan pool_windows_over(int i, int k, int stride, int pad, int out) {
+  // The lower bound is ceil((i + pad - k + 1) / stride); integer division truncates towards
+  // zero, so a negative numerator (a cell near the top edge) is clamped to window 0 first.
+  const int low = i + pad - k + 1;
+  const int first = low <= 0 ? 0 : (low + stride - 1) / stride;
+  const int last = (i + pad) / stride + 1;
+  return {first, last < out ? last : out};
+}
+
+//! Where the maximum of window (ch, oy, ox) lies, as an index into one input image: the first
+//! maximum in row-major scan order, or the last NaN when the window holds one (PyTorch's rule).
+//! Padding cells never win: they stand for -infinity, and with pad <= k / 2 every window holds
+//! at least one input cell, so the scan need only visit those.
+XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int ch, int oy,
+                                      int ox) {
+  const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
+  const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
+  const int plane = ch * g.h * g.w;
+  int best = plane + ys.begin * g.w + xs.begin;
+  float best_value = x[best];
+  for (int y = ys.begin; y < ys.end; ++y)
+    for (int xx = xs.begin; xx < xs.end; ++xx) {
+      const int at = plane + y * g.w + xx;
+      const float v = x[at];
+      // Strictly greater keeps the first of equal maxima; v != v lets a NaN through, so a
+      // diverged input reaches the loss check instead of vanishing behind a finite neighbour.
+      if (v > best_value || v != v) {
+        best_value = v;
+        best = at;
+      }
+    }
+  return best;
+}
+
+//! Output element o (channel-major, then row, then column) of max pooling one image x.
+XPIPE_HOST_DEVICE float max_pool_output(const float* x, const PoolGeometry& g, int o) {
+  const int ch = o / (g.oh * g.ow), rest = o - ch * g.oh * g.ow;
+  const int oy = rest / g.ow, ox = rest - oy * g.ow;
+  return x[max_pool_argmax(x, g, ch, oy, ox)];
+}
+
+//! The gradient of input element i of one image: the sum of dy over the windows holding i
+//! whose maximum (recomputed from x) is i, windows taken in row-major order.
+XPIPE_HOST_DEVICE float max_pool_input_grad(const float* x, const float* dy, const PoolGeometry& g,
+                                            int i) {
+  const int ch = i / (g.h * g.w), rest = i - ch * g.h * g.w;
+  const int iy = rest / g.w, ix = rest - iy * g.w;
+  const PoolSpan oys = pool_windows_over(iy, g.k, g.stride, g.pad, g.oh);
+  const PoolSpan oxs = pool_windows_over(ix, g.k, g.stride, g.pad, g.ow);
+  const float* dy_plane = dy + ch * g.oh * g.ow;
+  float acc = 0.f;
+  for (int oy = oys.begin; oy < oys.end; ++oy)
+    for (int ox = oxs.begin; ox < oxs.end; ++ox)
+      if (max_pool_argmax(x, g, ch, oy, ox) == i) acc += dy_plane[oy * g.ow + ox];
+  return acc;
+}
+
+//! Output element o of average pooling one image x: padding cells count as zeros, so the divisor
+//! is k * k wherever the window lies (PyTorch's default count_include_pad=True). Cells are
+//! summed in row-major order, as PyTorch's CPU kernel sums them.
+XPIPE_HOST_DEVICE float avg_pool_output(const float* x, const PoolGeometry& g, int o) {
+  const int ch = o / (g.oh * g.ow), rest = o - ch * g.oh * g.ow;
+  const int oy = rest / g.ow, ox = rest - oy * g.ow;
+  const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
+  const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
+  const float* plane = x + ch * g.h * g.w;
+  float sum = 0.f;
+  for (int y = ys.begin; y < ys.end; ++y)
+    for (int xx = xs.begin; xx < xs.end; ++xx) sum += plane[y * g.w + xx];
+  return sum / static_cast<float>(g.k * g.k);
+}
+
+//! The gradient of input element i of one image under average pooling: dy / (k * k) summed
+//! over the windows holding i, in row-major order.
+XPIPE_HOST_DEVICE float avg_pool_input_grad(const float* dy, const PoolGeometry& g, int i) {
+  const int ch = i / (g.h * g.w), rest = i - ch * g.h * g.w;
+  const int iy = rest / g.w, ix = rest - iy * g.w;
+  const PoolSpan oys = pool_windows_over(iy, g.k, g.stride, g.pad, g.oh);
+  const PoolSpan oxs = pool_windows_over(ix, g.k, g.stride, g.pad, g.ow);
+  const float* dy_plane = dy + ch * g.oh * g.ow;
+  const float area = static_cast<float>(g.k * g.k);
+  float acc = 0.f;
+  // Each window's share divided first, as PyTorch's backward does, so the sums agree bit for bit.
+  for (int oy = oys.begin; oy < oys.end; ++oy)
+    for (int ox = oxs.begin; ox < oxs.end; ++ox) acc += dy_plane[oy * g.ow + ox] / area;
+  return acc;
+}
+
+//! The mean of channel ch of one image x whose channels hold `plane` floats each.
+XPIPE_HOST_DEVICE float global_avg_pool_output(const float* x, int plane, int ch) {
+  const float* p = x + ch * plane;
+  float sum = 0.f;
+  for (int j = 0; j < plane; ++j) sum += p[j];
+  return sum / static_cast<float>(plane);
+}
+
+//! The gradient of input element i of one image under global average pooling.
+XPIPE_HOST_DEVICE float global_avg_pool_input_grad(const float* dy, int plane, int i) {
+  return dy[i / plane] / static_cast<float>(plane);
+}
+
+}  // namespace math
+
+//! The function objects of the pooling launchers below: row r is one image, the column one
+//! output element (forward) or one input element (backward).
+namespace ops {
+
+//! y(r, o) = the maximum of window o of image r.
+struct MaxPoolForward {
+  ConstMatrix x;
+  Matrix y;
+  PoolGeometry g;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
+    y(r, o) = math::max_pool_output(x.row(r), g, static_cast<int>(o));
+  }
+};
+
+//! Where windows do not overlap (stride >= k): window o of image r writes its k x k cells of dx,
+//! dy(r, o) at its maximum and 0 elsewhere. Each cell belongs to one window at most, so no two
+//! calls write one place, and per window the index arithmetic is done once instead of per cell.
+struct MaxPoolBackwardDisjoint {
+  ConstMatrix x, dy;
+  Matrix dx;
+  PoolGeometry g;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
+    const int oi = static_cast<int>(o);
+    const int ch = oi / (g.oh * g.ow), rest = oi - ch * g.oh * g.ow;
+    const int oy = rest / g.ow, ox = rest - oy * g.ow;
+    const float* image = x.row(r);
+    const int best = math::max_pool_argmax(image, g, ch, oy, ox);
+    const math::PoolSpan ys = math::pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
+    const math::PoolSpan xs = math::pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
+    float* out = dx.row(r);
+    const float d = dy(r, o);
+    const int plane = ch * g.h * g.w;
+    for (int y = ys.begin; y < ys.end; ++y)
+      for (int xx = xs.begin; xx < xs.end; ++xx) {
+        const int at = plane + y * g.w + xx;
+        out[at] = at == best ? d : 0.f;
+      }
+  }
+};
+
+//! m(r, c) = 0.
+struct ZeroFill {
+  Matrix m;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t c) const { m(r, c) = 0.f; }
+};
+
+//! dx(r, i) = the max-pooling gradient of input element i of image r.
+struct MaxPoolBackward {
+  ConstMatrix x, dy;
+  Matrix dx;
+  PoolGeometry g;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
+    dx(r, i) = math::max_pool_input_grad(x.row(r), dy.row(r), g, static_cast<int>(i));
+  }
+};
+
+//! y(r, o) = the mean of window o of image r, padding included.
+struct AvgPoolForward {
+  ConstMatrix x;
+  Matrix y;
+  PoolGeometry g;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
+    y(r, o) = math::avg_pool_output(x.row(r), g, static_cast<int>(o));
+  }
+};
+
+//! dx(r, i) = the average-pooling gradient of input element i of image r.
+struct AvgPoolBackward {
+  ConstMatrix dy;
+  Matrix dx;
+  PoolGeometry g;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
+    dx(r, i) = math::avg_pool_input_grad(dy.row(r), g, static_cast<int>(i));
+  }
+};
+
+//! y(r, ch) = the mean of channel ch of image r.
+struct GlobalAvgPoolForward {
+  ConstMatrix x;
+  Matrix y;
+  int plane;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t ch) const {
+    y(r, ch) = math::global_avg_pool_output(x.row(r), plane, static_cast<int>(ch));
+  }
+};
+
+//! dx(r, i) = dy(r, channel of i) / plane.
+struct GlobalAvgPoolBackward {
+  ConstMatrix dy;
+  Matrix dx;
+  int plane;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
+    dx(r, i) = math::global_avg_pool_input_grad(dy.row(r), plane, static_cast<int>(i));
+  }
+};
+
+}  // namespace ops
+
+// The launchers take views the caller has checked: x and dx are rows x g.in_floats(), y and dy
+// rows x g.out_floats() (global pooling: rows x channels * plane and rows x channels). The layers
+// of layers/pool.hpp check them and throw a ShapeError naming themselves.
+
+//! y = k x k max pooling of each row of x (one NCHW image per row).
+//! Usage: `max_pool_forward(ctx, pool_geometry(3, 6, 6, 2, 2, 0), x, y);`
+template <class Ctx>
+void max_pool_forward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix x, Matrix y) {
+  for_each_element(ctx, y.rows, y.cols, ops::MaxPoolForward{x, y, g});
+}
+
+//! dx = the input gradient of max pooling x, given the output gradient dy; dx may not alias dy.
+//! Usage: `max_pool_backward(ctx, g, x, dy, dx);`
+template <class Ctx>
+void max_pool_backward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix x, ConstMatrix dy,
+                       Matrix dx) {
+  if (g.stride >= g.k) {
+    // Disjoint windows: a scatter per window (cells no window covers are zeroed first).
+    const bool covered = g.pad == 0 && g.stride == g.k && g.h % g.k == 0 && g.w % g.k == 0;
+    if (!covered) for_each_element(ctx, dx.rows, dx.cols, ops::ZeroFill{dx});
+    for_each_element(ctx, dy.rows, dy.cols, ops::MaxPoolBackwardDisjoint{x, dy, dx, g});
+    return;
+  }
+  for_each_element(ctx, dx.rows, dx.cols, ops::MaxPoolBackward{x, dy, dx, g});
+}
+
+//! y = k x k average pooling of each row of x, dividing by k * k even where padding cuts the
+//! window (PyTorch's count_include_pad=True). Usage: `avg_pool_forward(ctx, g, x, y);`
+template <class Ctx>
+void avg_pool_forward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix x, Matrix y) {
+  for_each_element(ctx, y.rows, y.cols, ops::AvgPoolForward{x, y, g});
+}
+
+//! dx = the input gradient of average pooling, given dy; dx may not alias dy.
+//! Usage: `avg_pool_backward(ctx, g, dy, dx);`
+template <class Ctx>
+void avg_pool_backward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix dy, Matrix dx) {
+  for_each_element(ctx, dx.rows, dx.cols, ops::AvgPoolBackward{dy, dx, g});
+}
+
+//! y(r, ch) = the mean of the `plane` floats of channel ch of row r of x (y.cols channels).
+//! Usage: `global_avg_pool_forward(ctx, 5 * 5, x, y);`
+template <class Ctx>
+void global_avg_pool_forward(const Ctx& ctx, int plane, ConstMatrix x, Matrix y) {
+  for_each_element(ctx, y.rows, y.cols, ops::GlobalAvgPoolForward{x, y, plane});
+}
+
+//! dx = the input gradient of global average pooling, given dy (one value per channel).
+//! Usage: `global_avg_pool_backward(ctx, 5 * 5, dy, dx);`
+template <class Ctx>
+void global_avg_pool_backward(const Ctx& ctx, int plane, ConstMatrix dy, Matrix dx) {
+  for_each_element(ctx, dx.rows, dx.cols, ops::GlobalAvgPoolBackward{dy, dx, plane});
+}
+
+}  // namespace xpipe

@@ -1,0 +1,137 @@
+// BatchNorm2d<Shape, Options>: batch normalisation per channel of an image, with each
+// micro-batch's own statistics in training (as GPipe normalises) and running statistics, the
+// layer's non-trainable state, for evaluation.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/core/shape.hpp"
+#include "xpipe/kernels/batchnorm.hpp"
+#include "xpipe/layers/layer.hpp"
+#include "xpipe/layers/loss.hpp"  // detail::reads_host_memory
+#include "xpipe/layers/pool.hpp"  // detail::shape_name, detail::check_image_views
+
+namespace xpipe {
+
+//! A normalisation's eps (added to the variance) and the momentum of its running statistics.
+struct NormOptions {
+  float eps = 1e-5f;
+  float momentum = 0.1f;
+};
+
+//! y = gamma (x - mean) / sqrt(var + eps) + beta per channel of an S image, PyTorch's
+//! BatchNorm2d. Parameters: gamma (C, initially 1) then beta (C, 0). In training the mean and
+//! biased variance are the micro-batch's, over its rows and pixels (so a pipeline normalises
+//! each micro-batch on its own, as GPipe does), and the running mean and unbiased variance
+//! (the layer's state: 2 C floats, initially 0 and 1) move by `momentum` towards them;
+//! evaluation normalises with the running ones. The state is not a parameter: optimizers and
+//! predictors never see it, whatever weights a forward uses (stashed, predicted), and every
+//! forward of a stage updates the one copy in schedule order. It keeps the micro-batch's mean
+//! and 1/std per activation slot (its Saved) for the backward. On the host, statistics that are
+//! not finite are a NumericError naming the layer, the channel and the first row holding NaN or
+//! an infinity in it.
+//! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, ConvOptions{.padding = 1}>,
+//!               BatchNorm2d<Shape<16, 28, 28>>, ReLU>`.
+template <ImageShape S, NormOptions Options = NormOptions{}>
+struct BatchNorm2d {
+  static_assert(Options.eps > 0.f, "xpipe: BatchNorm2d: eps must be positive");
+  static_assert(Options.momentum >= 0.f && Options.momentum <= 1.f,
+                "xpipe: BatchNorm2d: momentum must lie in [0, 1]");
+  using in_shape = S;
+  using out_shape = S;
+  static constexpr int channels = S::channels;
+  static constexpr int in_width = S::size;
+  static constexpr int out_width = S::size;
+  static constexpr index_t param_count = 2 * channels;
+  static constexpr index_t state_count = 2 * channels;
+
+  static constexpr NormGeometry geometry(index_t rows) {
+    return {rows, channels, S::height * S::width, Options.eps, Options.momentum};
+  }
+
+  //! Per activation slot: the micro-batch's mean and 1/std (2 C), and the backward's channel
+  //! sums (2 C), on backend B.
+  template <class B>
+  struct Saved {
+    explicit Saved(index_t /*max_rows*/) : stats(2 * channels), sums(2 * channels) {}
+    typename B::template Buffer<float> stats, sums;
+  };
+
+  static constexpr index_t saved_floats(index_t /*rows*/) { return 4 * channels; }
+
+  //! gamma = 1, beta = 0.
+  static void init(std::span<float> params, std::uint64_t /*seed*/) {
+    std::fill(params.begin(), params.begin() + channels, 1.f);
+    std::fill(params.begin() + channels, params.end(), 0.f);
+  }
+  //! Running mean 0, running variance 1.
+  static void init_state(std::span<float> state) {
+    std::fill(state.begin(), state.begin() + channels, 0.f);
+    std::fill(state.begin() + channels, state.end(), 1.f);
+  }
+
+  //! "BatchNorm2d<Shape<16, 28, 28>>": how errors name the layer.
+  static std::string name() { return "BatchNorm2d<" + detail::shape_name<S>() + ">"; }
+
+  //! y = gamma xhat + beta, with the micro-batch's statistics (training; the running ones move)
+  //! or the running ones (evaluation, which needs run.state).
+  template <class Ctx, class Sv>
+  static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
+                      Running run) {
+    detail::check_image_views<BatchNorm2d>(x, y, "forward");
+    const NormGeometry g = geometry(x.rows);
+    if (run.training) {
+      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state);
+      if constexpr (detail::reads_host_memory<Ctx>) check_finite(x, saved.stats.data());
+    } else {
+      if (run.state == nullptr)
+        throw ConfigError("xpipe: " + name() +
+                          "::forward: evaluation needs the running statistics (pass the stage's "
+                          "state buffer in Running)");
+      batch_norm_running_statistics(ctx, g, run.state, saved.stats.data());
+    }
+    batch_norm_forward(ctx, g, x, y, params, params + channels, saved.stats.data());
+  }
+
+  //! dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), dx through the batch's statistics (skipped
+  //! when dx is empty). Follows the training forward of the same slot.
+  template <class Ctx, class Sv>
+  static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                       ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, Sv& saved) {
+    detail::check_image_views<BatchNorm2d>(x, dy, "backward");
+    if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward");
+    batch_norm_backward(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
+                        saved.sums.data(), grads, grads + channels, accumulate);
+  }
+
+ private:
+  // Statistics that are not finite come from inputs that are not (or from an overflow): name
+  // the channel and the first row with a NaN or an infinity in it.
+  static void check_finite(ConstMatrix x, const float* stats) {
+    for (int c = 0; c < channels; ++c) {
+      if (std::isfinite(stats[c]) && std::isfinite(stats[channels + c])) continue;
+      const int plane = S::height * S::width;
+      index_t bad = -1;
+      for (index_t r = 0; r < x.rows && bad < 0; ++r)
+        for (int i = 0; i < plane; ++i)
+          if (!std::isfinite(x(r, static_cast<index_t>(c) * plane + i))) {
+            bad = r;
+            break;
+          }
+      throw NumericError("xpipe: " + name() + ": the statistics of channel " + std::to_string(c) +
+                         " are not finite (mean " + std::to_string(stats[c]) + ")" +
+                         (bad >= 0 ? "; row " + std::to_string(bad) +
+                                         " of the micro-batch holds NaN or an infinity there"
+                                   : "; its inputs are finite (an overflow)"));
+    }
+  }
+};
+
+static_assert(Layer<BatchNorm2d<Shape<2, 3, 3>>>);
+
+}  // namespace xpipe

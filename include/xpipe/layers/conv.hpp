@@ -1,0 +1,126 @@
+// Conv2d<In, OutChannels, Kernel, Options>: a 2-D convolution layer over NCHW-flattened rows,
+// weights OIHW then biases in the stage's flat buffer; each backend's ConvPlans does the work.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "xpipe/backend/host_conv.hpp"
+#include "xpipe/core/conv_geometry.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/core/shape.hpp"
+#include "xpipe/layers/init.hpp"
+#include "xpipe/layers/layer.hpp"
+
+namespace xpipe {
+
+//! A convolution's stride, zero padding (both axes) and whether it has a bias.
+//! Usage: `Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>`.
+struct ConvOptions {
+  int stride = 1;
+  int padding = 0;
+  bool bias = true;
+};
+
+//! Square-kernel 2-D convolution from In = Shape<C, H, W> to OutChannels x OH x OW, where
+//! OH = floor((H + 2 padding - Kernel) / stride) + 1 (likewise OW). Parameters: the weights,
+//! OutChannels x C x Kernel x Kernel (OIHW, PyTorch's layout), then OutChannels biases unless
+//! Options.bias is false. Initialised He-uniform over fan_in = C Kernel^2 (biases 0, as Linear).
+//! It keeps its backend's ConvPlans per activation slot (its Saved<B>): on the host oneDNN's
+//! primitives, made once per batch size. Needs contiguous rows (Stage's buffers are).
+//! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>, ReLU, ...>`.
+template <ImageShape In, int OutChannels, int Kernel, ConvOptions Options = ConvOptions{},
+          class Init = HeUniform>
+struct Conv2d {
+  static_assert(OutChannels > 0, "xpipe: Conv2d: OutChannels must be positive");
+  static_assert(Kernel > 0, "xpipe: Conv2d: Kernel must be positive");
+  static_assert(Options.stride > 0, "xpipe: Conv2d: stride must be positive");
+  static_assert(Options.padding >= 0 && Options.padding < Kernel,
+                "xpipe: Conv2d: padding must be in [0, Kernel)");
+  static_assert(Kernel <= In::height + 2 * Options.padding &&
+                    Kernel <= In::width + 2 * Options.padding,
+                "xpipe: Conv2d: the kernel is larger than the padded input image");
+
+  using in_shape = In;
+  using out_shape =
+      Shape<OutChannels, conv_out_extent(In::height, Kernel, Options.stride, Options.padding),
+            conv_out_extent(In::width, Kernel, Options.stride, Options.padding)>;
+  static_assert(In::height == In::width,
+                "xpipe: Conv2d: square images only (ConvGeometry has one extent per axis pair)");
+  static constexpr int in_width = In::size;
+  static constexpr int out_width = out_shape::size;
+  static constexpr index_t weight_count =
+      static_cast<index_t>(OutChannels) * In::channels * Kernel * Kernel;
+  static constexpr index_t param_count = weight_count + (Options.bias ? OutChannels : 0);
+
+  //! The geometry of a call on `rows` images.
+  static constexpr ConvGeometry geometry(index_t rows) {
+    return ConvGeometry{rows,           In::channels,      In::height,       In::width,
+                        OutChannels,    out_shape::height, out_shape::width, Kernel,
+                        Options.stride, Options.padding,   Options.bias};
+  }
+
+  //! What one activation slot keeps: the backend's plans for up to max_rows images.
+  template <class B>
+  struct Saved {
+    explicit Saved(index_t max_rows) : plans(geometry(max_rows)) {}
+    ConvPlans<B> plans;
+  };
+
+  //! Weights from Init over fan_in = C Kernel^2 and fan_out = OutChannels Kernel^2, biases 0.
+  static void init(std::span<float> params, std::uint64_t seed) {
+    init_uniform<Init>(params.first(weight_count), In::channels * Kernel * Kernel,
+                       OutChannels * Kernel * Kernel, seed);
+    std::fill(params.begin() + weight_count, params.end(), 0.f);
+  }
+
+  //! "Conv2d<1x28x28 -> 32x28x28, kernel 3, stride 1, padding 1>": how errors name the layer.
+  static std::string name() {
+    const auto dims = [](int c, int h, int w) {
+      return std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w);
+    };
+    return "Conv2d<" + dims(In::channels, In::height, In::width) + " -> " +
+           dims(OutChannels, out_shape::height, out_shape::width) + ", kernel " +
+           std::to_string(Kernel) + ", stride " + std::to_string(Options.stride) + ", padding " +
+           std::to_string(Options.padding) + ">";
+  }
+
+  //! y = conv(x, W) + b.
+  template <class Ctx, class S>
+  static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, S& saved) {
+    check(x, y, "forward");
+    saved.plans.forward(ctx, geometry(x.rows), x.data, params, params + weight_count, y.data);
+  }
+
+  //! dW (+)= the weight gradient, db (+)= dy summed per channel, dx = the input gradient
+  //! (skipped when dx is empty: the first layer of a model). x must be the input of `saved`'s
+  //! last forward, unchanged (as Stage keeps it): the host reuses that forward's reorder of it.
+  template <class Ctx, class S>
+  static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                       ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, S& saved) {
+    check(x, dy, "backward");
+    if (!dx.empty()) check(dx, dy, "backward");
+    saved.plans.backward(ctx, geometry(x.rows), x.data, params, dy.data,
+                         dx.empty() ? nullptr : dx.data, grads, grads + weight_count, accumulate);
+  }
+
+ private:
+  // The convolution reads whole images: views must have the layer's widths, contiguous rows and
+  // as many rows on both sides.
+  static void check(ConstMatrix in, ConstMatrix out, const char* where) {
+    if (in.cols != in_width || out.cols != out_width || in.ld != in.cols || out.ld != out.cols ||
+        in.rows != out.rows)
+      throw ShapeError("xpipe: " + name() + "::" + where + ": got " + std::to_string(in.rows) +
+                       "x" + std::to_string(in.cols) + " input (ld " + std::to_string(in.ld) +
+                       ") and " + std::to_string(out.rows) + "x" + std::to_string(out.cols) +
+                       " output (ld " + std::to_string(out.ld) + "), expected " +
+                       std::to_string(in_width) + " and " + std::to_string(out_width) +
+                       " contiguous columns");
+  }
+};
+
+static_assert(Layer<Conv2d<Shape<1, 8, 8>, 4, 3, ConvOptions{.padding = 1}>>);
+
+}  // namespace xpipe

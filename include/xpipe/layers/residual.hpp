@@ -1,0 +1,164 @@
+// Residual<Layers...> and ProjectedResidual<Shortcut, Layers...>: a residual block as one layer,
+// y = f(x) + x or y = f(x) + P(x), where f (and P, for a change of shape) run as inner stages
+// whose activations the block keeps per micro-batch slot.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/core/shape.hpp"
+#include "xpipe/kernels/residual.hpp"
+#include "xpipe/layers/layer.hpp"
+#include "xpipe/layers/stage.hpp"
+
+namespace xpipe {
+
+//! The identity shortcut of a residual block (Residual<...>).
+struct IdentityShortcut {};
+
+namespace detail {
+
+// What the shortcut path keeps per slot: nothing for the identity; for a projection its inner
+// stage's activations, its gradient scratch and its input gradient (added to the block's).
+template <class Shortcut, class B, int InWidth>
+struct ShortcutSlot {
+  explicit ShortcutSlot(index_t rows) : acts(rows), scratch(rows), dx(rows * InWidth) {}
+  typename Shortcut::template Activations<B> acts;
+  typename Shortcut::template GradScratch<B> scratch;
+  typename B::template Buffer<float> dx;
+};
+template <class B, int InWidth>
+struct ShortcutSlot<IdentityShortcut, B, InWidth> {
+  explicit ShortcutSlot(index_t) {}
+};
+
+}  // namespace detail
+
+//! A residual block: y = f(x) + shortcut(x), f the stage Stage<Ls...> and shortcut the identity
+//! (Shortcut = IdentityShortcut) or a stage of its own (a strided 1x1 convolution and its
+//! BatchNorm, where f changes the shape). Both paths must take and give images: f's first and
+//! last boundaries name a Shape. Parameters: f's flat block, then the shortcut's (16-float
+//! aligned); state (BatchNorm running statistics): f's, then the shortcut's. Per activation slot
+//! it keeps f's and the shortcut's activations (its Saved), so a block is one layer to Stage and
+//! the pipeline; each slot's inner layers keep their own Saved too (convolution plans, batch
+//! statistics). The activation after the sum (ResNet's ReLU) is the next layer of the stage.
+//! Usage: `ResidualBlock<IdentityShortcut, Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`;
+//! mostly through Residual<...> and ProjectedResidual<P, ...>.
+template <class Shortcut, class... Ls>
+struct ResidualBlock {
+  using inner = Stage<Ls...>;
+  static constexpr bool projected = !std::is_same_v<Shortcut, IdentityShortcut>;
+  static_assert(inner::in_shape.known() && inner::out_shape.known(),
+                "xpipe: Residual: the block's first layer must take, and its last give, an "
+                "image (a Shape): a residual sum is over images");
+  static_assert(projected || inner::in_shape == inner::out_shape,
+                "xpipe: Residual: with the identity shortcut the block must give the shape it "
+                "takes; for a change of shape use ProjectedResidual<Stage<...>, ...>");
+
+  using in_shape = Shape<inner::in_shape.c, inner::in_shape.h, inner::in_shape.w>;
+  using out_shape = Shape<inner::out_shape.c, inner::out_shape.h, inner::out_shape.w>;
+  static constexpr int in_width = inner::in_width;
+  static constexpr int out_width = inner::out_width;
+  //! Where the shortcut's parameters start (f's block rounded up to 16 floats).
+  static constexpr index_t shortcut_offset = (inner::param_count + 15) / 16 * 16;
+  //! The shortcut's parameter and state counts (0 for the identity).
+  static constexpr index_t shortcut_params = [] {
+    if constexpr (projected)
+      return Shortcut::param_count;
+    else
+      return index_t{0};
+  }();
+  static constexpr index_t shortcut_state = [] {
+    if constexpr (projected)
+      return Shortcut::state_count;
+    else
+      return index_t{0};
+  }();
+  static constexpr index_t param_count =
+      projected ? shortcut_offset + shortcut_params : inner::param_count;
+  static constexpr index_t state_count = inner::state_count + shortcut_state;
+  static_assert(
+      [] {
+        if constexpr (projected)
+          return Shortcut::in_shape == inner::in_shape && Shortcut::out_shape == inner::out_shape;
+        else
+          return true;
+      }(),
+      "xpipe: ProjectedResidual: the shortcut stage must take the block's input shape and give "
+      "its output shape");
+
+  //! f's layers draw from sub-streams 0.. of the block's seed, the shortcut's after them.
+  static void init(std::span<float> params, std::uint64_t seed) {
+    std::fill(params.begin(), params.end(), 0.f);
+    inner::init(params.first(inner::param_count), seed, 0);
+    if constexpr (projected)
+      Shortcut::init(params.subspan(shortcut_offset, Shortcut::param_count), seed,
+                     inner::seed_streams);
+  }
+  static void init_state(std::span<float> state) {
+    inner::init_state(state.first(inner::state_count));
+    if constexpr (projected) Shortcut::init_state(state.subspan(inner::state_count));
+  }
+
+  //! Per activation slot: f's activations and gradient scratch, the shortcut's where it has a
+  //! path of its own. Floats kept beyond the block's output: saved_floats(rows).
+  template <class B>
+  struct Saved {
+    explicit Saved(index_t rows) : acts(rows), scratch(rows), shortcut(rows) {}
+    typename inner::template Activations<B> acts;
+    typename inner::template GradScratch<B> scratch;
+    detail::ShortcutSlot<Shortcut, B, in_width> shortcut;
+  };
+  static constexpr index_t saved_floats(index_t rows) {
+    index_t n = inner::activation_floats(rows);
+    if constexpr (projected) n += Shortcut::activation_floats(rows) + rows * in_width;
+    return n;
+  }
+
+  //! y = f(x) + x, or f(x) + P(x).
+  template <class Ctx, class Sv>
+  static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
+                      Running run) {
+    const ConstMatrix f = inner::forward(ctx, params, x, saved.acts, run);
+    if constexpr (projected) {
+      const Running r{run.state == nullptr ? nullptr : run.state + inner::state_count,
+                      run.training};
+      const ConstMatrix s =
+          Shortcut::forward(ctx, params + shortcut_offset, x, saved.shortcut.acts, r);
+      add_views(ctx, f, s, y);
+    } else {
+      add_views(ctx, f, x, y);
+    }
+  }
+
+  //! f's gradients, the shortcut's, and dx = f's input gradient + the shortcut's (dy itself for
+  //! the identity); dx skipped when empty (the parameter gradients still run).
+  template <class Ctx, class Sv>
+  static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                       ConstMatrix /*x*/, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, Sv& saved) {
+    inner::backward(ctx, params, grads, accumulate, saved.acts, dy, dx, saved.scratch);
+    if constexpr (projected) {
+      const Matrix ds = dx.empty() ? Matrix{} : Matrix{saved.shortcut.dx.data(), dy.rows, in_width};
+      Shortcut::backward(ctx, params + shortcut_offset, grads + shortcut_offset, accumulate,
+                         saved.shortcut.acts, dy, ds, saved.shortcut.scratch);
+      if (!dx.empty()) add_views(ctx, dx, ds, dx);
+    } else {
+      if (!dx.empty()) add_views(ctx, dx, dy, dx);
+    }
+  }
+};
+
+//! y = f(x) + x, f = Stage<Ls...>: a residual block with the identity shortcut.
+//! Usage: `Stage<Residual<Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>, ReLU>`.
+template <class... Ls>
+using Residual = ResidualBlock<IdentityShortcut, Ls...>;
+
+//! y = f(x) + P(x), P a Stage<...> (e.g. a 1x1 stride-2 convolution and its BatchNorm) taking
+//! f's input shape to f's output shape.
+//! Usage: `ProjectedResidual<Stage<Conv2d<S16, 32, 1, ConvOptions{.stride = 2}>, BN32>, ...>`.
+template <class Shortcut, class... Ls>
+using ProjectedResidual = ResidualBlock<Shortcut, Ls...>;
+
+}  // namespace xpipe

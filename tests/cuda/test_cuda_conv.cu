@@ -1,0 +1,213 @@
+// ConvPlans<Cuda> (im2col + cuBLAS) against the same im2col passes on a HostContext (checked
+// against a direct convolution in tests/test_im2col.cpp), within tol + |ref| * eps, and against
+// itself bitwise run to run. Exits 77 (CTest: skipped) when no CUDA device is present.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "xpipe/backend/cuda.cuh"
+#include "xpipe/core/random.hpp"
+#include "xpipe/kernels/cuda/conv.cuh"
+#include "xpipe/kernels/im2col.hpp"
+
+namespace {
+
+using xpipe::ConvGeometry;
+using xpipe::index_t;
+
+int failures = 0;
+
+void check(const std::string& what, const std::vector<float>& ref, const std::vector<float>& got,
+           float tol, float eps) {
+  int shown = 0, bad = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const float allowed = tol + std::fabs(ref[i]) * eps;
+    if (!(std::fabs(ref[i] - got[i]) <= allowed)) {
+      if (shown++ < 5)
+        std::printf("  %s[%zu]: host %.9g, cuda %.9g\n", what.c_str(), i, ref[i], got[i]);
+      ++bad;
+    }
+  }
+  std::printf("%-48s %s (%d of %zu outside %g + |ref| * %g)\n", what.c_str(), bad ? "FAIL" : "ok",
+              bad, ref.size(), tol, eps);
+  failures += bad != 0;
+}
+
+void check_bitwise(const std::string& what, const std::vector<float>& a,
+                   const std::vector<float>& b) {
+  const bool same = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  std::printf("%-48s %s\n", what.c_str(), same ? "ok (bitwise)" : "FAIL (bits differ)");
+  failures += !same;
+}
+
+std::vector<float> random_vector(index_t n, std::uint64_t seed) {
+  xpipe::Rng rng{seed};
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = rng.uniform(-1.f, 1.f);
+  return v;
+}
+
+xpipe::DeviceBuffer<float> to_device(const std::vector<float>& v) {
+  xpipe::DeviceBuffer<float> d(static_cast<index_t>(v.size()));
+  d.copy_from_host(v.data(), d.size());
+  return d;
+}
+
+std::vector<float> to_host(const xpipe::DeviceBuffer<float>& d) {
+  std::vector<float> v(static_cast<std::size_t>(d.size()));
+  d.copy_to_host(v.data(), d.size());
+  return v;
+}
+
+ConvGeometry geometry(index_t rows, int c, int hw, int oc, int k, int stride, int pad,
+                      bool bias = true) {
+  const int o = xpipe::conv_out_extent(hw, k, stride, pad);
+  return {.rows = rows,
+          .c = c,
+          .h = hw,
+          .w = hw,
+          .oc = oc,
+          .oh = o,
+          .ow = o,
+          .k = k,
+          .stride = stride,
+          .pad = pad,
+          .bias = bias};
+}
+
+std::string text(const ConvGeometry& g) {
+  return std::to_string(g.rows) + "x" + std::to_string(g.c) + "x" + std::to_string(g.h) + " k" +
+         std::to_string(g.k) + " s" + std::to_string(g.stride) + " p" + std::to_string(g.pad) +
+         (g.bias ? "" : " nobias");
+}
+
+// What one pass of every call gives: y, dx, dw and db, then dw and db after one more
+// accumulating backward_weights.
+struct Results {
+  std::vector<float> y, dx, dw, db, dw2, db2;
+};
+
+struct Inputs {
+  std::vector<float> x, w, b, dy;
+  explicit Inputs(const ConvGeometry& g)
+      : x(random_vector(g.rows * g.in_floats(), 11)),
+        w(random_vector(g.weight_floats(), 12)),
+        b(random_vector(g.oc, 13)),
+        dy(random_vector(g.rows * g.out_floats(), 14)) {}
+};
+
+Results on_host(const ConvGeometry& g, const Inputs& in) {
+  const xpipe::HostContext ctx{};
+  const auto n = xpipe::conv_workspace_floats(g, g.rows);
+  std::vector<float> cols(n.cols), channels(n.channels), sums(n.plane_sums);
+  const xpipe::ConvWorkspace ws{cols.data(), channels.data(), sums.data(), g.rows};
+  Results r{std::vector<float>(static_cast<std::size_t>(g.rows * g.out_floats())),
+            std::vector<float>(in.x.size()),
+            std::vector<float>(in.w.size()),
+            std::vector<float>(in.b.size()),
+            {},
+            {}};
+  xpipe::conv_forward_im2col(ctx, g, ws, in.x.data(), in.w.data(), in.b.data(), r.y.data());
+  xpipe::conv_backward_data_im2col(ctx, g, ws, in.w.data(), in.dy.data(), r.dx.data());
+  xpipe::conv_backward_weights_im2col(ctx, g, ws, in.x.data(), in.dy.data(), r.dw.data(),
+                                      r.db.data(), false);
+  r.dw2 = r.dw, r.db2 = r.db;
+  xpipe::conv_backward_weights_im2col(ctx, g, ws, in.x.data(), in.dy.data(), r.dw2.data(),
+                                      r.db2.data(), true);
+  return r;
+}
+
+Results on_device(const xpipe::CudaContext& ctx, xpipe::ConvPlans<xpipe::Cuda>& plans,
+                  const ConvGeometry& g, const Inputs& in) {
+  auto x = to_device(in.x), w = to_device(in.w), b = to_device(in.b), dy = to_device(in.dy);
+  xpipe::DeviceBuffer<float> y(g.rows * g.out_floats()), dx(x.size()), dw(w.size()), db(b.size());
+  Results r;
+  plans.forward(ctx, g, x.data(), w.data(), b.data(), y.data());
+  plans.backward_data(ctx, g, w.data(), dy.data(), dx.data());
+  plans.backward_weights(ctx, g, x.data(), dy.data(), dw.data(), db.data(), false);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  r.y = to_host(y), r.dx = to_host(dx), r.dw = to_host(dw), r.db = to_host(db);
+  plans.backward_weights(ctx, g, x.data(), dy.data(), dw.data(), db.data(), true);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  r.dw2 = to_host(dw), r.db2 = to_host(db);
+  return r;
+}
+
+// One geometry: plans for `max_rows` images (at least g.rows) with `workspace` floats, called with
+// g.rows; against the host, and twice on the device bitwise.
+void compare(const xpipe::CudaContext& ctx, const ConvGeometry& g, index_t max_rows,
+             index_t workspace) {
+  xpipe::ConvPlans<xpipe::Cuda> plans(g.with_rows(max_rows), workspace);
+  const std::string name = text(g) + " chunk " + std::to_string(plans.chunk());
+  const Inputs in(g);
+  const Results ref = on_host(g, in);
+  const Results a = on_device(ctx, plans, g, in), b = on_device(ctx, plans, g, in);
+  // Summation orders differ (cuBLAS and oneDNN tile differently): a long inner dimension (dw sums
+  // rows oh ow products) earns a larger absolute tolerance near zero.
+  check(name + " y", ref.y, a.y, 1e-5f, 1e-4f);
+  check(name + " dx", ref.dx, a.dx, 1e-5f, 1e-4f);
+  check(name + " dw", ref.dw, a.dw, 1e-4f, 1e-4f);
+  check(name + " dw accumulated", ref.dw2, a.dw2, 1e-4f, 1e-4f);
+  if (g.bias) {
+    check(name + " db", ref.db, a.db, 1e-4f, 1e-4f);
+    check(name + " db accumulated", ref.db2, a.db2, 1e-4f, 1e-4f);
+  }
+  check_bitwise(name + " y run to run", a.y, b.y);
+  check_bitwise(name + " dx run to run", a.dx, b.dx);
+  check_bitwise(name + " dw run to run", a.dw2, b.dw2);
+  check_bitwise(name + " db run to run", a.db2, b.db2);
+}
+
+// A call whose geometry the plans were not made for is a ShapeError naming both.
+void shape_errors(const xpipe::CudaContext& ctx) {
+  const ConvGeometry g = geometry(4, 2, 6, 3, 3, 1, 1);
+  xpipe::ConvPlans<xpipe::Cuda> plans(g);
+  for (const ConvGeometry& bad : {g.with_rows(5), [&] {
+                                    ConvGeometry o = g;
+                                    o.c = 3;
+                                    return o;
+                                  }()}) {
+    bool thrown = false;
+    try {
+      plans.forward(ctx, bad, nullptr, nullptr, nullptr, nullptr);
+    } catch (const xpipe::ShapeError& e) {
+      thrown = std::strstr(e.what(), "4x2x6x6") != nullptr;
+      std::printf("  %s\n", e.what());
+    }
+    std::printf("%-48s %s\n", "ShapeError for a geometry not planned", thrown ? "ok" : "FAIL");
+    failures += !thrown;
+  }
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device (%s); the CUDA convolution was built but not run\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  try {
+    xpipe::CudaStreamContext stream;
+    const auto& ctx = stream.ctx();
+    const index_t whole = xpipe::ConvPlans<xpipe::Cuda>::default_workspace_floats;
+    compare(ctx, geometry(8, 16, 16, 32, 3, 1, 1), 8, whole);      // k 3 pad 1, one chunk
+    compare(ctx, geometry(8, 16, 16, 32, 3, 1, 1), 8, 40'000);     // chunks of 1 image
+    compare(ctx, geometry(7, 3, 15, 8, 5, 2, 2), 7, 12'000);       // stride 2, chunks 2+2+2+1
+    compare(ctx, geometry(6, 1, 28, 6, 5, 1, 0), 6, whole);        // c 1, k 5 pad 0
+    compare(ctx, geometry(5, 8, 9, 12, 1, 1, 0), 8, whole);        // k 1; fewer rows than planned
+    compare(ctx, geometry(4, 4, 8, 4, 3, 2, 0, false), 4, whole);  // no bias, last row unread
+    compare(ctx, geometry(3, 64, 4, 64, 3, 1, 1), 3, whole);       // many channels, small image
+    shape_errors(ctx);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf(failures ? "FAILED: %d checks\n" : "all CUDA convolution checks passed\n", failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,539 @@
+// BatchNorm2d and residual blocks on the host: against PyTorch (fixtures/block_expected.hpp, made
+// by fixtures/make_block_fixtures.py), central finite differences, hand-worked values, bad input.
+#include <algorithm>
+#include <array>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fixtures/block_expected.hpp"
+#include "support/support.hpp"
+#include "xpipe/layers/batchnorm.hpp"
+#include "xpipe/layers/residual.hpp"
+#include "xpipe/xpipe.hpp"
+
+namespace {
+
+using xpipe::BatchNorm2d;
+using xpipe::ConstMatrix;
+using xpipe::ConvOptions;
+using xpipe::HostContext;
+using xpipe::index_t;
+using xpipe::Matrix;
+using xpipe::Running;
+using xpipe::Shape;
+
+// One activation slot of a layer that keeps state (BatchNorm2d, a residual block): its operands,
+// its state buffer (initialised by L::init_state) and its Saved.
+template <class L>
+struct Slot {
+  using layer = L;
+  index_t rows;
+  std::vector<float> p, g, state, x, y, dy, dx;
+  typename L::template Saved<xpipe::Host> saved;
+  explicit Slot(index_t n)
+      : rows(n),
+        p(L::param_count, 0.f),
+        g(L::param_count, 0.f),
+        state(L::state_count),
+        x(n * L::in_width),
+        y(n * L::out_width),
+        dy(n * L::out_width),
+        dx(n * L::in_width),
+        saved(n) {
+    L::init_state(state);
+  }
+  ConstMatrix input() const { return {x.data(), rows, L::in_width}; }
+  void forward(const HostContext& ctx, bool training = true, bool with_state = true) {
+    L::forward(ctx, p.data(), input(), Matrix{y.data(), rows, L::out_width}, saved,
+               Running{with_state ? state.data() : nullptr, training});
+  }
+  void backward(const HostContext& ctx, bool accumulate = false) {
+    L::backward(
+        ctx, p.data(), g.data(), accumulate, input(), ConstMatrix{y.data(), rows, L::out_width},
+        ConstMatrix{dy.data(), rows, L::out_width}, Matrix{dx.data(), rows, L::in_width}, saved);
+  }
+};
+
+// |got - want| <= 1e-5 + 1e-4 |want| element by element, showing the first few that are not.
+void require_close(std::span<const float> got, std::span<const float> want, const char* what) {
+  REQUIRE(got.size() == want.size());
+  int shown = 0;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= 1e-5f + 1e-4f * std::fabs(want[i]))) {
+      if (shown++ < 4) WARN(what << "[" << i << "]: got " << got[i] << ", PyTorch " << want[i]);
+      ++bad;
+    }
+  INFO(what << ": " << bad << " of " << got.size() << " differ from PyTorch");
+  REQUIRE(bad == 0);
+}
+
+template <std::size_t N>
+void copy_into(std::vector<float>& to, const float (&from)[N], std::size_t at = 0) {
+  REQUIRE(at + N <= to.size());
+  std::copy(std::begin(from), std::end(from), to.begin() + static_cast<std::ptrdiff_t>(at));
+}
+
+// The message of the E that f throws (other exceptions propagate and fail the test).
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("nothing was thrown");
+  return {};
+}
+
+// The slope of objective() along v[i] by central differences; the step is measured after
+// rounding to float, so the quotient uses the step actually taken.
+template <class F>
+double central(std::vector<float>& v, std::size_t i, F&& objective, float h = 1e-2f) {
+  const float keep = v[i], up_at = keep + h, down_at = keep - h;
+  v[i] = up_at;
+  const double up = objective();
+  v[i] = down_at;
+  const double down = objective();
+  v[i] = keep;
+  return (up - down) / (static_cast<double>(up_at) - down_at);
+}
+
+// The backward of L (training mode) at s.p, s.x with upstream gradient s.dy, against central
+// differences of sum(y * s.dy) over the whole micro-batch: BatchNorm couples the rows, so each
+// input moves every output of its channel.
+template <class L>
+void check_finite_differences(Slot<L>& s, const HostContext& ctx) {
+  s.forward(ctx, true, false);
+  s.backward(ctx);
+  typename L::template Saved<xpipe::Host> other(s.rows);
+  const auto objective = [&] {
+    std::vector<float> y(s.y.size());
+    L::forward(ctx, s.p.data(), s.input(), Matrix{y.data(), s.rows, L::out_width}, other,
+               Running{nullptr, true});
+    double sum = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * s.dy[i];
+    return sum;
+  };
+  for (std::size_t i = 0; i < s.x.size(); ++i) {
+    INFO("input gradient " << i);
+    REQUIRE(s.dx[i] == Approx(central(s.x, i, objective)).margin(1e-3).epsilon(1e-3));
+  }
+  for (std::size_t i = 0; i < s.p.size(); ++i) {
+    INFO("parameter gradient " << i);
+    REQUIRE(s.g[i] == Approx(central(s.p, i, objective)).margin(1e-3).epsilon(1e-3));
+  }
+}
+
+// Parameters from L's own init, then moved at random so no BatchNorm sits at gamma 1, beta 0
+// and no weight at its initial value.
+template <class L>
+void randomize(Slot<L>& s, std::uint64_t seed) {
+  L::init(s.p, seed);
+  xpipe::Rng rng{seed + 1};
+  for (float& v : s.p) v += rng.uniform(-0.3f, 0.3f);
+  xpipe::test::fill_uniform(s.x, rng);
+  xpipe::test::fill_uniform(s.dy, rng);
+}
+
+using BN3 = BatchNorm2d<Shape<3, 4, 4>, xpipe::NormOptions{.eps = 1e-5f, .momentum = 0.1f}>;
+
+using S8 = Shape<8, 6, 6>;
+using Conv8 = xpipe::Conv2d<S8, 8, 3, ConvOptions{.padding = 1, .bias = false}>;
+using IdentityBlock = xpipe::Residual<Conv8, BatchNorm2d<S8>, xpipe::ReLU, Conv8, BatchNorm2d<S8>>;
+
+using S16 = Shape<16, 3, 3>;
+using Projection = xpipe::Stage<xpipe::Conv2d<S8, 16, 1, ConvOptions{.stride = 2, .bias = false}>,
+                                BatchNorm2d<S16>>;
+using ProjectedBlock = xpipe::ProjectedResidual<
+    Projection, xpipe::Conv2d<S8, 16, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}>,
+    BatchNorm2d<S16>, xpipe::ReLU,
+    xpipe::Conv2d<S16, 16, 3, ConvOptions{.padding = 1, .bias = false}>, BatchNorm2d<S16>>;
+
+// Small blocks for finite differences: GELU instead of ReLU (no kink for a step to cross), and
+// convolutions with biases (which the BatchNorm after them cancels: a gradient of 0).
+using Small = Shape<2, 4, 4>;
+using SmallConv = xpipe::Conv2d<Small, 2, 3, ConvOptions{.padding = 1}>;
+using SmallResidual =
+    xpipe::Residual<SmallConv, BatchNorm2d<Small>, xpipe::GELU, SmallConv, BatchNorm2d<Small>>;
+using Half = Shape<3, 2, 2>;
+using SmallProjected = xpipe::ProjectedResidual<
+    xpipe::Stage<xpipe::Conv2d<Small, 3, 1, ConvOptions{.stride = 2}>, BatchNorm2d<Half>>,
+    xpipe::Conv2d<Small, 3, 3, ConvOptions{.stride = 2, .padding = 1}>, BatchNorm2d<Half>,
+    xpipe::GELU, xpipe::Conv2d<Half, 3, 3, ConvOptions{.padding = 1}>, BatchNorm2d<Half>>;
+
+// Runs Block on a fixture case in training mode, from init_state's running statistics, and
+// compares y, dx, every parameter gradient and the running statistics with PyTorch's.
+template <class Block, class Case>
+void check_block_against_torch(int threads) {
+  const HostContext ctx{.threads = threads};
+  const index_t rows = std::size(Case::x) / Block::in_width;
+  Slot<Block> s(rows);
+  REQUIRE(std::size(Case::params) == s.p.size());
+  REQUIRE(std::size(Case::state) == s.state.size());
+  copy_into(s.x, Case::x);
+  copy_into(s.p, Case::params);
+  copy_into(s.dy, Case::dy);
+  s.forward(ctx);
+  s.backward(ctx);
+  require_close(s.y, Case::y, "y");
+  require_close(s.dx, Case::dx, "dx");
+  require_close(s.g, Case::grads, "parameter gradients");
+  require_close(s.state, Case::state, "running statistics");
+}
+
+}  // namespace
+
+TEST_CASE("BatchNorm2d's layout and state", "[layers][batchnorm]") {
+  STATIC_REQUIRE(BN3::param_count == 6);
+  STATIC_REQUIRE(BN3::state_count == 6);
+  STATIC_REQUIRE(std::is_same_v<BN3::out_shape, Shape<3, 4, 4>>);
+  STATIC_REQUIRE(xpipe::takes_running<BN3>);
+  std::vector<float> p(6, -7.f), state(6, -7.f);
+  BN3::init(p, 1);
+  BN3::init_state(state);
+  REQUIRE(p == std::vector<float>{1, 1, 1, 0, 0, 0});
+  REQUIRE(state == std::vector<float>{0, 0, 0, 1, 1, 1});
+  REQUIRE(BN3::name() == "BatchNorm2d<Shape<3, 4, 4>>");
+}
+
+TEST_CASE("BatchNorm2d matches PyTorch in training and evaluation and in its running statistics",
+          "[layers][batchnorm][torch]") {
+  using Case = block_expected::batch_norm;
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    const HostContext ctx{.threads = threads};
+    Slot<BN3> s(5);
+    copy_into(s.x, Case::x);
+    copy_into(s.p, Case::gamma);
+    copy_into(s.p, Case::beta, 3);
+    copy_into(s.dy, Case::dy);
+    REQUIRE(s.state == std::vector<float>{0, 0, 0, 1, 1, 1});
+    s.forward(ctx);
+    s.backward(ctx);
+    require_close(s.y, Case::y, "y");
+    require_close(s.dx, Case::dx, "dx");
+    require_close(std::span(s.g).first(3), Case::dgamma, "dgamma");
+    require_close(std::span(s.g).subspan(3), Case::dbeta, "dbeta");
+    require_close(std::span(s.state).first(3), Case::mean1, "running mean after one step");
+    require_close(std::span(s.state).subspan(3), Case::var1, "running variance after one step");
+
+    copy_into(s.x, Case::x2);
+    s.forward(ctx);
+    require_close(std::span(s.state).first(3), Case::mean2, "running mean after two steps");
+    require_close(std::span(s.state).subspan(3), Case::var2, "running variance after two steps");
+
+    // Evaluation reads the running statistics and leaves them as they are.
+    const std::vector<float> kept = s.state;
+    copy_into(s.x, Case::x3);
+    s.forward(ctx, false);
+    require_close(s.y, Case::y_eval, "evaluation y");
+    REQUIRE(s.state == kept);
+  }
+}
+
+TEST_CASE("A residual block with the identity shortcut matches PyTorch",
+          "[layers][residual][torch]") {
+  using Case = block_expected::identity_block;
+  // The fixture lays parameters out by Stage's rule, reproduced in Python: check it is this one.
+  for (std::size_t i = 0; i < std::size(Case::param_offsets); ++i)
+    REQUIRE(IdentityBlock::inner::param_offsets[i] == Case::param_offsets[i]);
+  STATIC_REQUIRE(IdentityBlock::param_count == IdentityBlock::inner::param_count);
+  STATIC_REQUIRE(IdentityBlock::state_count == 4 * 8);
+  STATIC_REQUIRE(std::is_same_v<IdentityBlock::out_shape, S8>);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    check_block_against_torch<IdentityBlock, Case>(threads);
+  }
+}
+
+TEST_CASE("A residual block with a projected shortcut matches PyTorch",
+          "[layers][residual][torch]") {
+  using Case = block_expected::projected_block;
+  for (std::size_t i = 0; i < std::size(Case::param_offsets); ++i)
+    REQUIRE(ProjectedBlock::inner::param_offsets[i] == Case::param_offsets[i]);
+  for (std::size_t i = 0; i < std::size(Case::shortcut_param_offsets); ++i)
+    REQUIRE(Projection::param_offsets[i] == Case::shortcut_param_offsets[i]);
+  STATIC_REQUIRE(ProjectedBlock::shortcut_offset == Case::shortcut_offset);
+  STATIC_REQUIRE(ProjectedBlock::shortcut_offset % 16 == 0);
+  STATIC_REQUIRE(ProjectedBlock::param_count ==
+                 ProjectedBlock::shortcut_offset + Projection::param_count);
+  STATIC_REQUIRE(ProjectedBlock::state_count == 6 * 16);
+  STATIC_REQUIRE(std::is_same_v<ProjectedBlock::in_shape, S8>);
+  STATIC_REQUIRE(std::is_same_v<ProjectedBlock::out_shape, S16>);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    check_block_against_torch<ProjectedBlock, Case>(threads);
+  }
+}
+
+TEST_CASE("Residual blocks lay out parameters and state as documented", "[layers][residual]") {
+  // f's layers each start on a 16-float boundary: convolution 2x2x3x3 + 3 biases = 57 -> 64,
+  // BatchNorm 6 -> 16, GELU 0, convolution 3x3x3x3 + 3 = 84 -> 96, BatchNorm 6 -> 16.
+  STATIC_REQUIRE(SmallProjected::inner::param_offsets ==
+                 std::array<index_t, 6>{0, 64, 80, 80, 176, 192});
+  // The shortcut's block follows f's (1x1 convolution 9 -> 16, BatchNorm 6 -> 16).
+  STATIC_REQUIRE(SmallProjected::shortcut_offset == 192);
+  STATIC_REQUIRE(SmallProjected::param_count == 192 + 32);
+  // State: f's two BatchNorms (mean and variance of 3 channels each), then the shortcut's.
+  STATIC_REQUIRE(SmallProjected::inner::state_offsets == std::array<index_t, 6>{0, 0, 6, 6, 6, 12});
+  STATIC_REQUIRE(SmallProjected::state_count == 18);
+  STATIC_REQUIRE(SmallResidual::param_count == 128);
+  STATIC_REQUIRE(SmallResidual::state_count == 8);
+  std::vector<float> state(18, -7.f);
+  SmallProjected::init_state(state);
+  for (int bn = 0; bn < 3; ++bn)
+    for (int c = 0; c < 3; ++c) {
+      REQUIRE(state[6 * bn + c] == 0.f);
+      REQUIRE(state[6 * bn + 3 + c] == 1.f);
+    }
+}
+
+TEST_CASE("BatchNorm2d backward matches central finite differences", "[layers][batchnorm][fd]") {
+  using L = BatchNorm2d<Shape<2, 3, 3>>;
+  Slot<L> s(3);
+  randomize(s, 21);
+  check_finite_differences(s, HostContext{.threads = 1});
+}
+
+TEST_CASE("Residual blocks' backward matches central finite differences",
+          "[layers][residual][fd]") {
+  const HostContext ctx{.threads = 1};
+  SECTION("identity shortcut") {
+    Slot<SmallResidual> s(2);
+    randomize(s, 31);
+    check_finite_differences(s, ctx);
+  }
+  SECTION("projected shortcut") {
+    Slot<SmallProjected> s(3);
+    randomize(s, 41);
+    check_finite_differences(s, ctx);
+  }
+}
+
+TEST_CASE("BatchNorm2d on a hand-worked input", "[layers][batchnorm]") {
+  // One channel of 1 x 2 pixels, two rows: 1, 2 | 3, 4. Mean 2.5, biased variance 1.25.
+  using L = BatchNorm2d<Shape<1, 1, 2>>;
+  const HostContext ctx{.threads = 1};
+  Slot<L> s(2);
+  s.x = {1, 2, 3, 4};
+  s.p = {2.f, -1.f};  // gamma, beta
+  s.dy = {1, 0, 0, 0};
+  s.forward(ctx);
+  s.backward(ctx);
+  const double invstd = 1 / std::sqrt(1.25 + 1e-5);
+  for (int i = 0; i < 4; ++i) {
+    INFO("element " << i);
+    REQUIRE(s.y[i] == Approx(2 * (s.x[i] - 2.5) * invstd - 1).epsilon(1e-6));
+  }
+  // dbeta = sum(dy) = 1; dgamma = sum(dy xhat) = xhat_0; dx_i = gamma invstd / 4
+  // (4 dy_i - sum(dy) - xhat_i sum(dy xhat)), worked out per element.
+  REQUIRE(s.g[1] == Approx(1.0));
+  REQUIRE(s.g[0] == Approx(-1.5 * invstd).epsilon(1e-6));
+  const double v = invstd * invstd;
+  const std::array<double, 4> dx{0.5 * invstd * (3 - 2.25 * v), 0.5 * invstd * (-1 - 0.75 * v),
+                                 0.5 * invstd * (-1 + 0.75 * v), 0.5 * invstd * (-1 + 2.25 * v)};
+  for (int i = 0; i < 4; ++i) {
+    INFO("input gradient " << i);
+    REQUIRE(s.dx[i] == Approx(dx[i]).epsilon(1e-5));
+  }
+  // Running: 0.9 * 0 + 0.1 * 2.5, and 0.9 * 1 + 0.1 * the unbiased variance 5 / 3.
+  REQUIRE(s.state[0] == Approx(0.25).epsilon(1e-6));
+  REQUIRE(s.state[1] == Approx(0.9 + 0.1 * 5.0 / 3.0).epsilon(1e-6));
+  s.forward(ctx, false);
+  const double running_invstd = 1 / std::sqrt(0.9 + 0.1 * 5.0 / 3.0 + 1e-5);
+  for (int i = 0; i < 4; ++i) {
+    INFO("evaluation element " << i);
+    REQUIRE(s.y[i] == Approx(2 * (s.x[i] - 0.25) * running_invstd - 1).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("BatchNorm2d refuses evaluation without state and names non-finite inputs",
+          "[layers][batchnorm]") {
+  const HostContext ctx{.threads = 1};
+  Slot<BN3> s(5);
+  BN3::init(s.p, 1);
+  xpipe::Rng rng{3};
+  xpipe::test::fill_uniform(s.x, rng);
+  SECTION("evaluation needs the running statistics") {
+    const std::string m = message_of<xpipe::ConfigError>([&] { s.forward(ctx, false, false); });
+    REQUIRE_THAT(m, Catch::Contains("BatchNorm2d<Shape<3, 4, 4>>::forward") &&
+                        Catch::Contains("running statistics"));
+  }
+  SECTION("a NaN names its channel and row") {
+    s.x[1 * BN3::in_width + 1 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();
+    const std::string m = message_of<xpipe::NumericError>([&] { s.forward(ctx); });
+    REQUIRE_THAT(m, Catch::Contains("BatchNorm2d<Shape<3, 4, 4>>") &&
+                        Catch::Contains("channel 1 ") && Catch::Contains("row 1 "));
+  }
+  SECTION("an infinity names its channel and row") {
+    s.x[3 * BN3::in_width + 2 * 16] = -std::numeric_limits<float>::infinity();
+    const std::string m = message_of<xpipe::NumericError>([&] { s.forward(ctx); });
+    REQUIRE_THAT(m, Catch::Contains("channel 2 ") && Catch::Contains("row 3 "));
+  }
+  SECTION("inside a residual block too") {
+    Slot<SmallResidual> r(2);
+    SmallResidual::init(r.p, 1);
+    xpipe::test::fill_uniform(r.x, rng);
+    r.x[1 * Small::size + 3] = std::numeric_limits<float>::quiet_NaN();
+    const std::string m = message_of<xpipe::NumericError>([&] { r.forward(ctx); });
+    REQUIRE_THAT(m, Catch::Contains("BatchNorm2d<Shape<2, 4, 4>>") && Catch::Contains("row 1 "));
+  }
+}
+
+TEST_CASE("BatchNorm2d and residual blocks accumulate parameter gradients",
+          "[layers][batchnorm][residual]") {
+  const HostContext ctx{.threads = 2};
+  // A fresh backward, then the same backward into a buffer holding 0.5 everywhere: each
+  // gradient must come out 0.5 larger, the input gradient unchanged.
+  const auto check = [&](auto& s) {
+    s.forward(ctx);
+    s.backward(ctx);
+    const std::vector<float> fresh = s.g, dx = s.dx;
+    bool any = false;
+    for (float v : fresh) any = any || v != 0.f;
+    REQUIRE(any);
+    std::fill(s.g.begin(), s.g.end(), 0.5f);
+    s.backward(ctx, true);
+    REQUIRE(s.dx == dx);
+    return fresh;
+  };
+  SECTION("BatchNorm2d") {
+    Slot<BN3> s(5);
+    randomize(s, 5);
+    const std::vector<float> fresh = check(s);
+    for (std::size_t i = 0; i < fresh.size(); ++i) REQUIRE(s.g[i] == Approx(fresh[i] + 0.5));
+  }
+  SECTION("Residual") {
+    Slot<SmallResidual> s(2);
+    randomize(s, 6);
+    const std::vector<float> fresh = check(s);
+    for (std::size_t i = 0; i < fresh.size(); ++i) REQUIRE(s.g[i] == Approx(fresh[i] + 0.5));
+  }
+  SECTION("ProjectedResidual, both paths") {
+    Slot<SmallProjected> s(3);
+    randomize(s, 7);
+    const std::vector<float> fresh = check(s);
+    const auto in_use = [](std::size_t i) {
+      return i < SmallProjected::inner::param_count || i >= SmallProjected::shortcut_offset;
+    };
+    for (std::size_t i = 0; i < fresh.size(); ++i)
+      if (in_use(i)) REQUIRE(s.g[i] == Approx(fresh[i] + 0.5));
+  }
+}
+
+TEST_CASE("Residual blocks give the same parameter gradients without an input gradient",
+          "[layers][residual]") {
+  // The first layer of a model gets an empty dx; both paths must still reach their parameters.
+  const HostContext ctx{.threads = 1};
+  const auto check = [&](auto& s) {
+    using L = typename std::remove_reference_t<decltype(s)>::layer;
+    s.forward(ctx);
+    s.backward(ctx);
+    const std::vector<float> with_dx = s.g;
+    std::fill(s.g.begin(), s.g.end(), 0.f);
+    L::backward(ctx, s.p.data(), s.g.data(), false, s.input(),
+                ConstMatrix{s.y.data(), s.rows, L::out_width},
+                ConstMatrix{s.dy.data(), s.rows, L::out_width}, Matrix{}, s.saved);
+    REQUIRE(s.g == with_dx);
+  };
+  SECTION("identity shortcut") {
+    Slot<SmallResidual> s(2);
+    randomize(s, 13);
+    check(s);
+  }
+  SECTION("projected shortcut") {
+    Slot<SmallProjected> s(3);
+    randomize(s, 14);
+    check(s);
+  }
+}
+
+TEST_CASE("A stage of convolutions and BatchNorms around a residual block trains and evaluates",
+          "[layers][residual][batchnorm]") {
+  using S3 = Shape<3, 8, 8>;
+  using S = Shape<8, 8, 8>;
+  using C = xpipe::Conv2d<S, 8, 3, ConvOptions{.padding = 1, .bias = false}>;
+  using Block = xpipe::Residual<C, BatchNorm2d<S>, xpipe::ReLU, C, BatchNorm2d<S>>;
+  using Net =
+      xpipe::Stage<xpipe::Conv2d<S3, 8, 3, ConvOptions{.padding = 1}>, BatchNorm2d<S>, xpipe::ReLU,
+                   Block, xpipe::ReLU, xpipe::GlobalAvgPool<S>, xpipe::Linear<8, 4>>;
+  // Three BatchNorms of 8 channels: a running mean and variance each.
+  STATIC_REQUIRE(Net::state_count == 3 * 8 * 2);
+  STATIC_REQUIRE(Net::state_offsets == std::array<index_t, 8>{0, 0, 16, 16, 48, 48, 48, 48});
+  STATIC_REQUIRE(Net::out_width == 4);
+
+  const HostContext ctx{.threads = 2};
+  const index_t rows = 4;
+  std::vector<float> p(Net::param_count), g(Net::param_count, 0.f), x(rows * Net::in_width),
+      dy(rows * 4), dx(rows * Net::in_width), state(Net::state_count, -7.f);
+  Net::init(p, 9);
+  Net::init_state(state);
+  // Every BatchNorm, the block's two included, starts from mean 0 and variance 1.
+  for (index_t at : {index_t{0}, index_t{16}, index_t{32}}) {
+    INFO("state at " << at);
+    for (index_t c = 0; c < 8; ++c) {
+      REQUIRE(state[at + c] == 0.f);
+      REQUIRE(state[at + 8 + c] == 1.f);
+    }
+  }
+  xpipe::Rng rng{12};
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  const ConstMatrix xv{x.data(), rows, Net::in_width};
+
+  Net::Activations<xpipe::Host> acts(rows), other(rows);
+  Net::GradScratch<xpipe::Host> scratch(rows);
+  const ConstMatrix out = Net::forward(ctx, p.data(), xv, acts, Running{state.data(), true});
+  const std::vector<float> trained(out.data, out.data + rows * 4);
+
+  // The first BatchNorm's running mean moved by 0.1 of its batch mean (the convolution's output
+  // per channel), so the stage handed it the front of the state buffer.
+  const Matrix conv_out = acts.boundary(1);
+  for (index_t c = 0; c < 8; ++c) {
+    double mean = 0;
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t i = 0; i < 64; ++i) mean += conv_out(r, c * 64 + i);
+    mean /= rows * 64.0;
+    INFO("channel " << c);
+    REQUIRE(state[c] == Approx(0.1 * mean).margin(1e-6));
+  }
+  for (index_t i = 16; i < 48; ++i) {
+    INFO("state " << i);
+    REQUIRE(state[i] != (i % 16 < 8 ? 0.f : 1.f));  // the block's BatchNorms moved too
+  }
+
+  // Training without a state buffer: the same batch statistics, so the same output from a fresh
+  // slot; and the state untouched, even through the slot that saw it last (nothing kept it).
+  const std::vector<float> after_one = state;
+  const ConstMatrix fresh = Net::forward(ctx, p.data(), xv, other);
+  for (index_t i = 0; i < rows * 4; ++i) REQUIRE(fresh.data[i] == trained[i]);
+  Net::forward(ctx, p.data(), xv, acts);
+  REQUIRE(state == after_one);
+
+  Net::backward(ctx, p.data(), g.data(), false, acts, ConstMatrix{dy.data(), rows, 4},
+                Matrix{dx.data(), rows, Net::in_width}, scratch);
+  for (std::size_t l : {0u, 1u, 3u, 6u}) {
+    INFO("layer " << l);
+    bool any = false;
+    for (index_t i = Net::param_offsets[l]; i < Net::param_offsets[l + 1]; ++i)
+      any = any || g[i] != 0.f;
+    REQUIRE(any);
+  }
+  for (float v : dx) REQUIRE(std::isfinite(v));
+
+  // Evaluation normalises with the running statistics: another output, the state untouched.
+  const ConstMatrix eval = Net::forward(ctx, p.data(), xv, other, Running{state.data(), false});
+  bool differs = false;
+  for (index_t i = 0; i < rows * 4; ++i) {
+    REQUIRE(std::isfinite(eval.data[i]));
+    differs = differs || eval.data[i] != trained[i];
+  }
+  REQUIRE(differs);
+  REQUIRE(state == after_one);
+}

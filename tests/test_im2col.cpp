@@ -1,0 +1,187 @@
+// The im2col convolution's shared math (kernels/im2col.hpp) on the host: its forward and backward
+// passes against a direct 7-loop convolution in double, and col2im as the adjoint of im2col.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "xpipe/core/random.hpp"
+#include "xpipe/kernels/im2col.hpp"
+
+namespace {
+
+using xpipe::ConvGeometry;
+using xpipe::HostContext;
+using xpipe::index_t;
+
+// A geometry from the input side; oh and ow follow (square images and kernels).
+ConvGeometry geometry(index_t rows, int c, int hw, int oc, int k, int stride, int pad,
+                      bool bias = true) {
+  const int o = xpipe::conv_out_extent(hw, k, stride, pad);
+  return {.rows = rows,
+          .c = c,
+          .h = hw,
+          .w = hw,
+          .oc = oc,
+          .oh = o,
+          .ow = o,
+          .k = k,
+          .stride = stride,
+          .pad = pad,
+          .bias = bias};
+}
+
+std::vector<float> random_vector(index_t n, std::uint64_t seed) {
+  xpipe::Rng rng{seed};
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = rng.uniform(-1.f, 1.f);
+  return v;
+}
+
+// The direct convolution in double, one 7-loop nest (image, output channel, output pixel, input
+// channel, kernel offset) for the forward and one for all three gradients.
+struct Direct {
+  std::vector<double> y, dx, dw, db;
+};
+Direct direct(const ConvGeometry& g, const std::vector<float>& x, const std::vector<float>& w,
+              const std::vector<float>& b, const std::vector<float>& dy) {
+  Direct d{std::vector<double>(static_cast<std::size_t>(g.rows * g.out_floats())),
+           std::vector<double>(x.size()), std::vector<double>(w.size()),
+           std::vector<double>(static_cast<std::size_t>(g.oc))};
+  auto xi = [&](index_t n, int c, int iy, int ix) { return ((n * g.c + c) * g.h + iy) * g.w + ix; };
+  auto wi = [&](int o, int c, int ky, int kx) {
+    return ((index_t{o} * g.c + c) * g.k + ky) * g.k + kx;
+  };
+  auto yi = [&](index_t n, int o, int oy, int ox) {
+    return ((n * g.oc + o) * g.oh + oy) * g.ow + ox;
+  };
+  for (index_t n = 0; n < g.rows; ++n)
+    for (int o = 0; o < g.oc; ++o)
+      for (int oy = 0; oy < g.oh; ++oy)
+        for (int ox = 0; ox < g.ow; ++ox) {
+          double acc = g.bias ? b[o] : 0.0;
+          const double grad = dy[yi(n, o, oy, ox)];
+          if (g.bias) d.db[o] += grad;
+          for (int c = 0; c < g.c; ++c)
+            for (int ky = 0; ky < g.k; ++ky)
+              for (int kx = 0; kx < g.k; ++kx) {
+                const int iy = oy * g.stride - g.pad + ky, ix = ox * g.stride - g.pad + kx;
+                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                acc += double{w[wi(o, c, ky, kx)]} * x[xi(n, c, iy, ix)];
+                d.dx[xi(n, c, iy, ix)] += double{w[wi(o, c, ky, kx)]} * grad;
+                d.dw[wi(o, c, ky, kx)] += double{x[xi(n, c, iy, ix)]} * grad;
+              }
+          d.y[yi(n, o, oy, ox)] = acc;
+        }
+  return d;
+}
+
+// Every got[i] within 1e-5 of ref[i], relative to max(|ref[i]|, 1); the first mismatches shown.
+void require_close(const char* what, const std::vector<double>& ref, const float* got) {
+  int bad = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]),
+                 allowed = 1e-5 * std::fmax(std::fabs(ref[i]), 1.0);
+    if (!(err <= allowed) && bad++ < 5)
+      std::printf("  %s[%zu]: direct %.9g, im2col %.9g\n", what, i, ref[i], double{got[i]});
+  }
+  INFO(what << ": " << bad << " of " << ref.size() << " outside 1e-5 relative");
+  CHECK(bad == 0);
+}
+
+// The im2col passes on a host context with a workspace of `chunk` images, against the direct
+// convolution: y, dx, dw and db; then dw and db accumulated once more (twice the sums).
+void check_against_direct(const ConvGeometry& g, index_t chunk, int threads) {
+  INFO("geometry " << g.rows << "x" << g.c << "x" << g.h << "x" << g.w << " -> " << g.oc << "x"
+                   << g.oh << "x" << g.ow << ", k " << g.k << ", stride " << g.stride << ", pad "
+                   << g.pad << (g.bias ? ", bias" : ", no bias") << "; chunk " << chunk
+                   << ", threads " << threads);
+  const HostContext ctx{.threads = threads};
+  const auto x = random_vector(g.rows * g.in_floats(), 1), w = random_vector(g.weight_floats(), 2),
+             b = random_vector(g.oc, 3), dy = random_vector(g.rows * g.out_floats(), 4);
+  const Direct ref = direct(g, x, w, b, dy);
+
+  const xpipe::ConvWorkspaceFloats n = xpipe::conv_workspace_floats(g, chunk);
+  std::vector<float> cols(n.cols), channels(n.channels), sums(n.plane_sums);
+  const xpipe::ConvWorkspace ws{cols.data(), channels.data(), sums.data(), chunk};
+  std::vector<float> y(ref.y.size(), 7.f), dx(x.size(), 7.f), dw(w.size(), 7.f), db(b.size(), 7.f);
+  xpipe::conv_forward_im2col(ctx, g, ws, x.data(), w.data(), b.data(), y.data());
+  xpipe::conv_backward_data_im2col(ctx, g, ws, w.data(), dy.data(), dx.data());
+  xpipe::conv_backward_weights_im2col(ctx, g, ws, x.data(), dy.data(), dw.data(), db.data(), false);
+  require_close("y", ref.y, y.data());
+  require_close("dx", ref.dx, dx.data());
+  require_close("dw", ref.dw, dw.data());
+  if (g.bias)
+    require_close("db", ref.db, db.data());
+  else
+    CHECK(db == std::vector<float>(b.size(), 7.f));  // untouched without bias
+
+  xpipe::conv_backward_weights_im2col(ctx, g, ws, x.data(), dy.data(), dw.data(), db.data(), true);
+  std::vector<double> dw2 = ref.dw, db2 = ref.db;
+  for (double& v : dw2) v *= 2;
+  for (double& v : db2) v *= 2;
+  require_close("dw accumulated", dw2, dw.data());
+  if (g.bias) require_close("db accumulated", db2, db.data());
+}
+
+}  // namespace
+
+TEST_CASE("im2col convolution matches a direct convolution", "[im2col]") {
+  // rows, c, h = w, oc, k, stride, pad (, bias)
+  const ConvGeometry shapes[] = {
+      geometry(2, 1, 5, 3, 3, 1, 1),          // k 3 pad 1 stride 1 ("same"), one input channel
+      geometry(3, 3, 7, 4, 3, 1, 1),          // the same with c > 1, odd size
+      geometry(3, 3, 7, 4, 3, 2, 1),          // stride 2 pad 1: 7 -> 4
+      geometry(2, 2, 9, 3, 5, 1, 0),          // k 5, no padding: 9 -> 5
+      geometry(3, 4, 6, 5, 1, 1, 0),          // k 1: a per-pixel matrix product
+      geometry(2, 3, 8, 2, 3, 2, 0),          // stride 2 leaves the last row and column unread
+      geometry(2, 2, 11, 3, 5, 3, 2, false),  // stride 3, pad 2, no bias
+      geometry(5, 2, 4, 6, 3, 1, 1),          // more images than the small chunks hold
+  };
+  for (const ConvGeometry& g : shapes)
+    for (const index_t chunk : {index_t{1}, index_t{2}, g.rows}) check_against_direct(g, chunk, 1);
+  // Large enough for the element loops to fork: the bits must not depend on it, the values agree.
+  check_against_direct(geometry(4, 8, 17, 8, 3, 1, 1), 3, 2);
+}
+
+TEST_CASE("col2im is the adjoint of im2col", "[im2col]") {
+  const HostContext ctx{};
+  const ConvGeometry shapes[] = {geometry(3, 2, 6, 1, 3, 1, 1),  geometry(3, 3, 7, 1, 3, 2, 1),
+                                 geometry(3, 1, 9, 1, 5, 1, 0),  geometry(3, 2, 8, 1, 3, 2, 0),
+                                 geometry(3, 2, 11, 1, 5, 3, 2), geometry(3, 4, 5, 1, 1, 1, 0)};
+  for (const ConvGeometry& g : shapes) {
+    // Images 1 and 2 of 3: first_image offsets both the input and the gradient images.
+    const index_t first = 1, count = 2;
+    const index_t kk = index_t{g.c} * g.k * g.k, pixels = index_t{g.oh} * g.ow;
+    const auto x = random_vector(g.rows * g.in_floats(), 5),
+               c = random_vector(kk * count * pixels, 6);
+    std::vector<float> cols(c.size()), back(x.size(), 0.f);
+    xpipe::im2col(ctx, g, x.data(), first, count, cols.data());
+    xpipe::col2im(ctx, g, c.data(), first, count, back.data());
+    // <im2col(x), C> and <x, col2im(C)>, summed in double.
+    double lhs = 0, rhs = 0, scale = 0;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      lhs += double{cols[i]} * c[i];
+      scale += std::fabs(double{cols[i]} * c[i]);
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) rhs += double{x[i]} * back[i];
+    INFO("k " << g.k << ", stride " << g.stride << ", pad " << g.pad << ": " << lhs << " vs "
+              << rhs);
+    CHECK(std::fabs(lhs - rhs) <= 1e-5 * std::fmax(scale, 1.0));
+    // Image 0 lies outside the range: col2im leaves it alone.
+    for (index_t i = 0; i < g.in_floats(); ++i) REQUIRE(back[static_cast<std::size_t>(i)] == 0.f);
+  }
+}
+
+TEST_CASE("im2col's column matrix holds the input pixels and zero padding", "[im2col]") {
+  // One 1-channel 3 x 3 image, k 3 pad 1: column p = the centre pixel's 3 x 3 neighbourhood.
+  const ConvGeometry g = geometry(1, 1, 3, 1, 3, 1, 1);
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<float> cols(9 * 9);
+  xpipe::im2col(HostContext{}, g, x.data(), 0, 1, cols.data());
+  auto entry = [&](int r, int p) { return cols[static_cast<std::size_t>(r * 9 + p)]; };
+  for (int r = 0; r < 9; ++r) CHECK(entry(r, 4) == x[static_cast<std::size_t>(r)]);  // centre
+  // Output pixel 0 (corner): weights of the window's top row and left column read padding.
+  const float corner[] = {0, 0, 0, 0, 1, 2, 0, 4, 5};
+  for (int r = 0; r < 9; ++r) CHECK(entry(r, 0) == corner[r]);
+}
