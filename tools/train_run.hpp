@@ -62,6 +62,7 @@ struct RunConfig {
   int checkpoint_every = 1;     // epochs
   bool resume = false;
   bool measure_prediction = false;  // record each predictor's error (pipeline/prediction_probe.hpp)
+  Augment augment;                  // --augment-pad, --augment-flip (data/augment.hpp)
   // CRC-32s of the training and test data in use (features and labels), so that a checkpoint
   // resumes only on the data it was trained on; set by main when checkpoints are on.
   std::string train_data_crc32, test_data_crc32;
@@ -163,6 +164,11 @@ inline std::string float_text(float v) {
   return buf;
 }
 
+// "pad=2,flip=1": the augmentation a run trains with, as checkpoints and runs.json record it.
+inline std::string augment_text(const Augment& a) {
+  return "pad=" + std::to_string(a.pad) + ",flip=" + (a.flip ? "1" : "0");
+}
+
 // The run's predictor: c.predictor with the --predictor-param values it has a key for.
 inline AnyPredictor run_predictor(const RunConfig& c) {
   AnyPredictor p = make_predictor(c.predictor);
@@ -188,7 +194,8 @@ inline std::map<std::string, std::string> run_fields(const RunConfig& c, const D
           {"run.test_samples", std::to_string(data.test.count)},
           {"run.train_data_crc32", c.train_data_crc32},
           {"run.test_data_crc32", c.test_data_crc32},
-          {"run.dp", std::to_string(c.dp)}};
+          {"run.dp", std::to_string(c.dp)},
+          {"run.augment", augment_text(c.augment)}};
 }
 
 // The CRC-32 of a data set as trained on (its features' bytes, then its labels'), as 8 hex digits.
@@ -292,7 +299,16 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
                          .seed = c.seed,
                          .measure_prediction = c.measure_prediction},
          run_predictor(c));
-  Batcher batcher(data.train, c.batch, c.seed);
+  // Augmented training images are drawn afresh each epoch into a copy of the set, which the
+  // batcher reads (deterministic from seed, epoch and sample: every executor trains on the same).
+  const bool augmenting = !c.augment.identity();
+  if (augmenting && data.train.width != 28 * 28)
+    throw ConfigError(
+        "xpipe-train: --augment-pad/--augment-flip need 1x28x28 images, the "
+        "training set has " +
+        std::to_string(data.train.width) + " features");
+  Dataset augmented = augmenting ? head(data.train, data.train.count) : Dataset{};
+  Batcher batcher(augmenting ? augmented : data.train, c.batch, c.seed);
   HostBuffer<float> x(data.train.count * data.train.width);
   HostBuffer<std::int32_t> y(data.train.count);
   const Matrix xm{x.data(), data.train.count, data.train.width};
@@ -366,6 +382,9 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     // Whatever fails in an epoch (here its data or its thread, below its training, evaluation
     // or checkpoint) fails the run with the epochs it finished.
     try {
+      if (augmenting)
+        augment_epoch(HostContext{.threads = 2}, data.train, augmented, Dims{1, 28, 28}, c.augment,
+                      c.seed, e);
       batcher.gather_epoch(static_cast<std::uint64_t>(e), xm, y.data());
       if (c.dp > 1) {  // this replica's rows of the epoch, in order
         for (std::size_t i = 0; i < share_rows.size(); ++i) {
@@ -499,13 +518,20 @@ RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoi
 #endif
 }
 
-// The model table's runners, one per compiled model (train_models_mlp.cpp, train_models_deep.cpp).
+// The model table's runners, one per compiled model (train_models_mlp.cpp, _deep, _cnn, _resnet).
 RunRecord run_mlp1(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_mlp2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_mlp4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_deep2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_deep4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_deep8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_vgg1(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_vgg2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_vgg4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_resnet1(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_resnet2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_resnet4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_resnet8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 #if defined(XPIPE_WITH_CUDA)
 // --device cuda (train_models_cuda.cu): the MLP over 4 stages on CUDA devices, and why no
 // device can run it (empty when one can).

@@ -74,8 +74,11 @@ using Runner = std::function<RunRecord(const RunConfig&, const DatasetPair&, con
 const std::map<std::pair<std::string, int>, Runner>& model_table() {
   using namespace tools;
   static const std::map<std::pair<std::string, int>, Runner> table{
-      {{"mlp", 1}, run_mlp1},   {{"mlp", 2}, run_mlp2},   {{"mlp", 4}, run_mlp4},
-      {{"deep", 2}, run_deep2}, {{"deep", 4}, run_deep4}, {{"deep", 8}, run_deep8},
+      {{"mlp", 1}, run_mlp1},       {{"mlp", 2}, run_mlp2},       {{"mlp", 4}, run_mlp4},
+      {{"deep", 2}, run_deep2},     {{"deep", 4}, run_deep4},     {{"deep", 8}, run_deep8},
+      {{"vgg", 1}, run_vgg1},       {{"vgg", 2}, run_vgg2},       {{"vgg", 4}, run_vgg4},
+      {{"resnet", 1}, run_resnet1}, {{"resnet", 2}, run_resnet2}, {{"resnet", 4}, run_resnet4},
+      {{"resnet", 8}, run_resnet8},
   };
   return table;
 }

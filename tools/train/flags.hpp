@@ -82,9 +82,13 @@ inline std::string check_seed(std::string& text) {
 inline void add_flags(CLI::App& app, Flags& f) {
   RunConfig& c = f.config;
   const CLI::Validator learning_rate(check_learning_rate, "in [1e-8, 10]");
-  app.add_option("--model", c.model, "Model: mlp (784-1024-1024-1024-10) or deep (784-512x7-10)")
-      ->check(CLI::IsMember({"mlp", "deep"}));
-  app.add_option("--stages,-K", c.stages, "Pipeline stages K (mlp: 1, 2, 4; deep: 8)")
+  app.add_option("--model", c.model,
+                 "Model: mlp (784-1024-1024-1024-10), deep (784-512x7-10), vgg (a VGG-style "
+                 "CNN: 2x(conv, conv, max pool), 128, 10) or resnet (ResNet-20-style, BatchNorm)")
+      ->check(CLI::IsMember({"mlp", "deep", "vgg", "resnet"}));
+  app.add_option(
+         "--stages,-K", c.stages,
+         "Pipeline stages K (mlp: 1, 2, 4; deep: 2, 4, 8; vgg: 1, 2, 4; resnet: 1, 2, 4, 8)")
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches,-M", c.micro_batches, "Micro-batches per mini-batch M")
       ->check(CLI::Range(1, 1024));
@@ -93,6 +97,12 @@ inline void add_flags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember(name_list(schedule_names)));
   app.add_option("--predictor", c.predictor, "Weight predictor: " + join_names(predictor_names))
       ->check(CLI::IsMember(name_list(predictor_names)));
+  app.add_option("--augment-pad", c.augment.pad,
+                 "Training augmentation: random crop after padding by this many zero pixels "
+                 "(0 = none), drawn per sample from the seed and epoch")
+      ->check(CLI::Range(0, Augment::max_pad));
+  app.add_flag("--augment-flip", c.augment.flip,
+               "Training augmentation: mirror each image left-right with probability 1/2");
   app.add_option("--predictor-param", f.predictor_params,
                  "A predictor's hyper-parameter, key=value (repeatable), e.g. momentum=0.95 "
                  "(pipenag, pipenag-k), gamma (2bw-ef), anneal_steps (pipemare), max_steps "

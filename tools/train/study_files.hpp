@@ -270,6 +270,7 @@ class StudyFiles {
                         {"seed", c.seed},
                         {"executor", c.executor},
                         {"device", c.device},
+                        {"augment", augment_text(c.augment)},
                         {"epochs", nlohmann::json::array()}};
       if (!r.ok()) jr["failure"] = r.why;
       for (const EpochRecord& e : r.epochs)
