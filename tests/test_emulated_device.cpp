@@ -346,3 +346,66 @@ TEST_CASE(
   REQUIRE_THROWS_WITH(p.train(async_1f1b(4, 4, 10), bad.epoch(), e), Contains("label 4 at row 70"));
   REQUIRE(p.weights() == untouched);
 }
+
+namespace {
+
+// A small CNN (convolution, BatchNorm, a residual block, pooling) over 3 stages.
+constexpr ConvOptions same{.padding = 1};
+using Img4 = Shape<4, 8, 8>;
+using Conv4 = Conv2d<Img4, 4, 3, same>;
+using C0 = Stage<Conv2d<Shape<1, 8, 8>, 4, 3, same>, BatchNorm2d<Img4>, ReLU>;
+using C1 = Stage<Residual<Conv4, BatchNorm2d<Img4>, ReLU, Conv4, BatchNorm2d<Img4>>, ReLU>;
+using C2 = Stage<MaxPool2d<Img4, 2>, Flatten<Shape<4, 4, 4>>, Linear<64, 4>>;
+
+struct CnnOutcome {
+  std::vector<float> weights, state;
+  double loss = 0;
+};
+
+template <class B, class E>
+CnnOutcome train_cnn(const Schedule& s, const test::LabelledData& d, E exec, float lr = 1e-2f) {
+  Pipeline<C0, C1, C2, XPipe, Adam, B> p(
+      Adam{.lr = lr}, {.batch = 16, .micro_batches = s.micro_batches, .seed = 3});
+  const EpochResult r = p.train(s, d.epoch(), exec);
+  return {p.weights(), p.running_state(), r.loss};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A CNN on the emulated device: CUDA's convolution path, its BatchNorm state on the "
+    "device, ordered by events whatever the streams' pace",
+    "[pipeline][device][emulated][cnn]") {
+  const auto d = test::random_classification(96, 64, 4, 5);
+  for (const Schedule& s : {async_1f1b(3, 2, 6), gpipe(3, 2, 6)}) {
+    INFO(s.name);
+    CnnOutcome base;
+    {
+      Emulation none(1, 0);
+      base = train_cnn<EmulatedDevice>(s, d, ReferenceExecutor{});
+    }
+    for (int slow = 0; slow < 3; ++slow) {
+      INFO("stage " << slow << " slow");
+      Emulation lag(1, 0, slow, 150);
+      const CnnOutcome got = train_cnn<EmulatedDevice>(s, d, ThreadedExecutor{});
+      REQUIRE(got.weights == base.weights);
+      REQUIRE(got.state == base.state);
+      REQUIRE(got.loss == base.loss);
+    }
+    // The host convolves with oneDNN, the device path with im2col and GEMMs: other summation
+    // orders, the same function. Adam turns last-bit differences into other trajectories within
+    // steps, so the state is compared where the weights hardly move (lr 1e-6): the running
+    // statistics then differ by the convolutions' rounding only.
+    const CnnOutcome host = train_cnn<Host>(s, d, ReferenceExecutor{});
+    REQUIRE(base.loss == Approx(host.loss).epsilon(1e-4));
+    const CnnOutcome host_still = train_cnn<Host>(s, d, ReferenceExecutor{}, 1e-6f);
+    CnnOutcome device_still;
+    {
+      Emulation none(1, 0);
+      device_still = train_cnn<EmulatedDevice>(s, d, ReferenceExecutor{}, 1e-6f);
+    }
+    REQUIRE(device_still.state.size() == host_still.state.size());
+    for (std::size_t i = 0; i < host_still.state.size(); ++i)
+      REQUIRE(device_still.state[i] == Approx(host_still.state[i]).epsilon(1e-3).margin(1e-5));
+  }
+}

@@ -56,6 +56,7 @@
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/buffer.hpp"
 #include "xpipe/core/error.hpp"
+#include "xpipe/kernels/im2col.hpp"
 #include "xpipe/layers/loss.hpp"
 
 namespace xpipe::test {
@@ -554,3 +555,16 @@ inline void fail_on_stream(const EmulatedContext& ctx, std::string why) {
 }
 
 }  // namespace xpipe::test
+
+namespace xpipe {
+
+//! The emulated device's convolution is CUDA's (Im2colConvPlans): im2col, the GEMMs and the
+//! layout passes enqueued on the stage's stream, its workspace in the device's memory. A CNN on
+//! the emulated device thus runs the GPU's convolution code under CUDA's ordering rules.
+template <>
+class ConvPlans<test::EmulatedDevice> : public Im2colConvPlans<test::EmulatedDevice> {
+ public:
+  using Im2colConvPlans<test::EmulatedDevice>::Im2colConvPlans;
+};
+
+}  // namespace xpipe
