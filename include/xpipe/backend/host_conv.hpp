@@ -1,7 +1,8 @@
 // ConvPlans<Host>: 2-D convolution on the host through oneDNN's convolution primitives (forward,
-// backward data, backward weights), made once per batch size and reused, so a step allocates
-// nothing. oneDNN's C API only: nvcc 13 cannot parse its C++ header in C++20 mode, and this header
-// reaches CUDA translation units through xpipe.hpp.
+// backward data, backward weights), made once per batch size and reused: a step makes no
+// primitive and no buffer (oneDNN's execute may keep small bookkeeping of its own per call, as
+// its sgemm does). oneDNN's C API only: nvcc 13 cannot parse its C++ header in C++20 mode, and
+// this header reaches CUDA translation units through xpipe.hpp.
 #pragma once
 
 #include <omp.h>
@@ -80,9 +81,11 @@ inline dnnl_engine_t host_engine() {
 //! from and to xpipe's plain rows (NCHW activations, OIHW weights) around them. A plan per batch
 //! size (a few: the training micro-batch, a smaller last one, the evaluation chunk), each made
 //! on its first use; after that a call sets memory handles and executes on buffers of the plan.
-//! Scratchpads are ours (oneDNN's user scratchpad mode), so oneDNN allocates nothing per call
-//! either. The backward-weights primitive overwrites; `accumulate` adds from a buffer of the plan.
-//! Usage: `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
+//! Scratchpads are ours (oneDNN's user scratchpad mode), so oneDNN makes no scratch buffer per
+//! call. The bits depend on ctx.threads (oneDNN splits the weight gradient's sums by thread), as
+//! dnnl_sgemm's do: each stage keeps one thread count, so every executor agrees. The
+//! backward-weights primitive overwrites; `accumulate` adds from a buffer of the plan. Usage:
+//! `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <>
 class ConvPlans<Host> {
  public:

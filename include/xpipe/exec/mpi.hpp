@@ -296,7 +296,8 @@ class MpiExecutor {
   //! since the common start); on other ranks, their own stage's row.
   const ExecutionTrace& trace() const { return trace_; }
 
-  //! Broadcasts each stage's optimizer state (weights, moments, step count) from the rank that
+  //! Broadcasts each stage's optimizer state (weights, moments, step count) and its layers'
+  //! state (BatchNorm running statistics) from the rank that
   //! trained it to every rank of its pipeline, so that every rank holds the whole trained
   //! model (to evaluate, checkpoint or compare it). Collective over each pipeline; `p` is the
   //! Pipeline that run() trained.
@@ -317,6 +318,15 @@ class MpiExecutor {
                      collective("stage " + std::to_string(k) + "'s trained state",
                                 rank_of(0, replica_), 1, stages_));
       opt.set_steps_taken(steps);
+    });
+    // The layers' non-trainable state (BatchNorm's running statistics) too: the rank that
+    // evaluates or checkpoints needs every stage's, not the initial ones.
+    p.for_each_running_state_on([&](int k, float* state, index_t n, const auto&) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      XPIPE_MPI_CHECK(MPI_Ibcast(state, static_cast<int>(n), MPI_FLOAT, k, pipeline_, &req));
+      wait_request(req, stage_, "share",
+                   collective("stage " + std::to_string(k) + "'s layer state", rank_of(0, replica_),
+                              1, stages_));
     });
   }
 

@@ -47,8 +47,6 @@ struct Conv2d {
   using out_shape =
       Shape<OutChannels, conv_out_extent(In::height, Kernel, Options.stride, Options.padding),
             conv_out_extent(In::width, Kernel, Options.stride, Options.padding)>;
-  static_assert(In::height == In::width,
-                "xpipe: Conv2d: square images only (ConvGeometry has one extent per axis pair)");
   static constexpr int in_width = In::size;
   static constexpr int out_width = out_shape::size;
   static constexpr index_t weight_count =

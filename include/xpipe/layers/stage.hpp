@@ -165,12 +165,17 @@ struct Stage {
   static constexpr std::array<index_t, layer_count + 1> param_offsets = offsets();
   //! Length of the stage's flat parameter (and gradient, and moment) buffer.
   static constexpr index_t param_count = param_offsets[layer_count];
-  //! Floats of activations one micro-batch of `rows` rows keeps: every layer's output, and
-  //! what layers keep beyond it (L::saved_floats(rows): a residual block's inner activations).
-  static constexpr index_t activation_floats(index_t rows) {
-    index_t n = (detail::saved_floats_of<Ls>(rows) + ... + 0);
+  //! Floats of every layer's output for `rows` rows: the Activations' own buffer.
+  static constexpr index_t boundary_floats(index_t rows) {
+    index_t n = 0;
     for (std::size_t i = 1; i <= layer_count; ++i) n += rows * widths[i];
     return n;
+  }
+  //! Floats of activations one micro-batch of `rows` rows keeps, as reported: every layer's
+  //! output, and what layers keep beyond it in their Saved (L::saved_floats(rows): a residual
+  //! block's inner activations, BatchNorm's statistics).
+  static constexpr index_t activation_floats(index_t rows) {
+    return boundary_floats(rows) + (detail::saved_floats_of<Ls>(rows) + ... + 0);
   }
   static constexpr int max_width() {
     int m = 0;
@@ -239,7 +244,7 @@ struct Stage {
    public:
     explicit Activations(index_t max_rows)
         : max_rows_(max_rows),
-          storage_(activation_floats(max_rows)),
+          storage_(boundary_floats(max_rows)),
           saved_(typename detail::SavedOf<Ls, B>::type(max_rows)...) {}
     index_t max_rows() const { return max_rows_; }
     index_t rows() const { return rows_; }

@@ -62,7 +62,8 @@ using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, 
 using B = Stage<B16, ReLU, D32, ReLU, B32, ReLU>;
 using C = Stage<B32, ReLU, D64, ReLU>;
 using D = Stage<B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Eight stages (K = 8): a block each, the stem with the first and the head with the last
+//! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E4, E5, E6: a block each, the stem with
+//! the first and the head with the last
 //! (3.7 M, 3.6 M, 3.6 M, 2.8 M, 3.6 M, 6.4 M, 3.6 M and 3.6 M multiply-adds).
 using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
 using E1 = Stage<B16, ReLU>;
@@ -71,6 +72,5 @@ using E3 = Stage<B32, ReLU>;
 using E4 = Stage<B32, ReLU, D64, ReLU>;
 using E5 = Stage<B64, ReLU>;
 using E6 = Stage<B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! The K = 8 pipeline's stages in order: E0, E1, E1, E2, E3, E4, E5, E6.
 
 }  // namespace xpipe::models::resnet
