@@ -1,6 +1,7 @@
-// xpipe-train's GPU runs (--device cuda): the reference MLP over 4 stages on CUDA devices, with
-// every predictor, through the same run_pipeline as the host (train_run.hpp). A CUDA
-// translation unit (nvcc), built into xpipe-train when the CUDA Toolkit is found.
+// xpipe-train's GPU runs (--device cuda): the reference MLP, the VGG and the ResNet over 4 stages
+// on CUDA devices, with every predictor, through the same run_pipeline as the host
+// (train_run.hpp). A CUDA translation unit (nvcc), built into xpipe-train when the CUDA Toolkit
+// is found.
 #include <string>
 
 // The CUDA umbrella: the backend, its loops and the CUDA layers and executor.
@@ -13,6 +14,17 @@ namespace xpipe::tools::train {
 RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   // One Pipeline type: every predictor and optimizer, chosen at run time.
   return run_pipeline<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer, Cuda>>(
+      c, data, check);
+}
+
+RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+  return run_pipeline<Pipeline<vgg::A, vgg::B, vgg::C, vgg::D, AnyPredictor, AnyOptimizer, Cuda>>(
+      c, data, check);
+}
+
+RunRecord run_resnet4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+  return run_pipeline<
+      Pipeline<resnet::A, resnet::B, resnet::C, resnet::D, AnyPredictor, AnyOptimizer, Cuda>>(
       c, data, check);
 }
 

@@ -536,6 +536,8 @@ RunRecord run_resnet8(const RunConfig& c, const DatasetPair& data, const CheckPo
 // --device cuda (train_models_cuda.cu): the MLP over 4 stages on CUDA devices, and why no
 // device can run it (empty when one can).
 RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_resnet4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 std::string cuda_device_problem();
 #endif
 

@@ -147,7 +147,10 @@ std::vector<RunConfig> study_runs(const RunConfig& c, bool compare, float sgd_lr
 
 RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
 #if defined(XPIPE_WITH_CUDA)
-  if (c.device == "cuda") return run_mlp4_cuda(c, data, check);  // main checked model, stages
+  if (c.device == "cuda")  // main checked the model and stages (cuda_problem)
+    return c.model == "vgg"      ? run_vgg4_cuda(c, data, check)
+           : c.model == "resnet" ? run_resnet4_cuda(c, data, check)
+                                 : run_mlp4_cuda(c, data, check);
 #endif
   const auto it = model_table().find({c.model, c.stages});
   if (it == model_table().end())
@@ -381,9 +384,9 @@ std::vector<std::string> predictors_in_use(const Flags& f) {
 // Why --device cuda cannot run `c` here ("" when it can).
 std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
 #if defined(XPIPE_WITH_CUDA)
-  if (c.model != "mlp" || c.stages != 4)
-    return "runs the mlp over 4 stages only (got " + c.model + " over " + std::to_string(c.stages) +
-           ")";
+  if ((c.model != "mlp" && c.model != "vgg" && c.model != "resnet") || c.stages != 4)
+    return "runs the mlp, vgg or resnet over 4 stages only (got " + c.model + " over " +
+           std::to_string(c.stages) + ")";
   if (c.executor == "mpi" || c.dp > 1) return "runs in one process (no --executor mpi, no --dp)";
   if (c.measure_prediction)
     return "cannot measure predictions (weights in device memory: no --measure-prediction)";
