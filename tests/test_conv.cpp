@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fixtures/conv_expected.hpp"
+#include "support/compare.hpp"
 #include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
@@ -42,17 +43,9 @@ struct Run {
   }
 };
 
+// PyTorch's values within 1e-5 + 1e-5 |want| (the fixtures are float64).
 void require_close(std::span<const float> got, std::span<const float> want, const char* what) {
-  REQUIRE(got.size() == want.size());
-  int shown = 0;
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (std::fabs(got[i] - want[i]) > 1e-5f + 1e-5f * std::fabs(want[i])) {
-      if (shown++ < 4) WARN(what << "[" << i << "]: got " << got[i] << ", PyTorch " << want[i]);
-      ++bad;
-    }
-  INFO(what << ": " << bad << " of " << got.size() << " differ from PyTorch");
-  REQUIRE(bad == 0);
+  xpipe::test::require_close(got, want, what, 1e-5f, 1e-5f);
 }
 
 // Runs layer L on a fixture case (x, w, b, dy) and compares y, dx, dW, db with PyTorch's.

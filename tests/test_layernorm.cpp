@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fixtures/layernorm_expected.hpp"
+#include "support/compare.hpp"
 #include "support/support.hpp"
 #include "xpipe/layers/layernorm.hpp"
 #include "xpipe/xpipe.hpp"
@@ -49,50 +50,13 @@ struct Slot {
   }
 };
 
-// |got - want| <= 1e-6 + 1e-5 |want| element by element, showing the first few that are not.
+// PyTorch's values within 1e-6 + 1e-5 |want| (the fixtures are float64).
 void require_close(std::span<const float> got, std::span<const float> want, const char* what) {
-  REQUIRE(got.size() == want.size());
-  int shown = 0;
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= 1e-6f + 1e-5f * std::fabs(want[i]))) {
-      if (shown++ < 4) WARN(what << "[" << i << "]: got " << got[i] << ", PyTorch " << want[i]);
-      ++bad;
-    }
-  INFO(what << ": " << bad << " of " << got.size() << " differ from PyTorch");
-  REQUIRE(bad == 0);
+  xpipe::test::require_close(got, want, what, 1e-6f, 1e-5f);
 }
-
-template <std::size_t N>
-void copy_into(std::vector<float>& to, const float (&from)[N], std::size_t at = 0) {
-  REQUIRE(at + N <= to.size());
-  std::copy(std::begin(from), std::end(from), to.begin() + static_cast<std::ptrdiff_t>(at));
-}
-
-// The message of the E that f throws (other exceptions propagate and fail the test).
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("nothing was thrown");
-  return {};
-}
-
-// The slope of objective() along v[i] by central differences; the step is measured after
-// rounding to float, so the quotient uses the step actually taken.
-template <class F>
-double central(std::vector<float>& v, std::size_t i, F&& objective, float h = 1e-2f) {
-  const float keep = v[i], up_at = keep + h, down_at = keep - h;
-  v[i] = up_at;
-  const double up = objective();
-  v[i] = down_at;
-  const double down = objective();
-  v[i] = keep;
-  return (up - down) / (static_cast<double>(up_at) - down_at);
-}
+using xpipe::test::central;
+using xpipe::test::copy_into;
+using xpipe::test::message_of;
 
 // Runs a fixture case on `threads` threads and compares y, dx, dgamma and dbeta with PyTorch's.
 template <class Case>

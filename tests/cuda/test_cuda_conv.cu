@@ -62,20 +62,10 @@ std::vector<float> to_host(const xpipe::DeviceBuffer<float>& d) {
   return v;
 }
 
+// A square geometry from the input side.
 ConvGeometry geometry(index_t rows, int c, int hw, int oc, int k, int stride, int pad,
                       bool bias = true) {
-  const int o = xpipe::conv_out_extent(hw, k, stride, pad);
-  return {.rows = rows,
-          .c = c,
-          .h = hw,
-          .w = hw,
-          .oc = oc,
-          .oh = o,
-          .ow = o,
-          .k = k,
-          .stride = stride,
-          .pad = pad,
-          .bias = bias};
+  return xpipe::make_conv_geometry(rows, c, hw, hw, oc, k, stride, pad, bias);
 }
 
 std::string text(const ConvGeometry& g) {

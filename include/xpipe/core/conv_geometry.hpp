@@ -31,6 +31,11 @@ struct ConvGeometry {
   friend constexpr bool operator==(const ConvGeometry&, const ConvGeometry&) = default;
 };
 
+//! The geometry of a convolution of `rows` c x h x w images into oc channels, its output extents
+//! derived (conv_out_extent). Usage: `make_conv_geometry(32, 1, 28, 28, 16, 3, 1, 1)`.
+constexpr ConvGeometry make_conv_geometry(index_t rows, int c, int h, int w, int oc, int k,
+                                          int stride, int pad, bool bias = true);
+
 //! "32x16x28x28 -> 16x28x28 (kernel 3, stride 1, padding 1)": how errors name a convolution.
 inline std::string conv_geometry_text(const ConvGeometry& g) {
   const auto image = [](int c, int h, int w) {
@@ -45,6 +50,21 @@ inline std::string conv_geometry_text(const ConvGeometry& g) {
 //! floor((in + 2 pad - k) / stride) + 1 (PyTorch's and oneDNN's definition).
 constexpr int conv_out_extent(int in, int k, int stride, int pad) {
   return (in + 2 * pad - k) / stride + 1;
+}
+
+constexpr ConvGeometry make_conv_geometry(index_t rows, int c, int h, int w, int oc, int k,
+                                          int stride, int pad, bool bias) {
+  return ConvGeometry{rows,
+                      c,
+                      h,
+                      w,
+                      oc,
+                      conv_out_extent(h, k, stride, pad),
+                      conv_out_extent(w, k, stride, pad),
+                      k,
+                      stride,
+                      pad,
+                      bias};
 }
 
 }  // namespace xpipe

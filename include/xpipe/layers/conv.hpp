@@ -55,9 +55,8 @@ struct Conv2d {
 
   //! The geometry of a call on `rows` images.
   static constexpr ConvGeometry geometry(index_t rows) {
-    return ConvGeometry{rows,           In::channels,      In::height,       In::width,
-                        OutChannels,    out_shape::height, out_shape::width, Kernel,
-                        Options.stride, Options.padding,   Options.bias};
+    return make_conv_geometry(rows, In::channels, In::height, In::width, OutChannels, Kernel,
+                              Options.stride, Options.padding, Options.bias);
   }
 
   //! What one activation slot keeps: the backend's plans for up to max_rows images.

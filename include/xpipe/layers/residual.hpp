@@ -61,8 +61,11 @@ struct ResidualBlock {
   using out_shape = Shape<inner::out_shape.c, inner::out_shape.h, inner::out_shape.w>;
   static constexpr int in_width = inner::in_width;
   static constexpr int out_width = inner::out_width;
-  //! Where the shortcut's parameters start (f's block rounded up to 16 floats).
-  static constexpr index_t shortcut_offset = (inner::param_count + 15) / 16 * 16;
+  //! Where the shortcut's parameters start: right after f's block, which Stage already ends on
+  //! a 16-float boundary (each layer's block does).
+  static constexpr index_t shortcut_offset = inner::param_count;
+  static_assert(shortcut_offset % 16 == 0,
+                "xpipe: Residual: f's parameter block must end 16-float aligned");
   //! The shortcut's parameter and state counts (0 for the identity).
   static constexpr index_t shortcut_params = [] {
     if constexpr (projected)
