@@ -334,6 +334,12 @@ TEST_CASE("BatchNorm2d refuses evaluation without state and names non-finite inp
     const std::string m = message_of<xpipe::NumericError>([&] { s.forward(ctx); });
     REQUIRE_THAT(m, Catch::Contains("BatchNorm2d<Shape<3, 4, 4>>") &&
                         Catch::Contains("channel 1 ") && Catch::Contains("row 1 "));
+    // Channel 1's running statistics keep their initial mean 0 and variance 1; the finite
+    // channels 0 and 2 moved by momentum 0.1 towards the batch's.
+    REQUIRE(s.state[1] == 0.f);
+    REQUIRE(s.state[BN3::channels + 1] == 1.f);
+    REQUIRE(s.state[0] != 0.f);
+    REQUIRE(s.state[BN3::channels + 2] != 1.f);
   }
   SECTION("an infinity names its channel and row") {
     s.x[3 * BN3::in_width + 2 * 16] = -std::numeric_limits<float>::infinity();

@@ -81,7 +81,8 @@ XPIPE_HOST_DEVICE float normalize_input_grad(float x, float dy, float mean, floa
 namespace ops {
 
 //! Per channel c: the micro-batch's mean and 1 / sqrt(var + eps) into stats[c], stats[C + c];
-//! when `running` is set, the running mean and unbiased variance updated by momentum.
+//! when `running` is set and both are finite, the running mean and unbiased variance updated by
+//! momentum.
 struct BatchNormStatistics {
   ConstMatrix x;
   NormGeometry g;
@@ -92,7 +93,9 @@ struct BatchNormStatistics {
     math::channel_moments(x, g, static_cast<int>(c), mean, var);
     stats[c] = static_cast<float>(mean);
     stats[g.channels + c] = static_cast<float>(1.0 / sqrt(var + g.eps));
-    if (running != nullptr) {
+    // Statistics that are not finite leave the running ones as they were (the host layer then
+    // names the row; a device run stops at the loss), so no NaN reaches an evaluation.
+    if (running != nullptr && mean - mean == 0 && var - var == 0) {
       const double n = static_cast<double>(g.rows) * g.plane;
       const double unbiased = n > 1 ? var * n / (n - 1) : var;
       running[c] = (1.f - g.momentum) * running[c] + g.momentum * static_cast<float>(mean);
