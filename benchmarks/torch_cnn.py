@@ -13,6 +13,7 @@ import gzip
 import json
 import math
 import os
+import re
 import struct
 import sys
 import time
@@ -183,6 +184,16 @@ def run_time(args, model, opt, params):
                       "torch": torch.__version__}))
 
 
+def lr_scheduler(args, opt):
+    """torch's own scheduler for --lr-schedule, stepped after each epoch (as xpipe-train's)."""
+    if args.lr_schedule == "constant":
+        return None
+    if args.lr_schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs)
+    milestones = [int(m) for m in args.lr_schedule[len("step:"):].split(",")]
+    return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
+
+
 def run_train(args, model, opt, params):
     if not has_data(args.data_dir):
         sys.exit(f"error: --data-dir {args.data_dir} does not hold the four Fashion-MNIST .gz "
@@ -191,6 +202,7 @@ def run_train(args, model, opt, params):
     xtr, ytr = (t[:args.train_samples or None] for t in data["train"])
     xte, yte = (t[:args.test_samples or None] for t in data["test"])
     start, epochs = time.perf_counter(), []
+    schedule = lr_scheduler(args, opt)
     for e in range(1, args.epochs + 1):
         order = torch.randperm(len(xtr))
         total = 0.0
@@ -199,13 +211,15 @@ def run_train(args, model, opt, params):
             # Per batch, not per epoch: the crop's gather indices are 8 bytes per pixel.
             x = augment(xtr[idx], args.augment_pad, args.augment_flip)
             total += train_step(model, opt, x, ytr[idx]) * len(idx)
-        rec = {"epoch": e, "loss": total / len(xtr), "test_accuracy": accuracy(model, xte, yte),
-               "seconds": time.perf_counter() - start}
+        rec = {"epoch": e, "lr": opt.param_groups[0]["lr"], "loss": total / len(xtr),
+               "test_accuracy": accuracy(model, xte, yte), "seconds": time.perf_counter() - start}
+        if schedule is not None:
+            schedule.step()
         epochs.append(rec)
         print(f"epoch {e}: loss {rec['loss']:.4f}  test accuracy {100 * rec['test_accuracy']:.2f}%"
               f"  ({rec['seconds']:.1f} s)", flush=True)
     print(json.dumps({"model": args.model, "threads": args.threads, "batch": args.batch,
-                      "lr": args.lr, "epochs": args.epochs, "seed": args.seed,
+                      "lr": args.lr, "lr_schedule": args.lr_schedule, "epochs": args.epochs, "seed": args.seed,
                       "train_samples": len(xtr), "test_samples": len(xte),
                       "augment_pad": args.augment_pad, "augment_flip": args.augment_flip,
                       "parameters": params[0], "final_test_accuracy": epochs[-1]["test_accuracy"],
@@ -236,9 +250,14 @@ def main():
     r.add_argument("--test-samples", type=int, default=0, help="first N test samples (0: all)")
     r.add_argument("--augment-pad", type=int, default=0, help="random crop after N zeros (0..8)")
     r.add_argument("--augment-flip", action="store_true", help="mirror with probability 1/2")
+    r.add_argument("--lr-schedule", default="constant",
+                   help="constant, cosine (to 0 over --epochs) or step:E1,E2,... (x0.1 after "
+                        "each epoch named), per epoch as xpipe-train --lr-schedule")
     args = ap.parse_args()
     if not 0 <= args.augment_pad <= 8:  # augment.hpp's max_pad
         ap.error(f"--augment-pad {args.augment_pad} is outside 0..8")
+    if not re.fullmatch(r"constant|cosine|step:\d+(,\d+)*", args.lr_schedule):
+        ap.error(f"--lr-schedule {args.lr_schedule}: expected constant, cosine or step:E1,E2,...")
     if min(args.threads, args.batch, args.samples, args.epochs) < 1:
         ap.error("--threads, --batch, --samples and --epochs must be positive")
 

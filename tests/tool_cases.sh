@@ -634,6 +634,50 @@ case $case in
     fi
     stop_study_after_first_run HUP 129
     ;;
+  lr_schedule_malformed)  # exit 2 quoting the text and saying what is expected, before any work
+    run 2 "${small[@]}" --lr-schedule step:5,3 --data-dir /nonexistent --out out
+    says "--lr-schedule: .*'step:5,3': milestone 3 does not follow 5; expected constant, cosine or"
+    never_says "cannot open IDX"
+    [ ! -e out ] || fail "the refused command made its --out"
+    run 2 "${small[@]}" --lr-schedule linear --out out
+    says "--lr-schedule: .*'linear': unknown schedule"
+    ;;
+  lr_schedule_resume_is_exact)  # cosine over 3 epochs: stopped in epoch 3, resumed = straight
+    base=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference
+      --epochs 3)
+    ck=("${base[@]}" --lr-schedule cosine)
+    dir=ck/async-1f1b_xpipe_adam
+    run 0 "${ck[@]}" --checkpoint-dir ck --out straight
+    grep -Eq '"lr_schedule": ?"cosine"' straight/runs.json || fail "runs.json lacks cosine"
+    grep -q '^field run.lr_schedule cosine$' $dir/ckpt-000003/MANIFEST ||
+      fail "the MANIFEST does not record run.lr_schedule"
+    # Epoch 1 trains at --lr under both; epochs 2 and 3 at less under cosine: another loss.
+    run 0 "${base[@]}" --out constant
+    grep -Eq '"lr_schedule": ?"constant"' constant/runs.json || fail "runs.json lacks constant"
+    loss() { sed -n "$(($2 + 1))p" "$1/runs.csv" | cut -d, -f10; }  # loss <out> <epoch>
+    [ "$(loss straight 1)" = "$(loss constant 1)" ] || fail "cosine changed epoch 1"
+    [ "$(loss straight 3)" != "$(loss constant 3)" ] || fail "cosine and constant trained alike"
+    # Stopped in epoch 3 before its checkpoint was committed: resumed from epoch 2, epoch 3 at
+    # its own rate (a checkpoint does not store the rate; each epoch sets it)
+    rm $dir/ckpt-000003/MANIFEST
+    run 0 "${ck[@]}" --checkpoint-dir ck --resume --out resumed
+    says "resumed from $dir/ckpt-000002 \\(2 epochs done\\)"
+    cut -d, -f9-11 straight/runs.csv >want.txt
+    cut -d, -f9-11 resumed/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    [ -f $dir/ckpt-000003/MANIFEST ] || fail "epoch 3 was not checkpointed again"
+    # Another schedule is another computation: refused, named.
+    run 1 "${base[@]}" --lr-schedule step:2 --checkpoint-dir ck --resume --out other
+    says "cannot resume .*ckpt-000003: .*run.lr_schedule = cosine, this run has step:2$"
+    # A checkpoint from before --lr-schedule (no such field) trained at a constant rate.
+    m=$dir/ckpt-000003/MANIFEST
+    grep -Ev '^(manifest-crc32|field run\.lr_schedule) ' $m >body.txt
+    { cat body.txt; echo "manifest-crc32 $(crc32 body.txt)"; } >$m
+    run 1 "${ck[@]}" --checkpoint-dir ck --resume --out other2
+    says "it was run with run.lr_schedule = constant, this run has cosine"
+    run 0 "${base[@]}" --checkpoint-dir ck --resume --out older
+    says "resumed from $dir/ckpt-000003 \\(3 epochs done\\)"
+    ;;
   *) fail "no such case" ;;
 esac
 echo "ok: $case"

@@ -94,7 +94,8 @@ inline void check_run_fields(const std::map<std::string, std::string>& saved,
   std::map<std::string, std::string> added_later{{"run.dp", "1"},
                                                  {"run.train_data_crc32", ""},
                                                  {"run.test_data_crc32", ""},
-                                                 {"run.augment", "pad=0,flip=0"}};
+                                                 {"run.augment", "pad=0,flip=0"},
+                                                 {"run.lr_schedule", "constant"}};
   added_later.insert(defaults.begin(), defaults.end());
   for (const auto& [key, value] : now) {
     const auto it = saved.find(key);

@@ -50,6 +50,7 @@ struct RunConfig {
   std::vector<std::pair<std::string, double>> predictor_params;
   std::string optimizer = "adam";
   float lr = 1e-3f;
+  LearningRateSchedule lr_schedule;  // --lr-schedule: each epoch's rate from lr (constant)
   long batch = 128;
   int epochs = 3;
   std::uint64_t seed = 1;
@@ -188,6 +189,7 @@ inline std::map<std::string, std::string> run_fields(const RunConfig& c, const D
           {"run.predictor_params", run_predictor(c).hyper_text()},
           {"run.optimizer", c.optimizer},
           {"run.lr", float_text(c.lr)},
+          {"run.lr_schedule", c.lr_schedule.text()},
           {"run.batch", std::to_string(c.batch)},
           {"run.seed", std::to_string(c.seed)},
           {"run.train_samples", std::to_string(data.train.count)},
@@ -379,9 +381,12 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     std::exception_ptr failure;
     std::atomic<bool> finished{false};
     std::thread worker;
-    // Whatever fails in an epoch (here its data or its thread, below its training, evaluation
+    // Whatever fails in an epoch (here its rate, data or thread, below its training, evaluation
     // or checkpoint) fails the run with the epochs it finished.
     try {
+      // Set afresh each epoch from (lr, e, epochs) alone: a resumed run trains at the same rate
+      // (checkpoints do not store it).
+      pipe.set_learning_rate(c.lr_schedule.at(c.lr, e, c.epochs));
       if (augmenting)
         augment_epoch(HostContext{.threads = 2}, data.train, augmented, Dims{1, 28, 28}, c.augment,
                       c.seed, e);

@@ -52,6 +52,7 @@
 #include "xpipe/layers/stage.hpp"
 #include "xpipe/optim/adam.hpp"
 #include "xpipe/optim/any.hpp"
+#include "xpipe/optim/lr_schedule.hpp"
 #include "xpipe/optim/nadam.hpp"
 #include "xpipe/optim/optimizer.hpp"
 #include "xpipe/optim/sgd.hpp"

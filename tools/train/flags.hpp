@@ -63,6 +63,17 @@ inline std::string check_learning_rate(std::string& text) {
   return check_number(text, 1e-8, 10, "[1e-8, 10], the learning rates that can train");
 }
 
+// --lr-schedule: text that LearningRateSchedule::parse takes; "" when it does, else its message
+// (which quotes the text and says what is expected).
+inline std::string check_lr_schedule(std::string& text) {
+  try {
+    LearningRateSchedule::parse(text);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // --wait-timeout: seconds in [0.1, 86400] (NaN would turn the deadline off).
 inline std::string check_wait_timeout(std::string& text) {
   return check_number(text, 0.1, 86400, "[0.1, 86400] seconds");
@@ -111,6 +122,14 @@ inline void add_flags(CLI::App& app, Flags& f) {
                  "Optimizer (sgd has momentum 0.9): " + join_names(optimizer_names))
       ->check(CLI::IsMember(name_list(optimizer_names)));
   app.add_option("--lr", c.lr, "Learning rate")->check(learning_rate);
+  app.add_option_function<std::string>(
+         "--lr-schedule",
+         [&c](const std::string& text) { c.lr_schedule = LearningRateSchedule::parse(text); },
+         "Learning rate of each epoch from --lr (and --sgd-lr), set before it trains: constant, "
+         "cosine (annealed towards 0 over --epochs) or step:E1,E2,... (a tenth after each of "
+         "these epochs); as PyTorch's CosineAnnealingLR and MultiStepLR stepped per epoch")
+      ->check(CLI::Validator(check_lr_schedule, "constant, cosine or step:E1,E2,..."))
+      ->default_str("constant");
   app.add_option("--batch", c.batch, "Mini-batch size")->check(CLI::Range(1L, 60000L));
   app.add_option("--epochs", c.epochs, "Epochs")->check(CLI::Range(1, 1000));
   app.add_option("--seed", c.seed, "Seed of initialisation and shuffling")

@@ -263,6 +263,7 @@ class StudyFiles {
                         {"predictor_params", run_predictor(c).hyper_text()},
                         {"optimizer", c.optimizer},
                         {"lr", c.lr},
+                        {"lr_schedule", c.lr_schedule.text()},
                         {"model", c.model},
                         {"stages", c.stages},
                         {"micro_batches", c.micro_batches},

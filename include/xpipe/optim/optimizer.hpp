@@ -106,6 +106,10 @@ class OptimizerState {
   index_t size() const { return weights_.size(); }
   long steps_taken() const { return steps_; }
   const O& optimizer() const { return optimizer_; }
+  //! Replaces the held optimizer (its hyper-parameters: another learning rate). Between steps
+  //! only: nothing may be stepping or predicting with this state meanwhile. The weights, the
+  //! moments and the step count stay as they are.
+  void set_optimizer(O optimizer) { optimizer_ = optimizer; }
   const float* moment(int i) const { return i == 0 ? m0_.data() : m1_.data(); }
   float* moment(int i) { return i == 0 ? m0_.data() : m1_.data(); }
   //! Sets the step count (a restored checkpoint's; Adam's bias correction reads it).

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -24,6 +25,7 @@
 #include "xpipe/data/dataset.hpp"
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/layers/loss.hpp"
+#include "xpipe/optim/variants.hpp"
 #include "xpipe/pipeline/arguments.hpp"
 #include "xpipe/pipeline/device_epoch.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
@@ -108,6 +110,23 @@ class Pipeline {
   const PipelineOptions& options() const { return options_; }
   //! The predictor's value: its hyper-parameters (AnyPredictor: which one was chosen).
   const predictor& predictor_policy() const { return predictor_; }
+
+  //! Sets every stage's learning rate to lr, the other hyper-parameters, moments and step counts
+  //! kept: call between train() calls (a schedule's rate for the next epoch). Predictors that read
+  //! the optimizer's rate (XPipe, PipeOptim, PipeMare, ...) read the new one from the next step
+  //! on. Checkpoints do not store the rate: whoever resumes sets it again (xpipe-train sets it
+  //! from the epoch). ConfigError unless lr is finite and > 0.
+  //! Usage: `p.set_learning_rate(schedule.at(lr, e, epochs)); p.train(s, data, executor);`
+  void set_learning_rate(float lr) {
+    if (!(lr > 0.f) || !std::isfinite(lr))
+      throw ConfigError(
+          "xpipe: Pipeline::set_learning_rate: the rate must be finite and > 0 (got " +
+          detail::number_text(lr) + ")");
+    for_each_stage(
+        [&](auto& rt) { rt.opt.set_optimizer(with_learning_rate(rt.opt.optimizer(), lr)); });
+  }
+  //! Stage 0's learning rate (that of every stage, unless a predictor or caller set them apart).
+  float learning_rate() const { return std::get<0>(runtimes_)->opt.optimizer().learning_rate(); }
 
   //! Mini-batches of `rows` rows that train() runs (a tail of fewer than M rows is dropped).
   index_t mini_batches_for(index_t rows) const { return split_for(rows).mini_batches(); }

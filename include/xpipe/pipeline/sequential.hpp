@@ -2,6 +2,7 @@
 // schedule is checked against, and the foundation's Fashion-MNIST trainer.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/layers/stage.hpp"
 #include "xpipe/optim/optimizer.hpp"
+#include "xpipe/optim/variants.hpp"
 #include "xpipe/pipeline/micro_batches.hpp"
 
 namespace xpipe {
@@ -52,6 +54,19 @@ class SequentialTrainer {
   index_t max_batch() const { return acts_.max_rows(); }
   OptimizerState<O, B>& state() { return state_; }
   const OptimizerState<O, B>& state() const { return state_; }
+  //! Sets the learning rate to lr, the other hyper-parameters, moments and step count kept:
+  //! between steps (a schedule's rate for the next epoch). ConfigError unless lr is finite and
+  //! > 0. Usage: `t.set_learning_rate(schedule.at(lr, e, epochs)); t.train_epoch(ctx, b, e);`
+  void set_learning_rate(float lr) {
+    if (!(lr > 0.f) || !std::isfinite(lr))
+      throw ConfigError(
+          "xpipe: SequentialTrainer::set_learning_rate: the rate must be finite "
+          "and > 0 (got " +
+          detail::number_text(lr) + ")");
+    state_.set_optimizer(with_learning_rate(state_.optimizer(), lr));
+  }
+  //! The learning rate its next step takes.
+  float learning_rate() const { return state_.optimizer().learning_rate(); }
   //! The model's non-trainable state (BatchNorm running statistics; empty for most models).
   std::span<const float> running_state() const {
     return {running_.data(), static_cast<std::size_t>(Model::state_count)};

@@ -1,0 +1,253 @@
+// Learning-rate schedules: each epoch's rate against values worked by hand, every malformed text
+// refused by name; and a rate set between epochs trains exactly as a pipeline built with it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/compare.hpp"
+#include "support/emulated_device.hpp"
+#include "support/support.hpp"
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The rates of epochs 1..epochs.
+std::vector<float> rates(const std::string& text, float base, int epochs) {
+  const LearningRateSchedule s = LearningRateSchedule::parse(text);
+  std::vector<float> out;
+  for (int e = 1; e <= epochs; ++e) out.push_back(s.at(base, e, epochs));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("LearningRateSchedule: constant is the base rate every epoch", "[lr_schedule]") {
+  REQUIRE(rates("constant", 3e-4f, 3) == std::vector<float>{3e-4f, 3e-4f, 3e-4f});
+  REQUIRE(LearningRateSchedule{}.at(0.05f, 7, 9) == 0.05f);  // the default
+}
+
+TEST_CASE("LearningRateSchedule: cosine against values worked by hand", "[lr_schedule]") {
+  // lr (1 + cos(pi (e - 1) / 4)) / 2: 1, (1 + sqrt(2)/2) / 2, 1/2, (1 - sqrt(2)/2) / 2.
+  REQUIRE(rates("cosine", 1.f, 4) ==
+          std::vector<float>{1.f, static_cast<float>(0.85355339059327376220), 0.5f,
+                             static_cast<float>(0.14644660940672623780)});
+  // A power of two scales every rate exactly.
+  REQUIRE(rates("cosine", 2.f, 4) ==
+          std::vector<float>{2.f, static_cast<float>(1.7071067811865475244), 1.f,
+                             static_cast<float>(0.29289321881345247560)});
+  // Epoch 1 trains at the base rate itself (CosineAnnealingLR before its first step).
+  REQUIRE(rates("cosine", 3e-4f, 10).front() == 3e-4f);
+  REQUIRE(rates("cosine", 3e-4f, 1) == std::vector<float>{3e-4f});
+  // E = 3 at lr 1e-3: 1e-3, 1e-3 (1 + 1/2) / 2 = 7.5e-4, 1e-3 (1 - 1/2) / 2 = 2.5e-4.
+  const std::vector<float> three = rates("cosine", 1e-3f, 3);
+  REQUIRE(three[1] == Approx(7.5e-4).epsilon(1e-6));
+  REQUIRE(three[2] == Approx(2.5e-4).epsilon(1e-6));
+}
+
+TEST_CASE("LearningRateSchedule: step divides by 10 after each milestone", "[lr_schedule]") {
+  REQUIRE(rates("step:2,3", 1.f, 4) == std::vector<float>{1.f, 1.f, 0.1f, 0.01f});
+  // step:10,15: epochs 1-10 at lr, 11-15 at lr/10, 16 on at lr/100.
+  const std::vector<float> r = rates("step:10,15", 1.f, 20);
+  for (int e = 1; e <= 20; ++e) {
+    INFO("epoch " << e);
+    REQUIRE(r[static_cast<std::size_t>(e - 1)] == (e <= 10 ? 1.f : e <= 15 ? 0.1f : 0.01f));
+  }
+  // Milestones at or past the last epoch change nothing.
+  REQUIRE(rates("step:3,8", 0.5f, 3) == std::vector<float>{0.5f, 0.5f, 0.5f});
+  REQUIRE(rates("step:1", 2e-3f, 2)[1] == Approx(2e-4).epsilon(1e-6));
+}
+
+TEST_CASE("LearningRateSchedule: an epoch outside 1..epochs is refused", "[lr_schedule]") {
+  const LearningRateSchedule s = LearningRateSchedule::parse("cosine");
+  REQUIRE_THAT(test::message_of<ConfigError>([&] { s.at(1.f, 0, 4); }),
+               Contains("'cosine': epoch 0 is outside 1..4"));
+  REQUIRE_THAT(test::message_of<ConfigError>([&] { s.at(1.f, 5, 4); }),
+               Contains("'cosine': epoch 5 is outside 1..4"));
+}
+
+TEST_CASE("LearningRateSchedule: every malformed text is refused, quoted", "[lr_schedule]") {
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "is empty"},
+      {"step:", "no milestones"},
+      {"step", "step needs its milestones"},
+      {"step:0", "milestone 0 is not >= 1"},
+      {"step:-1", "milestone -1 is not >= 1"},
+      {"step:5,3", "milestone 3 does not follow 5"},
+      {"step:5,5", "milestone 5 does not follow 5"},
+      {"step:a", "milestone 'a' is not a whole number"},
+      {"step:5,", "milestone '' is not a whole number"},
+      {"step:,5", "milestone '' is not a whole number"},
+      {"step:+5", "milestone '+5' is not a whole number"},
+      {"step: 5", "milestone ' 5' is not a whole number"},
+      {"step:2.5", "milestone '2.5' is not a whole number"},
+      {"step:99999999999", "milestone '99999999999' is not a whole number"},
+      {"linear", "unknown schedule"},
+      {"Cosine", "unknown schedule"},
+      {"cosine ", "unknown schedule"},
+      {"constant:1", "unknown schedule"}};
+  for (const auto& [text, why] : cases) {
+    INFO("text '" << text << "'");
+    const std::string m = test::message_of<ConfigError>([&] { LearningRateSchedule::parse(text); });
+    REQUIRE_THAT(m, Contains("'" + text + "': " + why));
+    REQUIRE_THAT(m, Contains("expected constant, cosine or step:E1,E2,..."));
+  }
+}
+
+TEST_CASE("LearningRateSchedule: text() gives back the canonical text", "[lr_schedule]") {
+  for (const std::string text : {"constant", "cosine", "step:1", "step:10,15", "step:2,3,40"}) {
+    INFO(text);
+    const LearningRateSchedule s = LearningRateSchedule::parse(text);
+    REQUIRE(s.text() == text);
+    REQUIRE(LearningRateSchedule::parse(s.text()) == s);
+  }
+  REQUIRE(LearningRateSchedule::parse("step:010,15").text() == "step:10,15");
+  REQUIRE(LearningRateSchedule{}.text() == "constant");
+  REQUIRE(LearningRateSchedule::parse("step:10,15").milestones == std::vector<int>{10, 15});
+}
+
+namespace {
+
+using S0 = Stage<Linear<12, 16>, ReLU>;
+using S1 = Stage<Linear<16, 4>>;
+constexpr PipelineOptions options{.batch = 16, .micro_batches = 2, .seed = 5};
+
+// Epoch e's data: 6 mini-batches of 16 rows, different each epoch.
+test::LabelledData epoch_data(int e) {
+  return test::random_classification(96, 12, 4, 200 + e);
+}
+
+template <class P>
+void train_epoch(P& pipe, const std::string& schedule, int e) {
+  ReferenceExecutor exec;
+  const auto d = epoch_data(e);
+  pipe.train(make_schedule(schedule, 2, options.micro_batches, 6), d.epoch(), exec);
+}
+
+// A rate set before any training trains as a pipeline built with it, over two epochs; and the
+// rate it replaced would have trained otherwise (so the comparison can fail).
+template <class P, class O>
+void check_set_before_training(const std::string& schedule, O with_a, O with_b, float a) {
+  P built_a(with_a, options), built_b(with_b, options), set_a(with_b, options);
+  set_a.set_learning_rate(a);
+  REQUIRE(set_a.learning_rate() == a);
+  for (int e = 1; e <= 2; ++e) {
+    train_epoch(built_a, schedule, e);
+    train_epoch(built_b, schedule, e);
+    train_epoch(set_a, schedule, e);
+  }
+  REQUIRE(set_a.weights() == built_a.weights());
+  REQUIRE(built_b.weights() != built_a.weights());
+}
+
+// Epoch 1 at rate a, then set_learning_rate(b) and epoch 2, against epoch 1's checkpoint
+// restored into a pipeline built with b and trained one epoch: bitwise the same weights. And
+// epoch 2 at a differs (so the comparison can fail).
+template <class P, class O>
+void check_set_between_epochs(const std::string& schedule, O with_a, O with_b, float b,
+                              const std::string& tag) {
+  const fs::path root = test::scratch_dir("lr_schedule") / tag;
+  fs::remove_all(root);
+  P changed(with_a, options), kept(with_a, options);
+  train_epoch(changed, schedule, 1);
+  train_epoch(kept, schedule, 1);
+  save_checkpoint(changed, root, "ckpt-1");
+  changed.set_learning_rate(b);
+  REQUIRE(changed.learning_rate() == b);
+  train_epoch(changed, schedule, 2);
+  train_epoch(kept, schedule, 2);
+  P restored(with_b, options);
+  load_checkpoint(restored, read_checkpoint(root / "ckpt-1"));
+  train_epoch(restored, schedule, 2);
+  REQUIRE(changed.weights() == restored.weights());
+  REQUIRE(kept.weights() != restored.weights());
+  fs::remove_all(root);
+}
+
+}  // namespace
+
+TEST_CASE("Pipeline::set_learning_rate before training = a pipeline built with that rate",
+          "[lr_schedule][pipeline]") {
+  SECTION("GPipe, Latest, SGD with momentum") {
+    check_set_before_training<Pipeline<S0, S1, Latest, SGD>>(
+        "gpipe", SGD{.lr = 0.05f, .momentum = 0.9f}, SGD{.lr = 0.2f, .momentum = 0.9f}, 0.05f);
+  }
+  SECTION("async 1F1B, XPipe (predicts with the rate), Adam") {
+    check_set_before_training<Pipeline<S0, S1, XPipe, Adam>>("async-1f1b", Adam{.lr = 1e-3f},
+                                                             Adam{.lr = 4e-3f}, 1e-3f);
+  }
+  SECTION("async 1F1B, PipeMare (scales the rate per stage), AnyOptimizer") {
+    check_set_before_training<Pipeline<S0, S1, PipeMare, AnyOptimizer>>(
+        "async-1f1b", make_optimizer("adamw", 2e-3f), make_optimizer("adamw", 5e-4f), 2e-3f);
+  }
+}
+
+TEST_CASE("Pipeline::set_learning_rate between epochs = the checkpoint resumed at that rate",
+          "[lr_schedule][pipeline]") {
+  SECTION("async 1F1B, PipeOptim, Adam") {
+    check_set_between_epochs<Pipeline<S0, S1, PipeOptim, Adam>>(
+        "async-1f1b", Adam{.lr = 1e-3f}, Adam{.lr = 1e-4f}, 1e-4f, "pipeoptim");
+  }
+  SECTION("1F1B-flush, Latest, SGD with momentum") {
+    check_set_between_epochs<Pipeline<S0, S1, Latest, SGD>>(
+        "1f1b-flush", SGD{.lr = 0.05f, .momentum = 0.9f}, SGD{.lr = 0.005f, .momentum = 0.9f},
+        0.005f, "sgd");
+  }
+  SECTION("async 1F1B, XPipe, Adam on a device backend (emulated: the rate is a host value)") {
+    check_set_between_epochs<Pipeline<S0, S1, XPipe, Adam, test::EmulatedDevice>>(
+        "async-1f1b", Adam{.lr = 1e-3f}, Adam{.lr = 3e-4f}, 3e-4f, "device");
+  }
+  SECTION("async 1F1B, AnyPredictor (xpipe), AnyOptimizer: the tool's pipeline type") {
+    using P = Pipeline<S0, S1, AnyPredictor, AnyOptimizer>;
+    const fs::path root = test::scratch_dir("lr_schedule") / "any";
+    fs::remove_all(root);
+    P changed(make_optimizer("adam", 1e-3f), options, make_predictor("xpipe"));
+    train_epoch(changed, "async-1f1b", 1);
+    save_checkpoint(changed, root, "ckpt-1");
+    changed.set_learning_rate(2.5e-4f);
+    train_epoch(changed, "async-1f1b", 2);
+    P restored(make_optimizer("adam", 2.5e-4f), options, make_predictor("xpipe"));
+    load_checkpoint(restored, read_checkpoint(root / "ckpt-1"));
+    train_epoch(restored, "async-1f1b", 2);
+    REQUIRE(changed.weights() == restored.weights());
+    fs::remove_all(root);
+  }
+}
+
+TEST_CASE("Pipeline::set_learning_rate refuses a rate that is not finite and > 0",
+          "[lr_schedule][pipeline]") {
+  Pipeline<S0, S1, Latest, Adam> p(Adam{.lr = 1e-3f}, options);
+  for (const float bad : {0.f, -1e-3f, std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity()}) {
+    INFO(bad);
+    REQUIRE_THAT(test::message_of<ConfigError>([&] { p.set_learning_rate(bad); }),
+                 Contains("Pipeline::set_learning_rate: the rate must be finite and > 0"));
+  }
+  REQUIRE(p.learning_rate() == 1e-3f);  // unchanged
+}
+
+TEST_CASE("SequentialTrainer::set_learning_rate = a trainer built with that rate",
+          "[lr_schedule]") {
+  using Whole = Stage<Linear<12, 16>, ReLU, Linear<16, 4>>;
+  const auto d = epoch_data(1);
+  auto trained = [&](SequentialTrainer<Whole, Adam>& t) {
+    for (index_t first = 0; first < d.rows; first += 16)
+      t.train_step(HostContext{}, {d.x.data() + first * 12, 16, 12}, d.y.data() + first);
+    return std::vector<float>(t.state().weights(), t.state().weights() + Whole::param_count);
+  };
+  SequentialTrainer<Whole, Adam> built_a(Adam{.lr = 1e-3f}, 16, 5),
+      built_b(Adam{.lr = 3e-3f}, 16, 5), set_a(Adam{.lr = 3e-3f}, 16, 5);
+  set_a.set_learning_rate(1e-3f);
+  REQUIRE(set_a.learning_rate() == 1e-3f);
+  const std::vector<float> want = trained(built_a);
+  REQUIRE(trained(set_a) == want);
+  REQUIRE(trained(built_b) != want);
+  REQUIRE_THROWS_AS(set_a.set_learning_rate(0.f), ConfigError);
+}
