@@ -6,7 +6,7 @@
 # on a build machine) when present, else builds from source for this GPU's architecture. Then,
 # where Fashion-MNIST is at hand (the bundle's, or --data-dir), the study on the GPU:
 # xpipe-train --device cuda --compare --epochs N (its table in the report, its CSV/JSON in the
-# logs; N from --train-epochs, 1 by default).
+# logs; N from --train-epochs, 1 by default), then the VGG and the ResNet over 4 stages.
 #   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs | --logs gpu-logs.tar.gz]
 #                        [--data-dir DIR] [--train-epochs N]
 # --logs names a folder for every log, or a .tar.gz file that gets them all in one (for a tool
@@ -177,6 +177,7 @@ echo "gpu-check: bench_gpu exit $bench_rc (log: $logs/bench_gpu.log)"
 # ---- the study on the GPU: xpipe-train --device cuda --compare -----------------------------
 train_note=""
 train_table=""
+cnn_rows=""
 [[ -z "$data_dir" && -d "$bundle/data/fashion-mnist" ]] && data_dir="$bundle/data/fashion-mnist"
 if [[ ! -x "$bundle/bin/xpipe-train" ]]; then
   train_note="xpipe-train is not in the bundle: no study run"
@@ -198,6 +199,22 @@ else
     "$logs/xpipe-train.log")
   for f in runs.csv runs.json accuracy.csv; do
     [[ -f "$train_out/$f" ]] && cp "$train_out/$f" "$logs/xpipe-train-$f"
+  done
+  # The CNNs over 4 stages (GPipe, M = 4), a run each on the first 8,192 training and 2,000
+  # test images: their CUDA layers trained end to end, samples/s and test accuracy reported.
+  for model in vgg resnet; do
+    (cd "$work" && run_bundled timeout 300 "$bundle/bin/xpipe-train" --device cuda \
+      --model "$model" -K 4 -M 4 --schedule gpipe --predictor latest --epochs "$train_epochs" \
+      --train-samples 8192 --test-samples 2000 --data-dir "$data_dir" --out "$work/train-$model") >"$logs/xpipe-train-$model.log" 2>&1
+    model_rc=$?
+    echo "gpu-check: xpipe-train --device cuda --model $model exit $model_rc" \
+      "(log: $logs/xpipe-train-$model.log)"
+    if [[ $model_rc -ne 0 ]]; then
+      failed=1
+      train_note+="${train_note:+; }xpipe-train --device cuda --model $model FAILED (exit $model_rc)"
+    fi
+    cnn_rows+=$(awk -v m="$model" '/samples\/s/ && /%/ && !/^run/ {print m ": " $0}' \
+      "$logs/xpipe-train-$model.log")$'\n'
   done
 fi
 skipped=$(awk -F'\t' '$2 == "skip"' "$results" | wc -l)
@@ -294,6 +311,15 @@ EOF
     echo
     echo '```'
     echo "$train_table"
+    echo '```'
+  fi
+  if [[ -n "${cnn_rows//$'\n'/}" ]]; then
+    echo
+    echo "The CNNs, --device cuda -K 4 -M 4 --schedule gpipe, 8,192 training images," \
+      "$train_epochs epoch(s) each:"
+    echo
+    echo '```'
+    printf '%s' "$cnn_rows"
     echo '```'
   fi
   [[ -n "$train_note" ]] && echo "$train_note"

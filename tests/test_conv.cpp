@@ -8,6 +8,8 @@
 #include "fixtures/conv_expected.hpp"
 #include "support/compare.hpp"
 #include "support/support.hpp"
+#include "xpipe/models/resnet.hpp"
+#include "xpipe/models/vgg.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace {
@@ -82,6 +84,27 @@ TEST_CASE("Conv2d's shapes and parameter layout", "[layers][conv]") {
   STATIC_REQUIRE(Pad1::param_count == 3 * 1 * 3 * 3 + 3);
   STATIC_REQUIRE(K5NoBias::param_count == 2 * 3 * 5 * 5);
   STATIC_REQUIRE(Stride2::in_width == 98 && Stride2::out_width == 64);
+}
+
+TEST_CASE("Multiply-adds of a convolution, a block and the two CNNs, worked by hand",
+          "[layers][conv][models]") {
+  // Output pixels x input channels x kernel area: 4 x 4 x 4 outputs, 2 channels, 3 x 3.
+  STATIC_REQUIRE(Stride2::macs == 4.0 * 4 * 4 * 2 * 9);
+  namespace vgg = xpipe::models::vgg;
+  namespace resnet = xpipe::models::resnet;
+  // VGG: 784 x 16 x 1 x 9 + 784 x 16 x 16 x 9 + 196 x 32 x 16 x 9 + 196 x 32 x 32 x 9
+  //   + 1568 x 128 + 128 x 10 = 112,896 + 1,806,336 + 903,168 + 1,806,336 + 200,704 + 1,280.
+  STATIC_REQUIRE(vgg::K1::macs == 4'830'720);
+  // A strided block 16 -> 32 at 28 -> 14: 196 x 32 x 16 x 9 + 196 x 32 x 32 x 9 + the 1x1
+  // shortcut 196 x 32 x 16 = 903,168 + 1,806,336 + 100,352.
+  STATIC_REQUIRE(resnet::D32::macs == 2'809'856);
+  // ResNet: the stem 112,896, three 16-channel blocks of 2 x 1,806,336, two 32-channel and two
+  // 64-channel blocks of 3,612,672 each, two strided blocks of 2,809,856, the classifier 640.
+  STATIC_REQUIRE(resnet::K1::macs == 112'896 + 3 * 3'612'672 + 2 * 2'809'856 + 4 * 3'612'672 + 640);
+  // Every split has the whole network's multiply-adds.
+  STATIC_REQUIRE(resnet::A::macs + resnet::B::macs + resnet::C::macs + resnet::D::macs ==
+                 resnet::K1::macs);
+  STATIC_REQUIRE(vgg::K2a::macs + vgg::K2b::macs == vgg::K1::macs);
 }
 
 TEST_CASE("Conv2d matches PyTorch's conv2d forward and backward", "[layers][conv][torch]") {

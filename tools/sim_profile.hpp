@@ -1,9 +1,9 @@
 // xpipe-plan's measurements on the host backend: each stage's forward, backward and step timed
 // one action at a time on the stage threads (for the validation), or in the reference
 // executor's order by the CPU time its thread spends (for the layer profile: what else the
-// machine runs does not inflate it), the cores the process gets measured, the
-// built-in MLP's layers fitted as fixed + rows x per-sample, and the validation of the simulator
-// against the threaded executor's measured run of the same Pipeline and schedule.
+// machine runs does not inflate it), the cores the process gets measured, a model's pieces (the
+// MLP's layers, a CNN's blocks) fitted as fixed + rows x per-sample, and the validation of the
+// simulator against the threaded executor's measured run of the same Pipeline and schedule.
 // Over 400 lines: the profile, the serial executor it needs and the validation share their
 // timing helpers; xpipe-plan's subcommands (tools/plan/) call into it.
 #pragma once
@@ -350,27 +350,36 @@ inline std::string validation_predictor(const std::string& schedule) {
   return schedule == "2bw" ? "2bw" : "latest";
 }
 
-//! Runs one validation cell of the reference MLP at K = 2 or 4.
-inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
-                            int repeats, int cores, double hop = 0, bool pin = false) {
+//! Runs one validation cell of a model split over K = 2 (Pipeline type P2) or 4 stages (P4).
+template <class P2, class P4>
+Cell validation_cell_of(int K, const std::string& schedule, int M, index_t batch, int N,
+                        int repeats, int cores, double hop = 0, bool pin = false) {
   const std::string predictor = validation_predictor(schedule);
-  if (K == 2)
-    return run_cell<Pipeline<mlp::K2a, mlp::K2b, AnyPredictor, AnyOptimizer>>(
-        schedule, predictor, M, batch, N, repeats, cores, hop, pin);
-  if (K == 4)
-    return run_cell<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
-        schedule, predictor, M, batch, N, repeats, cores, hop, pin);
+  if (K == 2) return run_cell<P2>(schedule, predictor, M, batch, N, repeats, cores, hop, pin);
+  if (K == 4) return run_cell<P4>(schedule, predictor, M, batch, N, repeats, cores, hop, pin);
   throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
 }
 
-//! The reference MLP's four layers (each with its ReLU; the last with the loss), measured: the
-//! 4-stage split runs GPipe on the CPU-time executor at micro-batches of `small` and `large`
-//! rows, and each stage's median forward and backward are fitted as fixed + rows x per-sample.
-inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
-                                                      int repeats) {
-  // The validation's 4-stage type (Latest, AnyPredictor's default): one instantiation for both.
-  using P = Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>;
+//! Runs one validation cell of the reference MLP at K = 2 or 4.
+inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                            int repeats, int cores, double hop = 0, bool pin = false) {
+  return validation_cell_of<Pipeline<mlp::K2a, mlp::K2b, AnyPredictor, AnyOptimizer>,
+                            Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
+      K, schedule, M, batch, N, repeats, cores, hop, pin);
+}
+
+//! The stages of Pipeline type P as the layers of a model, measured: P runs GPipe on the CPU-time
+//! executor at micro-batches of `small` and `large` rows, and each stage's median forward and
+//! backward are fitted as fixed + rows x per-sample; `names[k]` names stage k. For a model cut
+//! into its smallest pieces (the reference MLP's four layers, a CNN's blocks), the planner
+//! partitions these into any number of stages.
+template <class P>
+std::vector<sim::LayerSpec> profile_stages(const std::vector<std::string>& names, index_t small,
+                                           index_t large, int N, int repeats) {
   constexpr int K = P::stage_count;
+  if (static_cast<int>(names.size()) != K)
+    throw ConfigError("xpipe-plan: profile_stages: " + std::to_string(names.size()) +
+                      " names for " + std::to_string(K) + " stages");
   std::array<StageSamples, 2> at{StageSamples(K), StageSamples(K)};
   const std::array<index_t, 2> rows{small, large};
   for (int i = 0; i < 2; ++i) {
@@ -385,30 +394,52 @@ inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t lar
     }
   }
   std::vector<sim::LayerSpec> layers;
-  auto add = [&]<class S>(std::type_identity<S>, int k, const char* name) {
-    sim::LayerSpec l;
-    l.name = name;
-    l.params = S::param_count;
-    l.in_width = S::in_width;
-    l.out_width = S::out_width;
-    l.activation_floats = static_cast<double>(S::activation_floats(large)) / large;
-    l.forward_flops = 2.0 * S::in_width * S::out_width;
-    l.backward_flops = 4.0 * S::in_width * S::out_width;
-    const double span = static_cast<double>(large - small);
-    const double f0 = median(at[0].f[k]), f1 = median(at[1].f[k]);
-    const double b0 = median(at[0].b[k]), b1 = median(at[1].b[k]);
-    l.forward_per_sample = std::max(0.0, (f1 - f0) / span);
-    l.forward_fixed = std::max(0.0, f0 - small * l.forward_per_sample);
-    l.backward_per_sample = std::max(0.0, (b1 - b0) / span);
-    l.backward_fixed = std::max(0.0, b0 - small * l.backward_per_sample);
-    l.step_seconds = 0.5 * (median(at[0].s[k]) + median(at[1].s[k]));
-    layers.push_back(l);
-  };
-  add(std::type_identity<mlp::A>{}, 0, "linear 784x1024 + relu");
-  add(std::type_identity<mlp::B>{}, 1, "linear 1024x1024 + relu");
-  add(std::type_identity<mlp::C>{}, 2, "linear 1024x1024 + relu");
-  add(std::type_identity<mlp::D>{}, 3, "linear 1024x10 + softmax xent");
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (layers.push_back([&] {
+      using S = typename P::template stage<I>;
+      constexpr int k = static_cast<int>(I);
+      sim::LayerSpec l;
+      l.name = names[k];
+      l.params = S::param_count;
+      l.in_width = S::in_width;
+      l.out_width = S::out_width;
+      l.activation_floats = static_cast<double>(S::activation_floats(large)) / large;
+      l.forward_flops = 2.0 * S::macs;
+      l.backward_flops = 4.0 * S::macs;
+      const double span = static_cast<double>(large - small);
+      const double f0 = median(at[0].f[k]), f1 = median(at[1].f[k]);
+      const double b0 = median(at[0].b[k]), b1 = median(at[1].b[k]);
+      l.forward_per_sample = std::max(0.0, (f1 - f0) / span);
+      l.forward_fixed = std::max(0.0, f0 - small * l.forward_per_sample);
+      l.backward_per_sample = std::max(0.0, (b1 - b0) / span);
+      l.backward_fixed = std::max(0.0, b0 - small * l.backward_per_sample);
+      l.step_seconds = 0.5 * (median(at[0].s[k]) + median(at[1].s[k]));
+      return l;
+    }()),
+     ...);
+  }
+  (std::make_index_sequence<K>{});
   return layers;
+}
+
+//! Whether stage S is pieces Ps concatenated: the same input and output widths, parameters
+//! (each layer's block padded alike) and multiply-adds. For the splits profile_stages' pieces
+//! stand for. Usage: `static_assert(made_of<vgg::K2a, pieces::Conv1, pieces::Conv2>);`
+template <class S, class... Ps>
+inline constexpr bool made_of = [] {
+  constexpr std::array<int, sizeof...(Ps)> in{Ps::in_width...}, out{Ps::out_width...};
+  return S::in_width == in.front() && S::out_width == out.back() &&
+         S::param_count == (Ps::param_count + ...) && S::macs == (Ps::macs + ...);
+}();
+
+//! The reference MLP's four layers (each with its ReLU; the last with the loss), measured on
+//! the validation's 4-stage type (Latest, AnyPredictor's default): one instantiation for both.
+inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
+                                                      int repeats) {
+  return profile_stages<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
+      {"linear 784x1024 + relu", "linear 1024x1024 + relu", "linear 1024x1024 + relu",
+       "linear 1024x10 + softmax xent"},
+      small, large, N, repeats);
 }
 
 //! Seconds per training step of the reference MLP trained sequentially at batch b (one thread),

@@ -45,7 +45,8 @@ int run(const Options& o) {
         if (pp == 1) {
           m.push_back(measure_sequential_step(b, N, dp));
         } else {
-          m.push_back(validation_cell(pp, q.schedule, q.micro_batches, b, N, 1, cores).measured);
+          m.push_back(
+              validation_cell("mlp", pp, q.schedule, q.micro_batches, b, N, 1, cores).measured);
         }
         free.push_back(0.5 * (before + measure_available_cores(cores)));
       }

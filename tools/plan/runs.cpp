@@ -5,17 +5,31 @@
 
 #include <algorithm>
 
+#include "plan/common.hpp"
 #include "sim_profile.hpp"
 
 namespace xpipe::tools::plan {
 
-Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N, int repeats,
-                     int cores, double hop, bool pin) {
-  return tools::validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
+Cell validation_cell(const std::string& model, int K, const std::string& schedule, int M,
+                     index_t batch, int N, int repeats, int cores, double hop, bool pin) {
+  if (model == "vgg")
+    return vgg_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
+  if (model == "resnet")
+    return resnet_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
+  if (model == "mlp")
+    return tools::validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
+  throw UsageError("--model: '" + model + "' is none of mlp, vgg, resnet");
 }
 
-std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N, int repeats) {
-  return tools::profile_mlp_layers(small, large, N, repeats);
+ModelPieces profile_pieces(const std::string& model, index_t small, index_t large, int N,
+                           int repeats) {
+  if (model == "vgg") return vgg_pieces(small, large, N, repeats);
+  if (model == "resnet") return resnet_pieces(small, large, N, repeats);
+  if (model != "mlp") throw UsageError("--model: '" + model + "' is none of mlp, vgg, resnet");
+  // The 4-stage split is the pieces themselves; the 2-stage one (mlp::K2a, K2b) two each.
+  return {"mlp 784-1024-1024-1024-10",
+          tools::profile_mlp_layers(small, large, N, repeats),
+          {{0, 2}, {0, 1, 2, 3}}};
 }
 
 double measure_sequential_step(index_t b, int steps, int replicas) {

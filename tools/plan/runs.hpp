@@ -1,6 +1,7 @@
-// The reference MLP's training runs xpipe-plan makes, declared: runs.cpp is the one translation
-// unit that calls the functions of sim_profile.hpp that build a Pipeline or a SequentialTrainer,
-// so each of those types is compiled once (they dominate the build). The subcommands call these.
+// The training runs xpipe-plan makes, declared: runs.cpp (the reference MLP), runs_vgg.cpp and
+// runs_resnet.cpp are the translation units that call the functions of sim_profile.hpp that
+// build a Pipeline or a SequentialTrainer, so each of those types is compiled once, a model per
+// unit (they dominate the build). The subcommands call these.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +18,31 @@ struct Cell;  // sim_profile.hpp: validate reads its fields, the others need not
 
 namespace xpipe::tools::plan {
 
-//! tools::validation_cell: one validation cell of the reference MLP at K = 2 or 4.
-Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N, int repeats,
-                     int cores, double hop = 0, bool pin = false);
+//! The models profile and validate take: the reference MLP and the CNNs of models/.
+inline const std::vector<std::string> plan_models{"mlp", "vgg", "resnet"};
 
-//! tools::profile_mlp_layers: the reference MLP's four layers, measured.
-std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N, int repeats);
+//! One validation cell of `model` (plan_models) split as models/ splits it over K = 2 or 4.
+Cell validation_cell(const std::string& model, int K, const std::string& schedule, int M,
+                     index_t batch, int N, int repeats, int cores, double hop = 0,
+                     bool pin = false);
+Cell vgg_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                         int repeats, int cores, double hop, bool pin);  // runs_vgg.cpp
+Cell resnet_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                            int repeats, int cores, double hop, bool pin);  // runs_resnet.cpp
+
+//! A model cut into its smallest pieces (the MLP's layers, a CNN's blocks), each measured as a
+//! layer of the planner (tools::profile_stages), and the splits models/ compiles, each as the
+//! first piece of every stage (the pieces of one stage, concatenated, are that stage's type:
+//! runs*.cpp check it at compile time by parameters and multiply-adds).
+struct ModelPieces {
+  std::string name;
+  std::vector<sim::LayerSpec> pieces;
+  std::vector<std::vector<std::size_t>> splits;
+};
+ModelPieces profile_pieces(const std::string& model, index_t small, index_t large, int N,
+                           int repeats);
+ModelPieces vgg_pieces(index_t small, index_t large, int N, int repeats);     // runs_vgg.cpp
+ModelPieces resnet_pieces(index_t small, index_t large, int N, int repeats);  // runs_resnet.cpp
 
 //! tools::measure_sequential_step: seconds per step of `replicas` sequential trainers at batch b.
 double measure_sequential_step(index_t b, int steps, int replicas);

@@ -1,5 +1,6 @@
 // xpipe-plan validate: the simulator against the threaded executor, seconds per mini-batch of
-// the reference MLP, simulated from each action's measured cost and measured on the same Pipeline.
+// a model (the reference MLP, the VGG or the ResNet of models/), simulated from each action's
+// measured cost and measured on the same Pipeline.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +19,7 @@ namespace xpipe::tools::plan {
 namespace {
 
 struct Options {
-  std::string stages = "2,4", micro_batches = "1,2,4";
+  std::string model = "mlp", stages = "2,4", micro_batches = "1,2,4";
   std::vector<std::string> schedules = schedule_choices;
   int mini_batches = 24, repeats = 3, cores = static_cast<int>(std::thread::hardware_concurrency());
   bool no_pin = false;
@@ -34,11 +35,11 @@ int run(const Options& o) {
   const int N = o.mini_batches, repeats = o.repeats, cores = o.cores;
   const bool pin = !o.no_pin;
   std::printf(
-      "validation: simulated vs measured seconds per mini-batch, reference MLP, batch 128, "
+      "validation: simulated vs measured seconds per mini-batch, %s, batch 128, "
       "%d mini-batches, median of %d. Cost model: each action's median wall time with the "
       "stages run one action at a time on their own threads (SerialThreadedExecutor), on the "
       "same Pipeline. %s (%s)\n\n",
-      N, repeats,
+      o.model == "mlp" ? "reference MLP" : o.model.c_str(), N, repeats,
       pin ? "Stage k pinned to CPU k mod cores; the simulator shares each core between its own "
             "stages, each core at the share a run gets of it relative to the profile, measured "
             "before and after each run ('cores free' column, per core: 1 when quiet); 'quiet' "
@@ -50,7 +51,7 @@ int run(const Options& o) {
   for (int K : Ks)
     if (K != 2 && K != 4)
       throw UsageError("--stages: " + std::to_string(K) +
-                       ": the reference MLP is compiled over 2 and 4 stages only");
+                       ": the models are compiled over 2 and 4 stages for validation");
   const sim::LinkCost ring = measure_ring(3);
   std::printf("in-process ring hop (the simulator's link latency): %.2f us\n\n",
               ring.latency * 1e6);
@@ -69,7 +70,7 @@ int run(const Options& o) {
           std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | |\n", K, s.c_str(), M);
           continue;
         }
-        const Cell c = validation_cell(K, s, M, 128, N, repeats, cores, ring.latency, pin);
+        const Cell c = validation_cell(o.model, K, s, M, 128, N, repeats, cores, ring.latency, pin);
         worst = std::max(worst, std::abs(c.error()));
         std::string free;
         for (double w : c.model.core_of.empty() ? c.model.cores_with : c.model.core_speed) {
@@ -119,7 +120,8 @@ int run(const Options& o) {
   if (!out.empty()) {
     write_out(out, "validation.csv", csv);
     write_out(out, "validation.json",
-              json{{"machine", machine_note()},
+              json{{"model", o.model},
+                   {"machine", machine_note()},
                    {"mini_batches", N},
                    {"repeats", repeats},
                    {"cores", cores},
@@ -141,6 +143,8 @@ int run(const Options& o) {
 Subcommand add_validate(CLI::App& app) {
   auto* cli = app.add_subcommand("validate", "simulated vs measured time per mini-batch");
   auto o = std::make_shared<Options>();
+  cli->add_option("--model", o->model, "mlp, vgg or resnet (models/)")
+      ->check(CLI::IsMember(plan_models));
   cli->add_option("--stages", o->stages, "K values (2 and/or 4)");
   cli->add_option("--micro-batches,-M", o->micro_batches, "M values");
   cli->add_option("--schedules", o->schedules, "schedules (comma-separated)")

@@ -52,6 +52,9 @@ struct Conv2d {
   static constexpr index_t weight_count =
       static_cast<index_t>(OutChannels) * In::channels * Kernel * Kernel;
   static constexpr index_t param_count = weight_count + (Options.bias ? OutChannels : 0);
+  //! Multiply-adds of the forward per image (the backward does twice as many).
+  static constexpr double macs =
+      static_cast<double>(out_shape::size) * In::channels * Kernel * Kernel;
 
   //! The geometry of a call on `rows` images.
   static constexpr ConvGeometry geometry(index_t rows) {

@@ -41,6 +41,7 @@ struct Dense {
   static constexpr int out_width = Out;
   static constexpr index_t weight_count = linear::weight_count;
   static constexpr index_t param_count = linear::param_count;
+  static constexpr double macs = linear::macs;
   //! Takes the two layer numbers of the `Linear<In, Out>, Act` it stands for (Stage::init), so
   //! a model with Dense layers starts from the weights of the same model written unfused.
   static constexpr std::size_t init_streams = 2;

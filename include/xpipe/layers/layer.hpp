@@ -124,6 +124,16 @@ consteval index_t state_count_of() {
     return 0;
 }
 
+//! Multiply-adds of layer L's forward per row (L::macs, declared by the layers that multiply:
+//! Linear, Conv2d, blocks and stages summing theirs; 0 for the others). The planner's flops.
+template <class L>
+consteval double macs_of() {
+  if constexpr (requires { L::macs; })
+    return static_cast<double>(L::macs);
+  else
+    return 0;
+}
+
 //! Whether layer L's forward takes a Running (its state, and training or evaluation) on B.
 template <class L, class B = Host>
 inline constexpr bool takes_running = detail::HasStateForward<L, B>;

@@ -40,6 +40,8 @@ struct Linear {
   static constexpr int out_width = Out;
   static constexpr index_t weight_count = static_cast<index_t>(In) * Out;
   static constexpr index_t param_count = weight_count + Out;
+  //! Multiply-adds of the forward per row (the backward does twice as many).
+  static constexpr double macs = static_cast<double>(weight_count);
 
   //! W from Init, b = 0.
   static void init(std::span<float> params, std::uint64_t seed) {

@@ -82,6 +82,13 @@ struct ResidualBlock {
   static constexpr index_t param_count =
       projected ? shortcut_offset + shortcut_params : inner::param_count;
   static constexpr index_t state_count = inner::state_count + shortcut_state;
+  //! Multiply-adds of the forward per image: f's and the shortcut's.
+  static constexpr double macs = inner::macs + [] {
+    if constexpr (projected)
+      return Shortcut::macs;
+    else
+      return 0.0;
+  }();
   static_assert(
       [] {
         if constexpr (projected)

@@ -192,6 +192,8 @@ struct Stage {
     return o;
   }();
   static constexpr index_t state_count = state_offsets[layer_count];
+  //! Multiply-adds of the forward per row, over the layers that declare theirs (macs_of).
+  static constexpr double macs = (0.0 + ... + macs_of<Ls>());
 
   //! The initial non-trainable state (BatchNorm: running mean 0, variance 1), on the host.
   static void init_state(std::span<float> state) {

@@ -52,25 +52,43 @@ using Head = Stage<GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16,
                  ReLU, D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                  GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Two stages (K = 2): 14 M and 17 M multiply-adds.
-using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16,
-                  ReLU, D32, ReLU>;
-using K2b = Stage<B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
+
+// The splits below cut the network at block boundaries where `xpipe-plan profile --model resnet`
+// balances the measured busy time per stage (batch 128, M = 4; thread CPU time on a 2-core AMD
+// EPYC): the 28x28 blocks cost more than their multiply-adds say (BatchNorm, ReLU, the sums and
+// the layout reorders scale with the activations), so the early stages hold fewer blocks.
+// Slowest stage over the mean: 1.06 (K = 2), 1.16 (K = 4), 1.38 (K = 8); docs/results.md.
+
+//! Two stages (K = 2): the stem and the 16-channel blocks, then the rest (88 and 100 ms).
+using K2a =
+    Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16, ReLU>;
+using K2b = Stage<D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                   GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Four stages (K = 4): 7.3 M, 10 M, 6.4 M and 7.2 M multiply-adds.
-using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU>;
-using B = Stage<B16, ReLU, D32, ReLU, B32, ReLU>;
-using C = Stage<B32, ReLU, D64, ReLU>;
-using D = Stage<B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E4, E5, E6: a block each, the stem with
-//! the first and the head with the last
-//! (3.7 M, 3.6 M, 3.6 M, 2.8 M, 3.6 M, 6.4 M, 3.6 M and 3.6 M multiply-adds).
-using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
+//! Four stages (K = 4): 40, 49, 55 and 46 ms.
+using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
+using B = Stage<B16, ReLU, B16, ReLU>;
+using C = Stage<D32, ReLU, B32, ReLU, B32, ReLU>;
+using D = Stage<D64, ReLU, B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+//! Eight stages (K = 8), in order E0, E1, E1, E1, E2, E3, E4, E5: the stem, a block each, the
+//! last three blocks' time in two stages (15, 25, 24, 24, 20, 17, 33 and 30 ms).
+using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU>;
 using E1 = Stage<B16, ReLU>;
 using E2 = Stage<D32, ReLU>;
 using E3 = Stage<B32, ReLU>;
 using E4 = Stage<B32, ReLU, D64, ReLU>;
-using E5 = Stage<B64, ReLU>;
-using E6 = Stage<B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using E5 = Stage<B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+
+//! The network cut after every block: the pieces each split above is made of, in order Stem,
+//! Block16 x 3, Down32, Block32 x 2, Down64, Block64 x 2, Head, as xpipe-plan profile times them
+//! one by one (the pieces of a split, concatenated, are its stage).
+namespace pieces {
+using resnet::Head;
+using resnet::Stem;
+using Block16 = E1;
+using Down32 = E2;
+using Block32 = E3;
+using Down64 = Stage<D64, ReLU>;
+using Block64 = Stage<B64, ReLU>;
+}  // namespace pieces
 
 }  // namespace xpipe::models::resnet

@@ -1,0 +1,51 @@
+// The ResNet's runs for xpipe-plan (runs.hpp): its validation cells over 2 and 4 stages and the
+// profile of its eleven pieces, the only translation unit that compiles its Pipelines.
+#include "plan/runs.hpp"
+#include "sim_profile.hpp"
+
+namespace xpipe::tools::plan {
+namespace {
+namespace p = resnet::pieces;
+static_assert(made_of<resnet::K2a, p::Stem, p::Block16, p::Block16, p::Block16> &&
+                  made_of<resnet::K2b, p::Down32, p::Block32, p::Block32, p::Down64, p::Block64,
+                          p::Block64, p::Head>,
+              "runs_resnet.cpp: the 2-stage split in models/resnet.hpp is no longer pieces "
+              "{0, 4}");
+static_assert(made_of<resnet::A, p::Stem, p::Block16> &&
+                  made_of<resnet::B, p::Block16, p::Block16> &&
+                  made_of<resnet::C, p::Down32, p::Block32, p::Block32> &&
+                  made_of<resnet::D, p::Down64, p::Block64, p::Block64, p::Head>,
+              "runs_resnet.cpp: the 4-stage split in models/resnet.hpp is no longer pieces "
+              "{0, 2, 4, 7}");
+static_assert(made_of<resnet::E0, p::Stem> && made_of<resnet::E1, p::Block16> &&
+                  made_of<resnet::E2, p::Down32> && made_of<resnet::E3, p::Block32> &&
+                  made_of<resnet::E4, p::Block32, p::Down64> &&
+                  made_of<resnet::E5, p::Block64, p::Block64, p::Head>,
+              "runs_resnet.cpp: the 8-stage split in models/resnet.hpp is no longer pieces "
+              "{0, 1, 2, 3, 4, 5, 6, 8}");
+}  // namespace
+
+Cell resnet_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                            int repeats, int cores, double hop, bool pin) {
+  return validation_cell_of<
+      Pipeline<resnet::K2a, resnet::K2b, AnyPredictor, AnyOptimizer>,
+      Pipeline<resnet::A, resnet::B, resnet::C, resnet::D, AnyPredictor, AnyOptimizer>>(
+      K, schedule, M, batch, N, repeats, cores, hop, pin);
+}
+
+ModelPieces resnet_pieces(index_t small, index_t large, int N, int repeats) {
+  using P = Pipeline<p::Stem, p::Block16, p::Block16, p::Block16, p::Down32, p::Block32, p::Block32,
+                     p::Down64, p::Block64, p::Block64, p::Head, AnyPredictor, AnyOptimizer>;
+  return {
+      "resnet (models/resnet.hpp)",
+      profile_stages<P>({"stem: conv 1->16 3x3 + bn + relu, 28x28", "basic block 16ch 28x28 + relu",
+                         "basic block 16ch 28x28 + relu", "basic block 16ch 28x28 + relu",
+                         "strided block 16->32ch 28->14 + relu", "basic block 32ch 14x14 + relu",
+                         "basic block 32ch 14x14 + relu", "strided block 32->64ch 14->7 + relu",
+                         "basic block 64ch 7x7 + relu", "basic block 64ch 7x7 + relu",
+                         "global avg pool + linear 64x10"},
+                        small, large, N, repeats),
+      {{0, 4}, {0, 2, 4, 7}, {0, 1, 2, 3, 4, 5, 6, 8}}};
+}
+
+}  // namespace xpipe::tools::plan
