@@ -95,6 +95,7 @@ void BM_Conv2dLayer(benchmark::State& st) {
   };
   for (auto _ : st) step();
   const ConvGeometry geo = L::geometry(rows);
+  omp_set_num_threads(threads);  // oneDNN fixes a primitive's threads when it is made
   OneDnnConv plain(geo, false), best(geo, true);
   const double layer = bench::best_seconds(step);
   const double alone = bench::best_seconds([&] { plain.step(threads); });

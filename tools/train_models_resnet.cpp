@@ -15,7 +15,7 @@ RunRecord run_resnet4(const RunConfig& c, const DatasetPair& data, const CheckPo
 }
 RunRecord run_resnet8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   using namespace resnet;
-  return run_stages<E0, E1, E1, E1, E2, E3, E4, E5>(c, data, check);
+  return run_stages<E0, E1, E1, E2, E3, E3, E4, E5>(c, data, check);
 }
 
 }  // namespace xpipe::tools::train

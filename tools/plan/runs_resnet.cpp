@@ -6,23 +6,23 @@
 namespace xpipe::tools::plan {
 namespace {
 namespace p = resnet::pieces;
-static_assert(made_of<resnet::K2a, p::Stem, p::Block16, p::Block16, p::Block16> &&
-                  made_of<resnet::K2b, p::Down32, p::Block32, p::Block32, p::Down64, p::Block64,
-                          p::Block64, p::Head>,
-              "runs_resnet.cpp: the 2-stage split in models/resnet.hpp is no longer pieces "
-              "{0, 4}");
-static_assert(made_of<resnet::A, p::Stem, p::Block16> &&
-                  made_of<resnet::B, p::Block16, p::Block16> &&
-                  made_of<resnet::C, p::Down32, p::Block32, p::Block32> &&
+static_assert(
+    made_of<resnet::K2a, p::Stem, p::Block16, p::Block16, p::Block16, p::Down32> &&
+        made_of<resnet::K2b, p::Block32, p::Block32, p::Down64, p::Block64, p::Block64, p::Head>,
+    "runs_resnet.cpp: the 2-stage split in models/resnet.hpp is no longer pieces "
+    "{0, 5}");
+static_assert(made_of<resnet::A, p::Stem, p::Block16, p::Block16> &&
+                  made_of<resnet::B, p::Block16, p::Down32> &&
+                  made_of<resnet::C, p::Block32, p::Block32> &&
                   made_of<resnet::D, p::Down64, p::Block64, p::Block64, p::Head>,
               "runs_resnet.cpp: the 4-stage split in models/resnet.hpp is no longer pieces "
-              "{0, 2, 4, 7}");
-static_assert(made_of<resnet::E0, p::Stem> && made_of<resnet::E1, p::Block16> &&
+              "{0, 3, 5, 7}");
+static_assert(made_of<resnet::E0, p::Stem, p::Block16> && made_of<resnet::E1, p::Block16> &&
                   made_of<resnet::E2, p::Down32> && made_of<resnet::E3, p::Block32> &&
-                  made_of<resnet::E4, p::Block32, p::Down64> &&
-                  made_of<resnet::E5, p::Block64, p::Block64, p::Head>,
+                  made_of<resnet::E4, p::Down64, p::Block64> &&
+                  made_of<resnet::E5, p::Block64, p::Head>,
               "runs_resnet.cpp: the 8-stage split in models/resnet.hpp is no longer pieces "
-              "{0, 1, 2, 3, 4, 5, 6, 8}");
+              "{0, 2, 3, 4, 5, 6, 7, 9}");
 }  // namespace
 
 Cell resnet_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
@@ -45,7 +45,7 @@ ModelPieces resnet_pieces(index_t small, index_t large, int N, int repeats) {
                          "basic block 64ch 7x7 + relu", "basic block 64ch 7x7 + relu",
                          "global avg pool + linear 64x10"},
                         small, large, N, repeats),
-      {{0, 4}, {0, 2, 4, 7}, {0, 1, 2, 3, 4, 5, 6, 8}}};
+      {{0, 5}, {0, 3, 5, 7}, {0, 2, 3, 4, 5, 6, 7, 9}}};
 }
 
 }  // namespace xpipe::tools::plan

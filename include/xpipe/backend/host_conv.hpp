@@ -83,7 +83,10 @@ inline dnnl_engine_t host_engine() {
 //! on its first use; after that a call sets memory handles and executes on buffers of the plan.
 //! Scratchpads are ours (oneDNN's user scratchpad mode), so oneDNN makes no scratch buffer per
 //! call. The bits depend on ctx.threads (oneDNN splits the weight gradient's sums by thread), as
-//! dnnl_sgemm's do: each stage keeps one thread count, so every executor agrees. The
+//! dnnl_sgemm's do: each stage keeps one thread count, so every executor agrees. oneDNN fixes a
+//! primitive's thread count when it is made (from the calling thread's OpenMP setting), so the
+//! plans are made, as they run, on ctx.threads (a plan made on the machine's default ran every
+//! convolution of a one-thread stage on all cores). The
 //! backward-weights primitive overwrites; `accumulate` adds from a buffer of the plan. Usage:
 //! `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <>
@@ -95,9 +98,9 @@ class ConvPlans<Host> {
   //! y = conv(x, w) + b (b unused without bias).
   void forward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
                const float* b, float* y) {
+    threads(ctx);  // before a plan is made: oneDNN fixes a primitive's threads when it makes it
     Plan& p = plan(g);
     if (!p.forward) p.make_forward();
-    threads(ctx);
     Forward& f = *p.forward;
     f.src.take(p, x);
     f.last_src = x;
@@ -121,9 +124,9 @@ class ConvPlans<Host> {
   //! layer's Saved state: a micro-batch's backward follows its forward on the same, unchanged x).
   void backward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
                 const float* dy, float* dx, float* dw, float* db, bool accumulate) {
+    threads(ctx);
     Plan& p = plan(g);
     if (!p.backward) p.make_backward();
-    threads(ctx);
     Backward& b = *p.backward;
     b.diff_dst.take(p, dy);
     if (dx != nullptr) {

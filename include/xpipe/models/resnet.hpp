@@ -53,30 +53,31 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU,
                  ReLU, D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                  GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
-// The splits below cut the network at block boundaries where `xpipe-plan profile --model resnet`
-// balances the measured busy time per stage (batch 128, M = 4; thread CPU time on a 2-core AMD
-// EPYC): the 28x28 blocks cost more than their multiply-adds say (BatchNorm, ReLU, the sums and
-// the layout reorders scale with the activations), so the early stages hold fewer blocks.
-// Slowest stage over the mean: 1.06 (K = 2), 1.16 (K = 4), 1.38 (K = 8); docs/results.md.
+// The splits below cut the network at the block boundaries that balance the measured busy time
+// per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
+// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.6x a 64-channel one at 7x7
+// for the same multiply-adds (BatchNorm, ReLU, the sums and the layout reorders scale with the
+// activations). Slowest stage over the mean: 1.09 (K = 2), 1.20 (K = 4), 1.37 (K = 8).
 
-//! Two stages (K = 2): the stem and the 16-channel blocks, then the rest (88 and 100 ms).
-using K2a =
-    Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16, ReLU>;
-using K2b = Stage<D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
+//! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
+//! rest (91 and 76 ms per mini-batch).
+using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16,
+                  ReLU, D32, ReLU>;
+using K2b = Stage<B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                   GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Four stages (K = 4): 40, 49, 55 and 46 ms.
-using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
-using B = Stage<B16, ReLU, B16, ReLU>;
-using C = Stage<D32, ReLU, B32, ReLU, B32, ReLU>;
+//! Four stages (K = 4): 50, 41, 33 and 44 ms.
+using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU>;
+using B = Stage<B16, ReLU, D32, ReLU>;
+using C = Stage<B32, ReLU, B32, ReLU>;
 using D = Stage<D64, ReLU, B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Eight stages (K = 8), in order E0, E1, E1, E1, E2, E3, E4, E5: the stem, a block each, the
-//! last three blocks' time in two stages (15, 25, 24, 24, 20, 17, 33 and 30 ms).
-using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU>;
+//! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
+//! the first, the 7x7 blocks two to a stage (28, 23, 22, 18, 16, 16, 29 and 15 ms).
+using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
 using E1 = Stage<B16, ReLU>;
 using E2 = Stage<D32, ReLU>;
 using E3 = Stage<B32, ReLU>;
-using E4 = Stage<B32, ReLU, D64, ReLU>;
-using E5 = Stage<B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using E4 = Stage<D64, ReLU, B64, ReLU>;
+using E5 = Stage<B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 //! The network cut after every block: the pieces each split above is made of, in order Stem,
 //! Block16 x 3, Down32, Block32 x 2, Down64, Block64 x 2, Head, as xpipe-plan profile times them
