@@ -100,7 +100,7 @@ void BM_Conv2dLayer(benchmark::State& st) {
   const double layer = bench::best_seconds(step);
   const double alone = bench::best_seconds([&] { plain.step(threads); });
   const double blocked = bench::best_seconds([&] { best.step(threads); });
-  const double macs = static_cast<double>(rows) * geo.out_floats() * geo.c * geo.k * geo.k;
+  const double macs = static_cast<double>(rows) * L::macs;
   st.counters["FLOP/s"] = benchmark::Counter(6 * macs * static_cast<double>(st.iterations()),
                                              benchmark::Counter::kIsRate);
   st.counters["vs_onednn"] = alone / layer;

@@ -219,7 +219,8 @@ def run_train(args, model, opt, params):
         print(f"epoch {e}: loss {rec['loss']:.4f}  test accuracy {100 * rec['test_accuracy']:.2f}%"
               f"  ({rec['seconds']:.1f} s)", flush=True)
     print(json.dumps({"model": args.model, "threads": args.threads, "batch": args.batch,
-                      "lr": args.lr, "lr_schedule": args.lr_schedule, "epochs": args.epochs, "seed": args.seed,
+                      "lr": args.lr, "lr_schedule": args.lr_schedule, "epochs": args.epochs,
+                      "seed": args.seed,
                       "train_samples": len(xtr), "test_samples": len(xte),
                       "augment_pad": args.augment_pad, "augment_flip": args.augment_flip,
                       "parameters": params[0], "final_test_accuracy": epochs[-1]["test_accuracy"],
@@ -256,8 +257,12 @@ def main():
     args = ap.parse_args()
     if not 0 <= args.augment_pad <= 8:  # augment.hpp's max_pad
         ap.error(f"--augment-pad {args.augment_pad} is outside 0..8")
-    if not re.fullmatch(r"constant|cosine|step:\d+(,\d+)*", args.lr_schedule):
-        ap.error(f"--lr-schedule {args.lr_schedule}: expected constant, cosine or step:E1,E2,...")
+    milestones = re.fullmatch(r"step:(\d+(?:,\d+)*)", args.lr_schedule)
+    steps = [int(m) for m in milestones.group(1).split(",")] if milestones else []
+    if not (args.lr_schedule in ("constant", "cosine") or milestones) or \
+            any(m < 1 for m in steps) or any(b <= a for a, b in zip(steps, steps[1:])):
+        ap.error(f"--lr-schedule {args.lr_schedule}: expected constant, cosine or step:E1,E2,... "
+                 "(whole epochs >= 1, each above the one before), as xpipe-train")
     if min(args.threads, args.batch, args.samples, args.epochs) < 1:
         ap.error("--threads, --batch, --samples and --epochs must be positive")
 

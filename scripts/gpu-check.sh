@@ -205,7 +205,8 @@ else
   for model in vgg resnet; do
     (cd "$work" && run_bundled timeout 300 "$bundle/bin/xpipe-train" --device cuda \
       --model "$model" -K 4 -M 4 --schedule gpipe --predictor latest --epochs "$train_epochs" \
-      --train-samples 8192 --test-samples 2000 --data-dir "$data_dir" --out "$work/train-$model") >"$logs/xpipe-train-$model.log" 2>&1
+      --train-samples 8192 --test-samples 2000 --data-dir "$data_dir" --out "$work/train-$model") \
+      >"$logs/xpipe-train-$model.log" 2>&1
     model_rc=$?
     echo "gpu-check: xpipe-train --device cuda --model $model exit $model_rc" \
       "(log: $logs/xpipe-train-$model.log)"

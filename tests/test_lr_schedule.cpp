@@ -88,7 +88,7 @@ TEST_CASE("LearningRateSchedule: every malformed text is refused, quoted", "[lr_
       {"step:+5", "milestone '+5' is not a whole number"},
       {"step: 5", "milestone ' 5' is not a whole number"},
       {"step:2.5", "milestone '2.5' is not a whole number"},
-      {"step:99999999999", "milestone '99999999999' is not a whole number"},
+      {"step:99999999999", "milestone 99999999999 is too large"},
       {"linear", "unknown schedule"},
       {"Cosine", "unknown schedule"},
       {"cosine ", "unknown schedule"},

@@ -346,6 +346,7 @@ case $case in
     [ "$(json_length out/sweep.json configurations)" = 4 ] || fail "sweep.json: not 4 configurations"
     [ "$(json_length out/sweep.json 'configurations;3;seed_runs')" = 3 ] ||
       fail "sweep.json: not 3 runs of xpipe"
+    grep -Eq '"lr_schedule": ?"constant"' out/sweep.json || fail "sweep.json lacks lr_schedule"
     mismatches=$(sweep_check out 2)
     [ -z "$mismatches" ] || fail "sweep.csv disagrees with sweep-runs.csv: $mismatches"
     # The check can fail: with one xpipe accuracy moved by half a point it must complain.

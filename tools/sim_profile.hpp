@@ -374,12 +374,9 @@ inline Cell validation_cell(int K, const std::string& schedule, int M, index_t b
 //! into its smallest pieces (the reference MLP's four layers, a CNN's blocks), the planner
 //! partitions these into any number of stages.
 template <class P>
-std::vector<sim::LayerSpec> profile_stages(const std::vector<std::string>& names, index_t small,
-                                           index_t large, int N, int repeats) {
+std::vector<sim::LayerSpec> profile_stages(const std::array<std::string, P::stage_count>& names,
+                                           index_t small, index_t large, int N, int repeats) {
   constexpr int K = P::stage_count;
-  if (static_cast<int>(names.size()) != K)
-    throw ConfigError("xpipe-plan: profile_stages: " + std::to_string(names.size()) +
-                      " names for " + std::to_string(K) + " stages");
   std::array<StageSamples, 2> at{StageSamples(K), StageSamples(K)};
   const std::array<index_t, 2> rows{small, large};
   for (int i = 0; i < 2; ++i) {
@@ -422,15 +419,23 @@ std::vector<sim::LayerSpec> profile_stages(const std::vector<std::string>& names
   return layers;
 }
 
-//! Whether stage S is pieces Ps concatenated: the same input and output widths, parameters
-//! (each layer's block padded alike) and multiply-adds. For the splits profile_stages' pieces
-//! stand for. Usage: `static_assert(made_of<vgg::K2a, pieces::Conv1, pieces::Conv2>);`
+namespace detail {
+template <class... Ss>
+struct concat_stages;
+template <class... As>
+struct concat_stages<Stage<As...>> {
+  using type = Stage<As...>;
+};
+template <class... As, class... Bs, class... Rest>
+struct concat_stages<Stage<As...>, Stage<Bs...>, Rest...>
+    : concat_stages<Stage<As..., Bs...>, Rest...> {};
+}  // namespace detail
+
+//! Whether stage S is the pieces Ps concatenated: the same layers in the same order. For the
+//! splits profile_stages' pieces stand for.
+//! Usage: `static_assert(made_of<vgg::K2a, pieces::Conv1, pieces::Conv2>);`
 template <class S, class... Ps>
-inline constexpr bool made_of = [] {
-  constexpr std::array<int, sizeof...(Ps)> in{Ps::in_width...}, out{Ps::out_width...};
-  return S::in_width == in.front() && S::out_width == out.back() &&
-         S::param_count == (Ps::param_count + ...) && S::macs == (Ps::macs + ...);
-}();
+inline constexpr bool made_of = std::is_same_v<S, typename detail::concat_stages<Ps...>::type>;
 
 //! The reference MLP's four layers (each with its ReLU; the last with the loss), measured on
 //! the validation's 4-stage type (Latest, AnyPredictor's default): one instantiation for both.

@@ -375,6 +375,7 @@ void SweepFiles::write_summaries() const {
                      {"seeds", plan_.seeds},
                      {"lr", plan_.lr},
                      {"sgd_lr", plan_.sgd_lr},
+                     {"lr_schedule", plan_.lr_schedule},
                      {"batch", plan_.batch},
                      {"epochs", plan_.epochs},
                      {"train_samples", plan_.train_samples},

@@ -34,8 +34,9 @@ struct SweepPlan {
   std::vector<int> stages, micro_batches;
   std::vector<std::string> predictors, optimizers;
   int seeds = 3;
-  float lr = 1e-3f;      // every optimizer but sgd
-  float sgd_lr = 0.01f;  // sgd (momentum 0.9)
+  float lr = 1e-3f;                      // every optimizer but sgd
+  float sgd_lr = 0.01f;                  // sgd (momentum 0.9)
+  std::string lr_schedule = "constant";  // --lr-schedule, for every run (its text)
   // The default sizes, chosen so the default sweep runs in under 30 minutes on the 2-core VM
   // (docs/guide.md, "The staleness sweep", says why these).
   long batch = 64, train_samples = 8000, test_samples = 5000;

@@ -336,6 +336,7 @@ std::string check_sweep_flags(const CLI::App& app, Flags& f) {
   if (app.count("--batch") == 0) c.batch = plan.batch;
   if (app.count("--sgd-lr") > 0) plan.sgd_lr = f.sgd_lr;
   plan.lr = c.lr;
+  plan.lr_schedule = c.lr_schedule.text();
   plan.epochs = c.epochs;
   plan.batch = c.batch;
   const std::vector<int> choices = sweep_stage_choices(plan.model);

@@ -1,6 +1,7 @@
 // xpipe-plan profile: a model's pieces (the reference MLP's layers, a CNN's blocks) measured on
 // this machine -> model JSON, and the splits of models/ weighed against the balanced ones.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -76,8 +77,6 @@ std::string ms_list(const std::vector<double>& seconds) {
 }
 
 int run(const Options& o) {
-  if (std::find(plan_models.begin(), plan_models.end(), o.model) == plan_models.end())
-    throw UsageError("--model: '" + o.model + "' is none of mlp, vgg, resnet");
   if (o.batch % o.micro_batches != 0)
     throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of -M " +
                      std::to_string(o.micro_batches));

@@ -1,6 +1,7 @@
-// The reference MLP's training runs (runs.hpp): the only translation unit of xpipe-plan that
-// instantiates the Pipelines of sim_profile.hpp (validation_cell's K = 2 and 4, the 4-stage one
-// shared with profile_mlp_layers) and SequentialTrainer<FashionMlp, Adam>.
+// The reference MLP's training runs (runs.hpp): the translation unit of xpipe-plan that
+// instantiates its Pipelines of sim_profile.hpp (validation_cell's K = 2 and 4, the 4-stage one
+// shared with profile_mlp_layers) and SequentialTrainer<FashionMlp, Adam>, and the choice of a
+// model by name (the VGG's and the ResNet's runs are in runs_vgg.cpp and runs_resnet.cpp).
 #include "plan/runs.hpp"
 
 #include <algorithm>
@@ -9,6 +10,13 @@
 #include "sim_profile.hpp"
 
 namespace xpipe::tools::plan {
+namespace {
+UsageError unknown_model(const std::string& model) {
+  std::string names;
+  for (const std::string& m : plan_models) names += (names.empty() ? "" : ", ") + m;
+  return UsageError("--model: '" + model + "' is none of " + names);
+}
+}  // namespace
 
 Cell validation_cell(const std::string& model, int K, const std::string& schedule, int M,
                      index_t batch, int N, int repeats, int cores, double hop, bool pin) {
@@ -18,14 +26,14 @@ Cell validation_cell(const std::string& model, int K, const std::string& schedul
     return resnet_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
   if (model == "mlp")
     return tools::validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
-  throw UsageError("--model: '" + model + "' is none of mlp, vgg, resnet");
+  throw unknown_model(model);
 }
 
 ModelPieces profile_pieces(const std::string& model, index_t small, index_t large, int N,
                            int repeats) {
   if (model == "vgg") return vgg_pieces(small, large, N, repeats);
   if (model == "resnet") return resnet_pieces(small, large, N, repeats);
-  if (model != "mlp") throw UsageError("--model: '" + model + "' is none of mlp, vgg, resnet");
+  if (model != "mlp") throw unknown_model(model);
   // The 4-stage split is the pieces themselves; the 2-stage one (mlp::K2a, K2b) two each.
   return {"mlp 784-1024-1024-1024-10",
           tools::profile_mlp_layers(small, large, N, repeats),

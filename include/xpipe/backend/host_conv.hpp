@@ -86,9 +86,9 @@ inline dnnl_engine_t host_engine() {
 //! dnnl_sgemm's do: each stage keeps one thread count, so every executor agrees. oneDNN fixes a
 //! primitive's thread count when it is made (from the calling thread's OpenMP setting), so the
 //! plans are made, as they run, on ctx.threads (a plan made on the machine's default ran every
-//! convolution of a one-thread stage on all cores). The
-//! backward-weights primitive overwrites; `accumulate` adds from a buffer of the plan. Usage:
-//! `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
+//! convolution of a one-thread stage on all cores). The backward-weights primitive overwrites;
+//! `accumulate` adds from a buffer of the plan.
+//! Usage: `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <>
 class ConvPlans<Host> {
  public:

@@ -93,14 +93,16 @@ struct BatchNormStatistics {
     math::channel_moments(x, g, static_cast<int>(c), mean, var);
     stats[c] = static_cast<float>(mean);
     stats[g.channels + c] = static_cast<float>(1.0 / sqrt(var + g.eps));
-    // Statistics that are not finite leave the running ones as they were (the host layer then
-    // names the row; a device run stops at the loss), so no NaN reaches an evaluation.
-    if (running != nullptr && mean - mean == 0 && var - var == 0) {
-      const double n = static_cast<double>(g.rows) * g.plane;
-      const double unbiased = n > 1 ? var * n / (n - 1) : var;
-      running[c] = (1.f - g.momentum) * running[c] + g.momentum * static_cast<float>(mean);
-      running[g.channels + c] =
-          (1.f - g.momentum) * running[g.channels + c] + g.momentum * static_cast<float>(unbiased);
+    if (running == nullptr) return;
+    const double n = static_cast<double>(g.rows) * g.plane;
+    const float m = static_cast<float>(mean),
+                u = static_cast<float>(n > 1 ? var * n / (n - 1) : var);
+    // Statistics that are not finite as stored (NaN, an infinity, past FLT_MAX) leave the running
+    // ones as they were (the host layer then names the row; a device run stops at the loss).
+    // x - x is 0 exactly when x is finite, on the host and the device alike.
+    if (m - m == 0.f && u - u == 0.f) {
+      running[c] = (1.f - g.momentum) * running[c] + g.momentum * m;
+      running[g.channels + c] = (1.f - g.momentum) * running[g.channels + c] + g.momentum * u;
     }
   }
 };

@@ -83,12 +83,7 @@ struct ResidualBlock {
       projected ? shortcut_offset + shortcut_params : inner::param_count;
   static constexpr index_t state_count = inner::state_count + shortcut_state;
   //! Multiply-adds of the forward per image: f's and the shortcut's.
-  static constexpr double macs = inner::macs + [] {
-    if constexpr (projected)
-      return Shortcut::macs;
-    else
-      return 0.0;
-  }();
+  static constexpr double macs = inner::macs + (projected ? macs_of<Shortcut>() : 0.0);
   static_assert(
       [] {
         if constexpr (projected)

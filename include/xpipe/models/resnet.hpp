@@ -71,7 +71,8 @@ using B = Stage<B16, ReLU, D32, ReLU>;
 using C = Stage<B32, ReLU, B32, ReLU>;
 using D = Stage<D64, ReLU, B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
-//! the first, the 7x7 blocks two to a stage (28, 23, 22, 18, 16, 16, 29 and 15 ms).
+//! the first block, the second strided block with the first 7x7 block, the head with the last
+//! (28, 23, 22, 18, 16, 16, 29 and 15 ms).
 using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
 using E1 = Stage<B16, ReLU>;
 using E2 = Stage<D32, ReLU>;
@@ -85,9 +86,9 @@ using E5 = Stage<B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 namespace pieces {
 using resnet::Head;
 using resnet::Stem;
-using Block16 = E1;
-using Down32 = E2;
-using Block32 = E3;
+using Block16 = Stage<B16, ReLU>;
+using Down32 = Stage<D32, ReLU>;
+using Block32 = Stage<B32, ReLU>;
 using Down64 = Stage<D64, ReLU>;
 using Block64 = Stage<B64, ReLU>;
 }  // namespace pieces

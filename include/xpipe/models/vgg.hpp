@@ -47,9 +47,9 @@ using D = Stage<C4, ReLU, P2, F, FC1, ReLU, FC2>;
 //! The network cut at every convolution: the pieces each split above is made of, in order, as
 //! xpipe-plan profile times them one by one (the pieces of a split, concatenated, are its stage).
 namespace pieces {
-using Conv1 = A;
-using Conv2 = B;
-using Conv3 = C;
+using Conv1 = Stage<C1, ReLU>;
+using Conv2 = Stage<C2, ReLU, P1>;
+using Conv3 = Stage<C3, ReLU>;
 using Conv4 = Stage<C4, ReLU, P2>;
 using Classifier = Stage<F, FC1, ReLU, FC2>;
 }  // namespace pieces

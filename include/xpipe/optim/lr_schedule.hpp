@@ -49,7 +49,10 @@ struct LearningRateSchedule {
       const std::string item = list.substr(at, comma - at);
       int m = 0;
       const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), m);
-      if (item.empty() || ec != std::errc{} || end != item.data() + item.size())
+      const bool whole = !item.empty() && end == item.data() + item.size();
+      if (whole && ec == std::errc::result_out_of_range)
+        throw refuse("milestone " + item + " is too large");
+      if (!whole || ec != std::errc{})
         throw refuse("milestone '" + item + "' is not a whole number");
       if (m < 1) throw refuse("milestone " + item + " is not >= 1");
       if (!s.milestones.empty() && m <= s.milestones.back())

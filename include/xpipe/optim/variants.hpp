@@ -3,13 +3,24 @@
 // steps through these, so they work with every shipped optimizer, AnyOptimizer included.
 #pragma once
 
+#include <cmath>
+#include <string>
 #include <type_traits>
 #include <variant>
 
 #include "xpipe/core/config.hpp"
+#include "xpipe/core/error.hpp"
 #include "xpipe/optim/any.hpp"
 
 namespace xpipe {
+
+//! Checks a learning rate set between steps (`who` names the caller): ConfigError unless lr is
+//! finite and > 0.
+inline void check_learning_rate(float lr, const char* who) {
+  if (!(lr > 0.f) || !std::isfinite(lr))
+    throw ConfigError(std::string("xpipe: ") + who + ": the rate must be finite and > 0 (got " +
+                      detail::number_text(lr) + ")");
+}
 
 //! The optimizer o with learning rate lr. Usage: `opt.step_with(ctx, with_learning_rate(o, lr))`.
 template <class O>

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -118,10 +117,7 @@ class Pipeline {
   //! from the epoch). ConfigError unless lr is finite and > 0.
   //! Usage: `p.set_learning_rate(schedule.at(lr, e, epochs)); p.train(s, data, executor);`
   void set_learning_rate(float lr) {
-    if (!(lr > 0.f) || !std::isfinite(lr))
-      throw ConfigError(
-          "xpipe: Pipeline::set_learning_rate: the rate must be finite and > 0 (got " +
-          detail::number_text(lr) + ")");
+    check_learning_rate(lr, "Pipeline::set_learning_rate");
     for_each_stage(
         [&](auto& rt) { rt.opt.set_optimizer(with_learning_rate(rt.opt.optimizer(), lr)); });
   }

@@ -2,7 +2,6 @@
 // schedule is checked against, and the foundation's Fashion-MNIST trainer.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -58,11 +57,7 @@ class SequentialTrainer {
   //! between steps (a schedule's rate for the next epoch). ConfigError unless lr is finite and
   //! > 0. Usage: `t.set_learning_rate(schedule.at(lr, e, epochs)); t.train_epoch(ctx, b, e);`
   void set_learning_rate(float lr) {
-    if (!(lr > 0.f) || !std::isfinite(lr))
-      throw ConfigError(
-          "xpipe: SequentialTrainer::set_learning_rate: the rate must be finite "
-          "and > 0 (got " +
-          detail::number_text(lr) + ")");
+    check_learning_rate(lr, "SequentialTrainer::set_learning_rate");
     state_.set_optimizer(with_learning_rate(state_.optimizer(), lr));
   }
   //! The learning rate its next step takes.
