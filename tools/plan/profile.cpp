@@ -1,7 +1,6 @@
 // xpipe-plan profile: a model's pieces (the reference MLP's layers, a CNN's blocks) measured on
 // this machine -> model JSON, and the splits of models/ weighed against the balanced ones.
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <memory>
 #include <string>
