@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "support/support.hpp"
@@ -81,7 +83,7 @@ TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch",
           "[pipeline][oracle]") {
   const Data d = make_data();
   for (int M : {2, 4}) {
-    for (const char* name : {"gpipe", "1f1b-flush"}) {
+    for (const char* name : {"gpipe", "1f1b-flush", "zb-h1"}) {
       INFO(name << " M=" << M);
       const Schedule s = make_schedule(name, 4, M, 11);
       // Bitwise against sequential training that sums the gradient in the same M chunks.
@@ -110,7 +112,7 @@ TEST_CASE("Threaded and reference executors agree bitwise for every schedule x p
     REQUIRE(ref == thr);
     REQUIRE(thr == again);
   };
-  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw"}) {
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb"}) {
     const Schedule s = make_schedule(name, 4, 4, 11);
     check.operator()<Latest>(s, Adam{.lr = 1e-2f});
     check.operator()<Stash>(s, Adam{.lr = 1e-2f});
@@ -129,7 +131,9 @@ TEST_CASE("Stages of Dense layers train bitwise as Linear then ReLU, reference a
   using F0 = Stage<Dense<20, 32, ReLU>>;
   using F2 = Stage<Dense<32, 16, ReLU>>;
   const Data d = make_data();
-  const Schedule s = make_schedule("async-1f1b", 4, 4, 11);
+  const std::string name = GENERATE("async-1f1b", "zb-h1");
+  INFO(name);
+  const Schedule s = make_schedule(name, 4, 4, 11);
   const PipelineOptions options{.batch = 16, .micro_batches = 4, .seed = 3};
   Pipeline<S0, S1, S2, S3, XPipe, AdamW> split(AdamW{.lr = 1e-2f}, options);
   auto fused_run = [&](auto&& exec) {
@@ -280,6 +284,65 @@ TEST_CASE("Pipeline::train rejects a schedule that does not fit it", "[pipeline]
   Schedule broken = async_1f1b(4, 4, 10);
   std::swap(broken.actions[1][0], broken.actions[1][1]);
   REQUIRE_THROWS_AS(p.train(broken, d.epoch(), exec), ConfigError);
+}
+
+namespace {
+// A layer with parameters and no split backward (y = x * w, one weight): a zero-bubble schedule
+// must be refused, naming it, before any action runs.
+struct ScaleNoSplit {
+  static constexpr int in_width = 4, out_width = 4;
+  static constexpr index_t param_count = 1;
+  static std::string name() { return "ScaleNoSplit"; }
+  static void init(std::span<float> p, std::uint64_t) { p[0] = 1.f; }
+  static void forward(const HostContext&, const float* p, ConstMatrix x, Matrix y) {
+    for (index_t r = 0; r < x.rows; ++r)
+      for (index_t c = 0; c < x.cols; ++c) y(r, c) = p[0] * x(r, c);
+  }
+  static void backward(const HostContext&, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix, ConstMatrix dy, Matrix dx) {
+    float sum = 0;
+    for (index_t r = 0; r < x.rows; ++r)
+      for (index_t c = 0; c < x.cols; ++c) {
+        sum += dy(r, c) * x(r, c);
+        if (!dx.empty()) dx(r, c) = p[0] * dy(r, c);
+      }
+    g[0] = acc ? g[0] + sum : sum;
+  }
+};
+}  // namespace
+
+TEST_CASE("Zero-bubble schedules report the gradients kept between I and W as activations",
+          "[pipeline][zb]") {
+  const Data d = make_data(160);
+  Pipeline<S0, S1, S2, S3> p(Adam{}, {.batch = 16, .micro_batches = 4});
+  ReferenceExecutor exec;
+  // Worked by hand, rows = 16 / 4 = 4. S0 = Linear<20, 32>, ReLU keeps 4 x (32 + 32) floats of
+  // outputs; a split backward also keeps the Linear's output gradient, 4 x 32 (ReLU has no
+  // parameters). S3 = Linear<16, 4>: 4 x 4 outputs, 4 x 4 kept.
+  p.train(one_f_one_b_flush(4, 4, 10), d.epoch(), exec);
+  REQUIRE(p.activation_floats(0) == 4 * (4 * 64));  // 1F1B: 4 in flight at stage 0
+  REQUIRE(p.activation_floats(3) == 1 * (4 * 4));   // and 1 at the last
+  p.train(zb_h1(4, 4, 10), d.epoch(), exec);
+  REQUIRE(p.activation_floats(0) == 4 * (4 * 64 + 4 * 32));
+  REQUIRE(p.activation_floats(3) == 4 * (4 * 4 + 4 * 4));  // ZB-H1: 4 at every stage
+  // The schedule's own trace peak matches: no stage ran more micro-batches at once.
+  REQUIRE(p.analysis().max_in_flight == std::vector<int>{4, 4, 4, 4});
+}
+
+TEST_CASE("A zero-bubble schedule on a layer without a split backward is refused, naming it",
+          "[pipeline][zb][errors]") {
+  const Data d = make_data(160);
+  using Odd = Stage<ScaleNoSplit, Linear<4, 16>>;
+  using First = Stage<Linear<20, 4>>;
+  Pipeline<First, Odd, S3> p(Adam{}, {.batch = 16, .micro_batches = 2});
+  static_assert(!Odd::splits_backward<Host> && First::splits_backward<Host>);
+  const std::vector<float> before = p.weights();
+  ReferenceExecutor exec;
+  REQUIRE_THROWS_WITH(p.train(zb_h1(3, 2, 10), d.epoch(), exec),
+                      Contains("schedule 'zb-h1'") && Contains("stage 1, layer 0 (ScaleNoSplit)") &&
+                          Contains("no split backward"));
+  REQUIRE(p.weights() == before);  // refused before any action
+  REQUIRE_NOTHROW(p.train(one_f_one_b_flush(3, 2, 10), d.epoch(), exec));
 }
 
 namespace {

@@ -297,8 +297,13 @@ TEST_CASE(
   const auto d = test::random_classification(166, 20, 4, 1);
   [&]<class... P>(std::tuple<P...>*) {
     auto one = [&]<class Pr>(std::type_identity<Pr>) {
-      for (const auto& [name, M] : std::vector<std::pair<const char*, int>>{
-               {"async-1f1b", 1}, {"async-1f1b", 4}, {"2bw", 4}, {"gpipe", 2}, {"1f1b-flush", 4}}) {
+      for (const auto& [name, M] : std::vector<std::pair<const char*, int>>{{"async-1f1b", 1},
+                                                                            {"async-1f1b", 4},
+                                                                            {"2bw", 4},
+                                                                            {"gpipe", 2},
+                                                                            {"1f1b-flush", 4},
+                                                                            {"zb-h1", 4},
+                                                                            {"async-zb", 2}}) {
         INFO(Pr::name << " on " << name << " M=" << M);
         const Schedule s = make_schedule(name, 4, M, 11);
         for (const AnyOptimizer o :
@@ -321,8 +326,13 @@ TEST_CASE(
   }(static_cast<BuiltinPredictors*>(nullptr));
 
   // On GPipe nothing is stale: PipeMare, multi-step, the fits and PACI must be Latest exactly.
+  // ZB-H1 with M = 2 sums its gradients in GPipe's order: the same bits.
   const Schedule sync = gpipe(4, 2, 11);
   const auto latest = four_stages<Latest>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  REQUIRE(four_stages<Latest>(zb_h1(4, 2, 11), d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) ==
+          latest);
+  REQUIRE(four_stages<PipeMare>(zb_h1(4, 2, 11), d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) ==
+          latest);
   REQUIRE(four_stages<PipeMare>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == latest);
   REQUIRE(four_stages<MultiStep>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == latest);
   REQUIRE(four_stages<FitLinear>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == latest);

@@ -163,9 +163,11 @@ TEST_CASE("Every generator's output validates for K in 1..8 and M in 1..16", "[s
       REQUIRE_NOTHROW(validate(one_f_one_b_flush(K, M, 3)));
       REQUIRE_NOTHROW(validate(async_1f1b(K, M, 3)));
       if (M >= K) REQUIRE_NOTHROW(validate(pipedream_2bw(K, M, 3)));
+      REQUIRE_NOTHROW(validate(zb_h1(K, M, 3)));
+      REQUIRE_NOTHROW(validate(async_zb(K, M, 3)));
     }
   REQUIRE_THROWS_WITH(pipedream_2bw(4, 2, 1), Contains("micro_batches >= stages"));
-  REQUIRE_THROWS_WITH(make_schedule("zb-h1", 2, 2, 2), Contains("unknown schedule 'zb-h1'"));
+  REQUIRE_THROWS_WITH(make_schedule("zb-v", 2, 2, 2), Contains("unknown schedule 'zb-v'"));
 }
 
 TEST_CASE("Apply-time staleness of async 1F1B - M = 1: forward K-k-1 - backward 0", "[staleness]") {
@@ -221,4 +223,114 @@ TEST_CASE("Round-trip staleness reproduces SpecTrain's closed form for async 1F1
       REQUIRE(a.backward(k, g).round_trip == k / 2);
     }
   }
+}
+
+// ---- Split backward (zero bubble) -------------------------------------------------------------
+
+TEST_CASE("Split backward: I and W in the text form - old texts parse as before",
+          "[schedule][zb]") {
+  // Worked by hand from the rule (1F1B-flush with B as I, stage k's W deferred by k I's):
+  // 1F1B-flush K = 3, M = 3 is 0: F0 F1 F2 B0 B1 B2, 1: F0 F1 B0 F2 B1 B2, 2: F0 B0 F1 B1 F2 B2.
+  REQUIRE(zb_h1(3, 3, 1).to_text() ==
+          "xpipe-schedule name=zb-h1 stages=3 micro_batches=3 mini_batches=1\n"
+          "0: F0 F1 F2 I0 W0 I1 W1 I2 W2 S0\n"
+          "1: F0 F1 I0 F2 I1 W0 I2 W1 W2 S0\n"
+          "2: F0 I0 F1 I1 F2 I2 W0 W1 W2 S0\n");
+  for (const Schedule& s : {zb_h1(4, 8, 2), async_zb(4, 2, 3)}) {
+    const Schedule back = parse_schedule(s.to_text());
+    REQUIRE(back.actions == s.actions);
+    REQUIRE(back.splits_backward());
+  }
+  const Schedule old = parse_schedule(one_f_one_b_flush(3, 2, 2).to_text());
+  REQUIRE(old.actions == one_f_one_b_flush(3, 2, 2).actions);
+  REQUIRE_FALSE(old.splits_backward());
+  // A stage may run whole backwards while its neighbour splits them.
+  REQUIRE_NOTHROW(validate(from_lines(2, 2, 1, {"F0 F1 I0 W0 I1 W1 S0", "F0 B0 F1 B1 S0"})));
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: F0 X0 S0\n"),
+      Contains("expected F<mb>, B<mb>, I<mb>, W<mb> or S<mini-batch>"));
+}
+
+TEST_CASE("Validator rejects broken split backwards - naming stage, action and position",
+          "[schedule][validate][zb]") {
+  REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 W0 I0 S0"})),
+                      Contains("stage 0: W0 (position 1) comes before its input-grad I0"));
+  REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"I0 F0 W0 S0"})),
+                      Contains("stage 0: I0 (position 0) comes before its forward F0"));
+  REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 I0 S0"})),
+                      Contains("stage 0: I0 (position 1) has no W0"));
+  REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 W0 S0"})),
+                      Contains("stage 0: W0 (position 1) has no I0"));
+  REQUIRE_THROWS_WITH(
+      validate(from_lines(1, 1, 1, {"F0 B0 I0 W0 S0"})),
+      Contains("stage 0: I0 (position 2) splits the backward that B0 (position 1)"));
+  REQUIRE_THROWS_WITH(validate(from_lines(2, 1, 1, {"F0 I0 W0 S0", "F0 S0"})),
+                      Contains("stage 1: B0 is missing (nor are its halves I0 and W0 there)"));
+  // The step needs the parameter gradient (W), not just the input gradient (I).
+  REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 1, {"F0 I0 S0 W0"})),
+                      Contains("stage 0: S0 (position 2) comes before W0 of its mini-batch"));
+  REQUIRE_THROWS_WITH(validate(from_lines(1, 1, 2, {"F0 I0 W0 F1 I1 W1 S0 S1"})),
+                      Contains("stage 0: W1 (position 5) of mini-batch 1 comes before S0"));
+  // An I of the next mini-batch before the step is fine: it adds no gradient.
+  REQUIRE_NOTHROW(validate(from_lines(1, 1, 2, {"F0 I0 F1 I1 W0 S0 W1 S1"})));
+  // Gradients travel in order: I's count in the backward order as B's do.
+  REQUIRE_THROWS_WITH(
+      validate(from_lines(2, 2, 1, {"F0 F1 I0 W0 I1 W1 S0", "F0 F1 I1 W1 I0 W0 S0"})),
+      Contains("stage 0 runs I0 as its backward number 0, but stage 1 sends I1"));
+  REQUIRE_THROWS_WITH(validate(from_lines(2, 1, 1, {"F0 I0 W0 S0", "F0 W0 S0 I0"})),
+                      Contains("stage 1: W0 (position 1) comes before its input-grad I0"));
+}
+
+TEST_CASE("ZB-H1's idle time is the published (K-1)(T_F + T_I - T_W), 1F1B's (K-1)(T_F + T_B)",
+          "[schedule][zb]") {
+  // Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024): with M >= K the per-stage bubble
+  // of ZB-H1 is (K-1)(T_F + T_B - T_W) (their T_B is our I) and of 1F1B (K-1)(T_F + T_B + T_W).
+  struct Costs {
+    double f, i, w;
+  };
+  for (const Costs c : {Costs{1, 1, 1}, Costs{2, 2, 1}, Costs{1, 2, 1}, Costs{3, 3, 2}})
+    for (int K : {2, 4, 8})
+      for (int M : {K, 2 * K, 2 * K + 3}) {
+        INFO("K=" << K << " M=" << M << " F=" << c.f << " I=" << c.i << " W=" << c.w);
+        const ActionCost cost = [c](int, const Action& a) {
+          const double by_kind[] = {c.f, c.i + c.w, 0.0, c.i, c.w};
+          return by_kind[static_cast<int>(a.kind)];
+        };
+        const double work = M * (c.f + c.i + c.w);
+        const ExecutionTrace zb = dry_run(zb_h1(K, M, 1), cost);
+        const ExecutionTrace one = dry_run(one_f_one_b_flush(K, M, 1), cost);
+        REQUIRE(zb.seconds == Approx(work + (K - 1) * (c.f + c.i - c.w)));
+        REQUIRE(one.seconds == Approx(work + (K - 1) * (c.f + c.i + c.w)));
+        for (int k = 0; k < K; ++k)  // every stage idles the bubble: all do the same work
+          REQUIRE(zb.bubble_fraction(k) * zb.seconds == Approx((K - 1) * (c.f + c.i - c.w)));
+      }
+}
+
+TEST_CASE("ZB-H1 holds at most K micro-batches per stage - 1F1B's peak", "[schedule][zb]") {
+  // Stage k: 1F1B's min(K - k, M) plus the k W's it defers, never more than M.
+  const StalenessAnalysis zb = analyze_staleness(zb_h1(4, 8, 2));
+  const StalenessAnalysis one = analyze_staleness(one_f_one_b_flush(4, 8, 2));
+  REQUIRE(zb.max_in_flight == std::vector<int>{4, 4, 4, 4});
+  REQUIRE(one.max_in_flight == std::vector<int>{4, 3, 2, 1});
+  REQUIRE(analyze_staleness(zb_h1(4, 2, 2)).max_in_flight == std::vector<int>{2, 2, 2, 2});  // <= M
+  for (int k = 0; k < 4; ++k) REQUIRE(zb.max_forward_s(k) == 0);  // synchronous
+}
+
+TEST_CASE("Asynchronous ZB: deferring W defers the steps - s derived, not assumed",
+          "[staleness][zb]") {
+  // async_zb(4, 1, 6), stage 3: F0 I0 F1 I1 F2 I2 F3 I3 W0 S0 F4 ...: F1, F2, F3 run before any
+  // step, so they read version 0 while belonging to mini-batches 1, 2, 3: s = 1, 2, 3. In async
+  // 1F1B stage 3 steps after every backward (s = 0).
+  const Schedule s = async_zb(4, 1, 6);
+  REQUIRE(s.actions[3][8] == weight_grad(0));
+  REQUIRE(s.actions[3][9] == step(0));
+  const StalenessAnalysis a = analyze_staleness(s);
+  REQUIRE(a.forward(3, 1).apply_time == 1);
+  REQUIRE(a.forward(3, 2).apply_time == 2);
+  REQUIRE(a.forward(3, 3).apply_time == 3);
+  REQUIRE(a.forward(3, 4).apply_time == 3);  // F4 after S0: version 1, mini-batch 4
+  REQUIRE(a.max_forward_s(0) == 3);          // stage 0 defers nothing: as in async 1F1B
+  // The input gradient reads the weights (its version counts); W reads none.
+  REQUIRE(a.backward(3, 3).version == 0);
+  REQUIRE(analyze_staleness(async_1f1b(4, 1, 6)).max_forward_s(3) == 0);
 }

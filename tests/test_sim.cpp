@@ -90,7 +90,7 @@ TEST_CASE("Simulated async 1F1B on unit costs has the makespan 2NM + 2(K-1)", "[
 
 TEST_CASE("Simulation without limits equals the dry run under the same costs", "[sim]") {
   Rng rng{7};
-  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw"})
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb"})
     for (int K : {2, 3, 4})
       for (int M : {K, K + 1}) {
         const Schedule s = make_schedule(name, K, M, 3);
@@ -114,7 +114,7 @@ TEST_CASE("Simulation without limits equals the dry run under the same costs", "
 
 TEST_CASE("Simulated order respects every dependency of the IR, links and capacities", "[sim]") {
   Rng rng{11};
-  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw"})
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb"})
     for (int K : {2, 3, 4, 5})
       for (int M : {K, 2 * K})
         for (int cores : {0, 1, 2})
@@ -303,6 +303,34 @@ TEST_CASE("Simulated peak memory counts weight copies, state and activations in 
     REQUIRE(f.peak_in_flight[k] == 4 - k);  // 1F1B at most K - k
     REQUIRE(f.peak_memory_bytes[k] == Approx(2 * 100 + 300 + 10 * (4 - k)));
   }
+  // ZB-H1 holds 4 micro-batches at every stage, each with its kept gradients too; 1F1B keeps
+  // none of those (its backward is whole).
+  for (auto& c : m.stages) c.kept_gradient_bytes = 5;
+  const SimResult z = simulate(zb_h1(4, 6, 2), m);
+  const SimResult f2 = simulate(one_f_one_b_flush(4, 6, 2), m);
+  for (int k = 0; k < 4; ++k) {
+    REQUIRE(z.peak_in_flight[k] == 4);
+    REQUIRE(z.peak_memory_bytes[k] == Approx(2 * 100 + 300 + (10 + 5) * 4));
+    REQUIRE(f2.peak_memory_bytes[k] == Approx(2 * 100 + 300 + 10 * (4 - k)));
+  }
+}
+
+TEST_CASE("Simulated ZB-H1 has the published bubble - I and W cost halves unless given",
+          "[sim][zb]") {
+  // Unit F, I = W = 1/2 of a backward of 2: (K-1)(T_F + T_I - T_W) = K - 1 idle per stage.
+  for (int K : {2, 4})
+    for (int M : {K, 2 * K}) {
+      INFO("K=" << K << " M=" << M);
+      const SimResult z = simulate(zb_h1(K, M, 1), uniform(K, 1, 2));
+      const SimResult o = simulate(one_f_one_b_flush(K, M, 1), uniform(K, 1, 2));
+      REQUIRE(z.seconds == Approx(3.0 * M + (K - 1)));
+      REQUIRE(o.seconds == Approx(3.0 * (M + K - 1)));
+    }
+  // Given halves win over the split of the backward: F = 2, I = 2, W = 1 (the backward, 3, is
+  // not split in halves): at K = M = 4, 4 (2 + 2 + 1) + 3 (2 + 2 - 1) = 29.
+  CostModel m = uniform(4, 2, 3);
+  for (auto& c : m.stages) c.input_grad = 2, c.weight_grad = 1;
+  REQUIRE(simulate(zb_h1(4, 4, 1), m).seconds == Approx(4 * 5.0 + 3 * 3.0));
 }
 
 TEST_CASE("Simulator errors name what is wrong", "[sim]") {

@@ -245,3 +245,57 @@ TEST_CASE("A Dense layer last in its stage reads the stage's incoming gradient, 
   REQUIRE(dy == dy_given);
   REQUIRE(same_bits(split, fused));
 }
+
+TEST_CASE("A split backward (I then W) gives the bits of the whole one - slots interleaved",
+          "[stage][zb]") {
+  // Linear (kept dy copied from the incoming gradient), ReLU (no parameters: all I), Dense (dz
+  // written over its kept dy), Linear first (no dx for the model's input).
+  using S = Stage<Linear<6, 8>, ReLU, Dense<8, 5, ReLU>, Linear<5, 3>>;
+  STATIC_REQUIRE(S::splits_backward<Host>);
+  STATIC_REQUIRE(S::kept_gradient_floats(4) == 4 * (8 + 5 + 3));  // ReLU keeps none
+  const HostContext ctx{};
+  const index_t rows = 4;
+  std::vector<float> w(S::param_count);
+  S::init(w, 3);
+  Rng rng{2};
+  std::vector<float> xa(rows * 6), xb(rows * 6), dya(rows * 3), dyb(rows * 3);
+  for (auto* v : {&xa, &xb, &dya, &dyb}) xpipe::test::fill_uniform(*v, rng);
+  S::GradScratch<Host> scratch(rows);
+
+  // Whole: B(a) then B(b), accumulating.
+  S::Activations<Host> wa(rows), wb(rows);
+  // Both gradient buffers start at 7: accumulate = false must overwrite (padding stays 7).
+  std::vector<float> g_whole(S::param_count, 7.f), dxa_whole(rows * 6), dxb_whole(rows * 6);
+  S::forward(ctx, w.data(), {xa.data(), rows, 6}, wa);
+  S::forward(ctx, w.data(), {xb.data(), rows, 6}, wb);
+  S::backward(ctx, w.data(), g_whole.data(), false, wa, {dya.data(), rows, 3},
+              {dxa_whole.data(), rows, 6}, scratch);
+  S::backward(ctx, w.data(), g_whole.data(), true, wb, {dyb.data(), rows, 3},
+              {dxb_whole.data(), rows, 6}, scratch);
+
+  // Split: F(a) F(b) I(a) I(b) W(a) W(b), the incoming gradients overwritten after each I (the
+  // queue slot is reused): the slot must have kept its own copy.
+  S::Activations<Host> sa(rows, true), sb(rows, true);
+  std::vector<float> g_split(S::param_count, 7.f), dxa(rows * 6), dxb(rows * 6);
+  S::forward(ctx, w.data(), {xa.data(), rows, 6}, sa);
+  S::forward(ctx, w.data(), {xb.data(), rows, 6}, sb);
+  std::vector<float> in = dya;
+  S::backward_input(ctx, w.data(), sa, {in.data(), rows, 3}, {dxa.data(), rows, 6}, scratch);
+  std::fill(in.begin(), in.end(), -1.f);
+  in = dyb;
+  S::backward_input(ctx, w.data(), sb, {in.data(), rows, 3}, {dxb.data(), rows, 6}, scratch);
+  std::fill(in.begin(), in.end(), 99.f);
+  REQUIRE(g_split == std::vector<float>(S::param_count, 7.f));  // I adds no parameter gradient
+  S::backward_weight(ctx, g_split.data(), false, sa);
+  S::backward_weight(ctx, g_split.data(), true, sb);
+  REQUIRE(dxa == dxa_whole);
+  REQUIRE(dxb == dxb_whole);
+  REQUIRE(g_split == g_whole);
+
+  // A slot made without room for the kept gradients is refused, not written past.
+  S::Activations<Host> plain(rows);
+  S::forward(ctx, w.data(), {xa.data(), rows, 6}, plain);
+  REQUIRE_THROWS_AS(S::backward_input(ctx, w.data(), plain, {dya.data(), rows, 3},
+                                      {dxa.data(), rows, 6}, scratch),
+                    ShapeError);
+}

@@ -284,6 +284,23 @@ case $case in
     cut -d, -f9-11 thr/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "threaded differs: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
+  zero_bubble_trains_like_1f1b)  # ZB-H1 = 1F1B-flush bit for bit: the MLP and the ResNet's splits
+    m=(--stages 4 -M 4 --predictor latest "${small[@]}")
+    run 0 "${m[@]}" --schedule 1f1b-flush --out one
+    run 0 "${m[@]}" --schedule zb-h1 --out zb
+    cut -d, -f9-11 one/runs.csv >want.txt
+    cut -d, -f9-11 zb/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    grep -q 'class="I"' zb/timeline-zb-h1_latest_adam.svg &&
+      grep -q 'class="W"' zb/timeline-zb-h1_latest_adam.svg || fail "the timeline lacks I or W"
+    r=(--model resnet --stages 4 -M 2 --batch 32 --train-samples 256 --test-samples 100 --epochs 1
+      --predictor latest)
+    run 0 "${r[@]}" --schedule 1f1b-flush --out rone
+    run 0 "${r[@]}" --schedule zb-h1 --out rzb
+    cut -d, -f9-11 rone/runs.csv >want.txt
+    cut -d, -f9-11 rzb/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "resnet zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out
     run 2 "${small[@]}" --checkpoint-dir ck --out out

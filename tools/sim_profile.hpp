@@ -210,17 +210,17 @@ struct Cell {
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
 };
 
-//! Per-stage medians of F, B and S from a reference-executor trace set.
+//! Per-stage samples of F, B, S and a split backward's I and W from a trace set.
 struct StageSamples {
-  std::vector<std::vector<double>> f, b, s;
-  explicit StageSamples(int K) : f(K), b(K), s(K) {}
+  std::vector<std::vector<double>> f, b, s, i, w;
+  explicit StageSamples(int K) : f(K), b(K), s(K), i(K), w(K) {}
   void add(const ExecutionTrace& t) {
     for (std::size_t k = 0; k < t.stages.size(); ++k)
       for (const ActionTiming& a : t.stages[k]) {
-        auto& into = a.action.kind == ActionKind::Forward    ? f[k]
-                     : a.action.kind == ActionKind::Backward ? b[k]
-                                                             : s[k];
-        into.push_back(a.end - a.start);
+        // Indexed by ActionKind, in the kind table's order.
+        const std::array<std::vector<double>*, action_kinds.size()> into{&f[k], &b[k], &s[k], &i[k],
+                                                                         &w[k]};
+        into[static_cast<std::size_t>(a.action.kind)]->push_back(a.end - a.start);
       }
   }
 };
@@ -317,6 +317,9 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
     sim::StageCost s;
     s.forward = median(samples.f[k]);
     s.backward = median(samples.b[k]);
+    s.input_grad = median(samples.i[k]);
+    s.weight_grad = median(samples.w[k]);
+    if (samples.b[k].empty()) s.backward = s.input_grad + s.weight_grad;
     s.step = median(samples.s[k]);
     s.out_bytes = 4 * rows * out_w[k];
     s.in_bytes = 4 * rows * in_w[k];

@@ -132,8 +132,11 @@ std::vector<sim::StalenessPenalty> penalties_from(const json& j, const std::stri
     p.predictor = text(list[i], at, "predictor", "");
     bool known = false;
     for (const char* n : schedule_names) known = known || p.schedule == n;
-    if (!known || p.schedule == "gpipe" || p.schedule == "1f1b-flush")
-      throw UsageError(at + ".schedule: must be async-1f1b or 2bw (got '" + p.schedule + "')");
+    if (!known || p.schedule == "gpipe" || p.schedule == "1f1b-flush" || p.schedule == "zb-h1")
+      throw UsageError(at +
+                       ".schedule: must be an asynchronous schedule: async-1f1b, 2bw or "
+                       "async-zb (got '" +
+                       p.schedule + "')");
     known = false;
     for (const char* n : predictor_names) known = known || p.predictor == n;
     if (!known) throw UsageError(at + ".predictor: unknown predictor '" + p.predictor + "'");

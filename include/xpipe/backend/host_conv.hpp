@@ -87,7 +87,8 @@ inline dnnl_engine_t host_engine() {
 //! primitive's thread count when it is made (from the calling thread's OpenMP setting), so the
 //! plans are made, as they run, on ctx.threads (a plan made on the machine's default ran every
 //! convolution of a one-thread stage on all cores). The backward-weights primitive overwrites;
-//! `accumulate` adds from a buffer of the plan.
+//! `accumulate` adds from a buffer of the plan. The backward runs whole (backward) or split
+//! for zero-bubble schedules (backward_data, then later backward_weights), with the same bits.
 //! Usage: `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <>
 class ConvPlans<Host> {
@@ -102,6 +103,7 @@ class ConvPlans<Host> {
     Plan& p = plan(g);
     if (!p.forward) p.make_forward();
     Forward& f = *p.forward;
+    if (p.backward) p.backward->held_dy = nullptr;  // a new micro-batch: no reorder of dy holds
     f.src.take(p, x);
     f.last_src = x;
     f.weights.take(p, w);
@@ -119,28 +121,55 @@ class ConvPlans<Host> {
 
   //! The backward of one call: dx = the input gradient of dy through w (skipped when dx is null),
   //! dw (+)= the weight gradient over every image, db (+)= dy summed per channel (unused without
-  //! bias). dy is reordered once for both primitives where they want one layout, and x is not
-  //! reordered again when it is the input of this object's last forward (the contract of a
-  //! layer's Saved state: a micro-batch's backward follows its forward on the same, unchanged x).
+  //! bias): backward_data, then backward_weights, which reuses the data pass's reorder of dy
+  //! where both primitives want one layout.
   void backward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
                 const float* dy, float* dx, float* dw, float* db, bool accumulate) {
+    if (dx != nullptr) backward_data(ctx, g, w, dy, dx);
+    backward_weights(ctx, g, x, dy, dw, db, accumulate);
+  }
+
+  //! dx = the input gradient of dy through w (dx not null), the input part of a split backward.
+  //! Where the weights' primitive wants dy in the layout the data primitive got it in, the reorder
+  //! stays in the plan (this object: one per activation slot) for backward_weights on the same,
+  //! unchanged dy; otherwise backward_weights makes its own (off the critical path of a
+  //! zero-bubble schedule, which runs the weight part when a stage would idle).
+  void backward_data(const HostContext& ctx, const ConvGeometry& g, const float* w, const float* dy,
+                     float* dx) {
     threads(ctx);
     Plan& p = plan(g);
     if (!p.backward) p.make_backward();
     Backward& b = *p.backward;
-    b.diff_dst.take(p, dy);
-    if (dx != nullptr) {
-      b.weights.take(p, w);
-      b.diff_src.bind(p, dx);
-      if (!b.dy_shared) b.diff_dst_for_data.take(p, dy);
-      execute(p, b.data.get(),
-              {{{DNNL_ARG_DIFF_SRC, b.diff_src.arg()},
-                {DNNL_ARG_WEIGHTS, b.weights.arg()},
-                {DNNL_ARG_DIFF_DST, b.dy_shared ? b.diff_dst.arg() : b.diff_dst_for_data.arg()},
-                {DNNL_ARG_SCRATCHPAD, b.data_scratch.memory.get()}}},
-              4);
-      b.diff_src.give(p);
-    }
+    b.weights.take(p, w);
+    b.diff_src.bind(p, dx);
+    Operand& d = b.dy_shared ? b.diff_dst : b.diff_dst_for_data;
+    d.take(p, dy);
+    b.held_dy = b.dy_shared ? dy : nullptr;
+    execute(p, b.data.get(),
+            {{{DNNL_ARG_DIFF_SRC, b.diff_src.arg()},
+              {DNNL_ARG_WEIGHTS, b.weights.arg()},
+              {DNNL_ARG_DIFF_DST, d.arg()},
+              {DNNL_ARG_SCRATCHPAD, b.data_scratch.memory.get()}}},
+            4);
+    b.diff_src.give(p);
+  }
+
+  //! dw (+)= the weight gradient over every image, db (+)= dy summed per channel (unused without
+  //! bias), the weight part of a split backward. dy is reordered unless backward_data left its
+  //! reorder (of this dy, since this plan's last forward or backward_weights), and x is not
+  //! reordered again when it is the input of this object's last forward (the contract of a
+  //! layer's Saved state: a micro-batch's backward follows its forward on the same, unchanged x).
+  void backward_weights(const HostContext& ctx, const ConvGeometry& g, const float* x,
+                        const float* dy, float* dw, float* db, bool accumulate) {
+    threads(ctx);
+    Plan& p = plan(g);
+    if (!p.backward) p.make_backward();
+    Backward& b = *p.backward;
+    if (b.held_dy == dy)
+      b.diff_dst.bind(p, dy);
+    else
+      b.diff_dst.take(p, dy);
+    b.held_dy = nullptr;
     const Forward* f = p.forward.get();
     const bool reuse_x = f != nullptr && f->last_src == x && !f->src.direct && !b.src.direct &&
                          dnnl_memory_desc_equal(&f->src.wanted, &b.src.wanted);
@@ -239,6 +268,9 @@ class ConvPlans<Host> {
     Scratch data_scratch, weights_scratch;
     HostBuffer<float> grad_sum{0};
     bool dy_shared = false;  // both primitives want dy in one layout
+    // The dy whose reorder diff_dst holds for backward_weights (backward_data's, where shared);
+    // null once used, or after a forward (a new micro-batch in this slot).
+    const float* held_dy = nullptr;
   };
 
   // The primitives of one batch size, made with oneDNN's choice of layouts (format_tag::any).

@@ -237,12 +237,13 @@ class MpiExecutor {
     wait_request(barrier, k, "start", collective("the other ranks to start the run", 0, 1, size_));
     const auto t0 = std::chrono::steady_clock::now();
 
-    // Where this stage's gradient is complete for a Step: after the last backward before it.
+    // Where this stage's gradient is complete for a Step: after the last action that adds to it
+    // (a B or W) before the step.
     std::vector<char> reduce_after(list.size(), 0);
     for (std::size_t i = 0; i < list.size(); ++i) {
-      if (list[i].kind != ActionKind::Backward) continue;
+      if (!info(list[i].kind).adds_gradient) continue;
       for (std::size_t j = i + 1; j < list.size(); ++j)
-        if (list[j].kind != ActionKind::Forward) {
+        if (info(list[j].kind).adds_gradient || list[j].kind == ActionKind::Step) {
           reduce_after[i] = list[j].kind == ActionKind::Step;
           break;
         }

@@ -138,8 +138,25 @@ struct BatchNormForward {
   }
 };
 
+//! Per channel c: dgamma (+)= sums[C + c], dbeta (+)= sums[c], the channel sums of dy xhat and
+//! of dy that BatchNormBackwardSums leaves: the weight part of a split backward, and the last
+//! step of the whole one.
+struct BatchNormParamGrads {
+  const float* sums;
+  int channels;
+  float* dgamma;
+  float* dbeta;
+  bool accumulate;
+  XPIPE_HOST_DEVICE void operator()(index_t c) const {
+    // The sums join the buffer in float: accumulating adds to the earlier micro-batches'.
+    dgamma[c] = (accumulate ? dgamma[c] : 0.f) + sums[channels + c];
+    dbeta[c] = (accumulate ? dbeta[c] : 0.f) + sums[c];
+  }
+};
+
 //! Per channel c: sum(dy) and sum(dy xhat) into sums[c], sums[C + c], and dgamma (+)=
-//! sum(dy xhat), dbeta (+)= sum(dy); summed in double in row, then pixel order.
+//! sum(dy xhat), dbeta (+)= sum(dy) unless dgamma is null (a split backward's input part, whose
+//! weight part is BatchNormParamGrads); summed in double in row, then pixel order.
 struct BatchNormBackwardSums {
   ConstMatrix x, dy;
   NormGeometry g;
@@ -159,8 +176,7 @@ struct BatchNormBackwardSums {
     });
     sums[c] = static_cast<float>(s);
     sums[g.channels + c] = static_cast<float>(sx);
-    dgamma[c] = (accumulate ? dgamma[c] : 0.f) + static_cast<float>(sx);
-    dbeta[c] = (accumulate ? dbeta[c] : 0.f) + static_cast<float>(s);
+    if (dgamma != nullptr) BatchNormParamGrads{sums, g.channels, dgamma, dbeta, accumulate}(c);
   }
 };
 
@@ -209,6 +225,17 @@ void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Ma
                    ops::BatchNormForward{x, y, gamma, beta, stats, g.channels, g.plane});
 }
 
+//! dx through the batch's statistics from the channel sums of dy and dy xhat (`sums`, as
+//! BatchNormBackwardSums leaves them). Usage: `batch_norm_input_grad(ctx, g, x, dy, dx, ...);`
+template <class Ctx>
+void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                           Matrix dx, const float* gamma, const float* stats, const float* sums) {
+  const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
+  for_each_element(
+      ctx, x.rows, g.channels,
+      ops::BatchNormBackwardInput{x, dy, dx, gamma, stats, sums, g.channels, g.plane, n});
+}
+
 //! The backward: channel sums into `sums` (2 C floats), dgamma and dbeta (+)=, then dx unless
 //! dx is empty.
 template <class Ctx>
@@ -217,11 +244,27 @@ void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, C
                          float* dgamma, float* dbeta, bool accumulate) {
   for_each_index(ctx, g.channels, x.rows * x.cols,
                  ops::BatchNormBackwardSums{x, dy, g, stats, sums, dgamma, dbeta, accumulate});
-  if (dx.empty()) return;
-  const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
-  for_each_element(
-      ctx, x.rows, g.channels,
-      ops::BatchNormBackwardInput{x, dy, dx, gamma, stats, sums, g.channels, g.plane, n});
+  if (!dx.empty()) batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, sums);
+}
+
+//! The input part of a split backward: the channel sums of dy and dy xhat into `sums` (2 C
+//! floats, which the weight part reads), then dx unless dx is empty. No parameter gradient.
+//! Usage: `batch_norm_backward_input(ctx, g, x, dy, dx, gamma, stats, sums);`
+template <class Ctx>
+void batch_norm_backward_input(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                               Matrix dx, const float* gamma, const float* stats, float* sums) {
+  for_each_index(ctx, g.channels, x.rows * x.cols,
+                 ops::BatchNormBackwardSums{x, dy, g, stats, sums, nullptr, nullptr, false});
+  if (!dx.empty()) batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, sums);
+}
+
+//! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy) from the `sums` the input part
+//! left. Usage: `batch_norm_param_grads(ctx, g, sums, dgamma, dbeta, false);`
+template <class Ctx>
+void batch_norm_param_grads(const Ctx& ctx, const NormGeometry& g, const float* sums, float* dgamma,
+                            float* dbeta, bool accumulate) {
+  for_each_index(ctx, g.channels,
+                 ops::BatchNormParamGrads{sums, g.channels, dgamma, dbeta, accumulate});
 }
 
 }  // namespace xpipe

@@ -307,7 +307,9 @@ void conv_backward_weights_im2col(const Ctx& ctx, const ConvGeometry& g, const C
 //! the forward needs that pass for its bias anyway. The bias gradient sums each image's channel
 //! in pixel order, then the images in order. Every call is asynchronous on ctx.stream and
 //! allocates nothing; one plan gives the same bits on every run (cuBLAS pedantic FP32 math, as
-//! CudaStreamContext sets, takes one algorithm per shape).
+//! CudaStreamContext sets, takes one algorithm per shape). backward_data and backward_weights
+//! are also the two parts of a split backward (Conv2d::backward_input, backward_weight): nothing
+//! passes between them but x and dy, so a slot's weight part may run after other slots' work.
 //! Usage: `Im2colConvPlans<Cuda> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <class B>
 class Im2colConvPlans {

@@ -140,6 +140,29 @@ void layer_norm_forward(const Ctx& ctx, ConstMatrix x, Matrix y, const float* ga
   for_each_element(ctx, x.rows, x.cols, ops::LayerNormForward{x, y, gamma, beta, stats});
 }
 
+//! The weight part of a split backward (and the first step of the whole one): dgamma (+)=
+//! sum over rows of dy xhat, dbeta (+)= sum over rows of dy, per column.
+//! Usage: `layer_norm_param_grads(ctx, x, dy, stats, dgamma, dbeta, false);`
+template <class Ctx>
+void layer_norm_param_grads(const Ctx& ctx, ConstMatrix x, ConstMatrix dy, const float* stats,
+                            float* dgamma, float* dbeta, bool accumulate) {
+  for_each_index(ctx, x.cols, x.rows * x.cols,
+                 ops::LayerNormParamGrads{x, dy, stats, dgamma, dbeta, accumulate});
+}
+
+//! The input part of a split backward: the rows' sums into `sums` (2 floats a row) and dx;
+//! nothing when dx is empty (the row sums serve only the input gradient). No parameter gradient.
+//! Usage: `layer_norm_backward_input(ctx, x, dy, dx, gamma, stats, sums);`
+template <class Ctx>
+void layer_norm_backward_input(const Ctx& ctx, ConstMatrix x, ConstMatrix dy, Matrix dx,
+                               const float* gamma, const float* stats, float* sums) {
+  if (dx.empty()) return;
+  for_each_index(ctx, x.rows, x.rows * x.cols, ops::LayerNormRowSums{x, dy, gamma, stats, sums});
+  const float width = static_cast<float>(x.cols);
+  for_each_element(ctx, x.rows, x.cols,
+                   ops::LayerNormInputGrad{x, dy, dx, gamma, stats, sums, width});
+}
+
 //! The backward: dgamma and dbeta (+)= their column sums; then, unless dx is empty, the rows'
 //! sums into `sums` (2 floats a row) and dx. Usage:
 //! `layer_norm_backward(ctx, x, dy, dx, gamma, stats, sums, dgamma, dbeta, false);`
@@ -147,14 +170,8 @@ template <class Ctx>
 void layer_norm_backward(const Ctx& ctx, ConstMatrix x, ConstMatrix dy, Matrix dx,
                          const float* gamma, const float* stats, float* sums, float* dgamma,
                          float* dbeta, bool accumulate) {
-  for_each_index(ctx, x.cols, x.rows * x.cols,
-                 ops::LayerNormParamGrads{x, dy, stats, dgamma, dbeta, accumulate});
-  // The row sums serve only the input gradient: a first layer (empty dx) skips them.
-  if (dx.empty()) return;
-  for_each_index(ctx, x.rows, x.rows * x.cols, ops::LayerNormRowSums{x, dy, gamma, stats, sums});
-  const float width = static_cast<float>(x.cols);
-  for_each_element(ctx, x.rows, x.cols,
-                   ops::LayerNormInputGrad{x, dy, dx, gamma, stats, sums, width});
+  layer_norm_param_grads(ctx, x, dy, stats, dgamma, dbeta, accumulate);
+  layer_norm_backward_input(ctx, x, dy, dx, gamma, stats, sums);
 }
 
 }  // namespace xpipe

@@ -32,7 +32,9 @@ struct NormOptions {
 //! evaluation normalises with the running ones. The state is not a parameter: optimizers and
 //! predictors never see it, whatever weights a forward uses (stashed, predicted), and every
 //! forward of a stage updates the one copy in schedule order. It keeps the micro-batch's mean
-//! and 1/std per activation slot (its Saved) for the backward. On the host, statistics that are
+//! and 1/std per activation slot (its Saved) for the backward, and the backward's channel sums,
+//! which carry a split backward's input part (backward_input) to its weight part
+//! (backward_weight): those are dgamma and dbeta. On the host, statistics that are
 //! not finite are a NumericError naming the layer, the channel and the first row holding NaN or
 //! an infinity in it.
 //! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, ConvOptions{.padding = 1}>,
@@ -107,6 +109,28 @@ struct BatchNorm2d {
     if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward");
     batch_norm_backward(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
                         saved.sums.data(), grads, grads + channels, accumulate);
+  }
+
+  //! The input part of the split backward (zero-bubble schedules): the channel sums of dy and
+  //! dy xhat into the slot's `sums` (they are dbeta's and dgamma's), then dx (skipped when
+  //! empty). No parameter gradient; dy is left as it is.
+  template <class Ctx, class Sv>
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
+                             Matrix dy, Matrix dx, Sv& saved) {
+    detail::check_image_views<BatchNorm2d>(x, dy, "backward_input");
+    if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward_input");
+    batch_norm_backward_input(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
+                              saved.sums.data());
+  }
+
+  //! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), the sums backward_input
+  //! left in the slot (x and dy only checked); with it, the bits of backward.
+  template <class Ctx, class Sv>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix x,
+                              ConstMatrix /*y*/, ConstMatrix dy, Sv& saved) {
+    detail::check_image_views<BatchNorm2d>(x, dy, "backward_weight");
+    batch_norm_param_grads(ctx, geometry(x.rows), saved.sums.data(), grads, grads + channels,
+                           accumulate);
   }
 
  private:

@@ -29,7 +29,9 @@ struct ConvOptions {
 //! OutChannels x C x Kernel x Kernel (OIHW, PyTorch's layout), then OutChannels biases unless
 //! Options.bias is false. Initialised He-uniform over fan_in = C Kernel^2 (biases 0, as Linear).
 //! It keeps its backend's ConvPlans per activation slot (its Saved<B>): on the host oneDNN's
-//! primitives, made once per batch size. Needs contiguous rows (Stage's buffers are).
+//! primitives, made once per batch size. Needs contiguous rows (Stage's buffers are). Its
+//! backward also runs split for zero-bubble schedules: backward_input (dx) now, backward_weight
+//! (dW, db) later on the same slot, with the bits of the whole backward.
 //! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>, ReLU, ...>`.
 template <ImageShape In, int OutChannels, int Kernel, ConvOptions Options = ConvOptions{},
           class Init = HeUniform>
@@ -104,6 +106,28 @@ struct Conv2d {
     if (!dx.empty()) check(dx, dy, "backward");
     saved.plans.backward(ctx, geometry(x.rows), x.data, params, dy.data,
                          dx.empty() ? nullptr : dx.data, grads, grads + weight_count, accumulate);
+  }
+
+  //! The input part of the split backward (zero-bubble schedules): dx = the input gradient
+  //! (nothing when dx is empty); no parameter gradient. dy is left as it is. On the host the
+  //! reorder of dy stays in `saved` for backward_weight where both primitives share it.
+  template <class Ctx, class S>
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
+                             Matrix dy, Matrix dx, S& saved) {
+    check(x, dy, "backward_input");
+    if (dx.empty()) return;
+    check(dx, dy, "backward_input");
+    saved.plans.backward_data(ctx, geometry(x.rows), params, dy.data, dx.data);
+  }
+
+  //! The weight part: dW (+)= the weight gradient, db (+)= dy summed per channel, from x and the
+  //! dy backward_input saw, on the same slot; with backward_input, the bits of backward.
+  template <class Ctx, class S>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix x,
+                              ConstMatrix /*y*/, ConstMatrix dy, S& saved) {
+    check(x, dy, "backward_weight");
+    saved.plans.backward_weights(ctx, geometry(x.rows), x.data, dy.data, grads,
+                                 grads + weight_count, accumulate);
   }
 
  private:

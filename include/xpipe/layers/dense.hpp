@@ -72,8 +72,26 @@ struct Dense {
     activation_backward_from_output<function>(ctx, y, dy, dz);
     linear::gradients(ctx, params, grads, accumulate, x, dz, dx);
   }
+
+  //! The input half of a split backward: dz = Act'(y) dy, written over dy (the weight half reads
+  //! it there), then dx = dz W^T (nothing when dx is empty).
+  template <class Ctx>
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix y,
+                             Matrix dy, Matrix dx) {
+    detail::check_fc_widths("Dense", In, Out, x, dy, "backward_input");
+    activation_backward_from_output<function>(ctx, y, dy, dy);
+    linear::input_gradient(ctx, params, dy, dx);
+  }
+
+  //! The weight half: dW (+)= x^T dz, db (+)= column sums of dz, with dz where backward_input
+  //! left it.
+  template <class Ctx>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix x,
+                              ConstMatrix y, ConstMatrix dz) {
+    linear::backward_weight(ctx, grads, accumulate, x, y, dz);
+  }
 };
 
-static_assert(Layer<Dense<4, 3, ReLU>>);
+static_assert(Layer<Dense<4, 3, ReLU>> && splits_backward<Dense<4, 3, ReLU>>);
 
 }  // namespace xpipe

@@ -88,6 +88,24 @@ concept HasSavedBackward = HasSaved<L, B> &&
              ConstMatrix y, ConstMatrix dy, Matrix dx, typename L::template Saved<B>& s) {
   L::backward(ctx, p, g, acc, x, y, dy, dx, s);
 };
+// The split backward (zero-bubble schedules): an input-gradient part that may overwrite the
+// slot's own dy with what the weight part needs, and a weight-gradient part that reads no
+// parameters; with the layer's Saved<B> as last argument where it keeps one.
+template <class L, class B>
+concept HasPlainSplitBackward = requires(const typename B::Context& ctx, const float* p, float* g,
+                                         bool acc, ConstMatrix x, ConstMatrix y, Matrix dy,
+                                         ConstMatrix kept, Matrix dx) {
+  L::backward_input(ctx, p, x, y, dy, dx);
+  L::backward_weight(ctx, g, acc, x, y, kept);
+};
+template <class L, class B>
+concept HasSavedSplitBackward = HasSaved<L, B> &&
+    requires(const typename B::Context& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+             ConstMatrix y, Matrix dy, ConstMatrix kept, Matrix dx,
+             typename L::template Saved<B>& s) {
+  L::backward_input(ctx, p, x, y, dy, dx, s);
+  L::backward_weight(ctx, g, acc, x, y, kept, s);
+};
 }  // namespace detail
 
 //! How many of a model's layer numbers (seed sub-streams of Stage::init) layer L takes: 1, or
@@ -134,6 +152,15 @@ consteval double macs_of() {
     return 0;
 }
 
+//! Whether layer L can run its backward in two parts on backend B (zero-bubble schedules): a
+//! layer without parameters always can (its backward is all input gradient); one with
+//! parameters when it declares backward_input and backward_weight (see Layer below).
+//! Usage: `static_assert(splits_backward<Linear<4, 3>>);`
+template <class L, class B = Host>
+inline constexpr bool splits_backward =
+    L::param_count == 0 || detail::HasPlainSplitBackward<L, B> ||
+    detail::HasSavedSplitBackward<L, B>;
+
 //! Whether layer L's forward takes a Running (its state, and training or evaluation) on B.
 template <class L, class B = Host>
 inline constexpr bool takes_running = detail::HasStateForward<L, B>;
@@ -162,7 +189,16 @@ inline constexpr bool takes_running = detail::HasStateForward<L, B>;
 //!     forward and backward then take a `Saved<B>&` as their last argument instead;
 //!   - with Saved: `static constexpr index_t state_count` and `static void init_state(span)`:
 //!     non-trainable state (BatchNorm's running statistics); its forward then takes a last
-//!     `Running` argument: its part of the stage's state buffer, and whether it trains.
+//!     `Running` argument: its part of the stage's state buffer, and whether it trains;
+//!   - the split backward that zero-bubble schedules run (layers with parameters; each with a
+//!     last `Saved<B>&` where the layer keeps one):
+//!     `static void backward_input(const Ctx&, const float* params, ConstMatrix x, ConstMatrix y,
+//!                                 Matrix dy, Matrix dx)`: dx only, no parameter gradient; dy is
+//!     the micro-batch's own buffer, which it may overwrite with what the weight part needs;
+//!     `static void backward_weight(const Ctx&, float* grads, bool accumulate, ConstMatrix x,
+//!                                  ConstMatrix y, ConstMatrix dy)`: the parameter gradient from
+//!     what backward_input left, later (other micro-batches may run in between). Together they
+//!     give bitwise what backward gives.
 template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
     detail::HasInit<L> &&(detail::HasForward<L, B> || detail::HasSavedForward<L, B> ||

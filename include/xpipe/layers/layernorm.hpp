@@ -21,7 +21,8 @@ namespace xpipe {
 //! variance over its Width features: PyTorch's nn.LayerNorm(Width, eps). Parameters: gamma
 //! (Width, initially 1) then beta (Width, 0). Rows are normalised apart, so training and
 //! evaluation agree and there is no running state (Options.momentum is not used). It keeps each
-//! row's mean and 1/std per activation slot (its Saved) for the backward. On the host,
+//! row's mean and 1/std per activation slot (its Saved) for the backward, whole or split
+//! (backward_input: dx; backward_weight later: dgamma and dbeta from x, dy and those). On the host,
 //! statistics that are not finite are a NumericError naming the layer, the row and the first
 //! column holding NaN or an infinity.
 //! Usage: `Stage<Linear<64, 128>, LayerNorm<128>, GELU, Linear<128, 64>>`.
@@ -76,6 +77,28 @@ struct LayerNorm {
     if (!dx.empty()) check_views(dx, dy, saved, "backward");
     layer_norm_backward(ctx, x, dy, dx, params, saved.stats.data(), saved.sums.data(), grads,
                         grads + Width, accumulate);
+  }
+
+  //! The input part of the split backward (zero-bubble schedules): dx through the row statistics
+  //! (nothing when dx is empty; it needs gamma, not dgamma). No parameter gradient; dy is left
+  //! as it is. Usage: `LayerNorm<8>::backward_input(ctx, params, x, y, dy, dx, saved);`
+  template <class Ctx, class Sv>
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
+                             Matrix dy, Matrix dx, Sv& saved) {
+    check_views(x, dy, saved, "backward_input");
+    if (dx.empty()) return;
+    check_views(dx, dy, saved, "backward_input");
+    layer_norm_backward_input(ctx, x, dy, dx, params, saved.stats.data(), saved.sums.data());
+  }
+
+  //! The weight part: dgamma (+)= sum over rows of dy xhat, dbeta (+)= sum over rows of dy, from
+  //! x, dy and the slot's row statistics; with backward_input, the bits of backward.
+  //! Usage: `LayerNorm<8>::backward_weight(ctx, grads, false, x, y, dy, saved);`
+  template <class Ctx, class Sv>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix x,
+                              ConstMatrix /*y*/, ConstMatrix dy, Sv& saved) {
+    check_views(x, dy, saved, "backward_weight");
+    layer_norm_param_grads(ctx, x, dy, saved.stats.data(), grads, grads + Width, accumulate);
   }
 
  private:

@@ -70,17 +70,40 @@ struct Linear {
     gradients(ctx, params, grads, accumulate, x, dy, dx);
   }
 
+  //! The input half of a split backward: dx = dy W^T (nothing when dx is empty); dy stays as it
+  //! is, for backward_weight.
+  template <class Ctx>
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
+                             Matrix dy, Matrix dx) {
+    check_widths(x, dy, "backward_input");
+    input_gradient(ctx, params, dy, dx);
+  }
+
+  //! The weight half: dW (+)= x^T dy, db (+)= column sums of dy.
+  template <class Ctx>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix x,
+                              ConstMatrix /*y*/, ConstMatrix dy) {
+    check_widths(x, dy, "backward_weight");
+    linear_param_grads(ctx, x, dy, grads, grads + weight_count, accumulate);
+  }
+
+  //! dx = dy W^T, unless dx is empty (views already checked).
+  template <class Ctx>
+  static void input_gradient(const Ctx& ctx, const float* params, ConstMatrix dy, Matrix dx) {
+    if (!dx.empty())
+      gemm(ctx, Trans::No, Trans::Yes, dy.rows, In, Out, 1.f, dy.data, dy.ld, params, Out, 0.f,
+           dx.data, dx.ld);
+  }
+
   //! backward's work on views already checked (Dense calls it with its dz as dy).
   template <class Ctx>
   static void gradients(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                         ConstMatrix x, ConstMatrix dy, Matrix dx) {
     linear_param_grads(ctx, x, dy, grads, grads + weight_count, accumulate);
-    if (!dx.empty())
-      gemm(ctx, Trans::No, Trans::Yes, dy.rows, In, Out, 1.f, dy.data, dy.ld, params, Out, 0.f,
-           dx.data, dx.ld);
+    input_gradient(ctx, params, dy, dx);
   }
 };
 
-static_assert(Layer<Linear<4, 3>>);
+static_assert(Layer<Linear<4, 3>> && splits_backward<Linear<4, 3>>);
 
 }  // namespace xpipe

@@ -3,11 +3,16 @@
 // whose activations the block keeps per micro-batch slot.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "xpipe/backend/backend.hpp"
+#include "xpipe/core/error.hpp"
 #include "xpipe/core/shape.hpp"
 #include "xpipe/kernels/residual.hpp"
 #include "xpipe/layers/layer.hpp"
@@ -21,17 +26,19 @@ struct IdentityShortcut {};
 namespace detail {
 
 // What the shortcut path keeps per slot: nothing for the identity; for a projection its inner
-// stage's activations, its gradient scratch and its input gradient (added to the block's).
+// stage's activations (with a split backward's kept gradients where asked), its gradient
+// scratch and its input gradient (added to the block's).
 template <class Shortcut, class B, int InWidth>
 struct ShortcutSlot {
-  explicit ShortcutSlot(index_t rows) : acts(rows), scratch(rows), dx(rows * InWidth) {}
+  ShortcutSlot(index_t rows, bool keep_gradients)
+      : acts(rows, keep_gradients), scratch(rows), dx(rows * InWidth) {}
   typename Shortcut::template Activations<B> acts;
   typename Shortcut::template GradScratch<B> scratch;
   typename B::template Buffer<float> dx;
 };
 template <class B, int InWidth>
 struct ShortcutSlot<IdentityShortcut, B, InWidth> {
-  explicit ShortcutSlot(index_t) {}
+  ShortcutSlot(index_t, bool) {}
 };
 
 }  // namespace detail
@@ -44,6 +51,10 @@ struct ShortcutSlot<IdentityShortcut, B, InWidth> {
 //! it keeps f's and the shortcut's activations (its Saved), so a block is one layer to Stage and
 //! the pipeline; each slot's inner layers keep their own Saved too (convolution plans, batch
 //! statistics). The activation after the sum (ResNet's ReLU) is the next layer of the stage.
+//! Its backward also runs split for zero-bubble schedules (backward_input, then backward_weight
+//! on the same slot) where every inner layer with parameters has a split (splits_backward); a
+//! slot made for it (Saved(rows, true)) then keeps each such layer's output gradient too
+//! (kept_gradient_floats).
 //! Usage: `ResidualBlock<IdentityShortcut, Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`;
 //! mostly through Residual<...> and ProjectedResidual<P, ...>.
 template <class Shortcut, class... Ls>
@@ -108,10 +119,13 @@ struct ResidualBlock {
   }
 
   //! Per activation slot: f's activations and gradient scratch, the shortcut's where it has a
-  //! path of its own. Floats kept beyond the block's output: saved_floats(rows).
+  //! path of its own; with `keep_gradients`, room for a split backward's kept gradients too.
+  //! Floats kept beyond the block's output: saved_floats(rows), plus kept_gradient_floats(rows)
+  //! for a split backward.
   template <class B>
   struct Saved {
-    explicit Saved(index_t rows) : acts(rows), scratch(rows), shortcut(rows) {}
+    explicit Saved(index_t rows, bool keep_gradients = false)
+        : acts(rows, keep_gradients), scratch(rows), shortcut(rows, keep_gradients) {}
     typename inner::template Activations<B> acts;
     typename inner::template GradScratch<B> scratch;
     detail::ShortcutSlot<Shortcut, B, in_width> shortcut;
@@ -121,6 +135,21 @@ struct ResidualBlock {
     if constexpr (projected) n += Shortcut::activation_floats(rows) + rows * in_width;
     return n;
   }
+  //! What a slot keeps between the halves of a split backward: the inner layers' output
+  //! gradients (Stage::kept_gradient_floats of f and of the projection).
+  static constexpr index_t kept_gradient_floats(index_t rows) {
+    index_t n = inner::kept_gradient_floats(rows);
+    if constexpr (projected) n += Shortcut::kept_gradient_floats(rows);
+    return n;
+  }
+  //! Whether the block can split its backward on backend B: every inner layer can.
+  template <class B>
+  static constexpr bool splits_on = [] {
+    if constexpr (projected)
+      return inner::template splits_backward<B> && Shortcut::template splits_backward<B>;
+    else
+      return inner::template splits_backward<B>;
+  }();
 
   //! y = f(x) + x, or f(x) + P(x).
   template <class Ctx, class Sv>
@@ -152,6 +181,36 @@ struct ResidualBlock {
     } else {
       if (!dx.empty()) add_views(ctx, dx, dy, dx);
     }
+  }
+
+  //! The input part of the split backward (zero-bubble schedules): dx as backward computes it
+  //! (skipped when empty), each path running Stage::backward_input on the slot, which keeps the
+  //! output gradients its weight part needs; no parameter gradient. Declared only where every
+  //! inner layer splits (a schedule with I and W is refused otherwise, naming the block).
+  template <class Ctx, class Sv>
+  requires splits_on<typename Ctx::backend>
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix /*x*/,
+                             ConstMatrix /*y*/, Matrix dy, Matrix dx, Sv& saved) {
+    inner::backward_input(ctx, params, saved.acts, dy, dx, saved.scratch);
+    if constexpr (projected) {
+      const Matrix ds = dx.empty() ? Matrix{} : Matrix{saved.shortcut.dx.data(), dy.rows, in_width};
+      Shortcut::backward_input(ctx, params + shortcut_offset, saved.shortcut.acts, dy, ds,
+                               saved.shortcut.scratch);
+      if (!dx.empty()) add_views(ctx, dx, ds, dx);
+    } else {
+      if (!dx.empty()) add_views(ctx, dx, dy, dx);
+    }
+  }
+
+  //! The weight part: f's and the shortcut's parameter gradients, written or added (accumulate),
+  //! from what backward_input kept in the slot; with it, the bits of backward.
+  template <class Ctx, class Sv>
+  requires splits_on<typename Ctx::backend>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix /*x*/,
+                              ConstMatrix /*y*/, ConstMatrix /*dy*/, Sv& saved) {
+    inner::backward_weight(ctx, grads, accumulate, saved.acts);
+    if constexpr (projected)
+      Shortcut::backward_weight(ctx, grads + shortcut_offset, accumulate, saved.shortcut.acts);
   }
 };
 

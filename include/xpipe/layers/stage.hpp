@@ -2,13 +2,17 @@
 // and forward/backward over caller-owned buffers (so executors can keep several micro-batches).
 #pragma once
 
+#include <cxxabi.h>
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <tuple>
+#include <typeinfo>
 #include <utility>
 
 #include "xpipe/backend/backend.hpp"
@@ -73,6 +77,26 @@ constexpr index_t saved_floats_of(index_t rows) {
     return 0;
 }
 
+// Floats a layer keeps per micro-batch between the halves of a split backward inside its own
+// Saved (a residual block's inner gradients), where it says (L::kept_gradient_floats).
+template <class L>
+constexpr index_t kept_floats_of(index_t rows) {
+  if constexpr (requires { L::kept_gradient_floats(rows); })
+    return L::kept_gradient_floats(rows);
+  else
+    return 0;
+}
+
+// A layer's Saved for one slot, told whether a split backward will run on it where its
+// constructor asks (a residual block's), else sized from the rows alone.
+template <class T>
+T make_saved(index_t rows, bool keep_gradients) {
+  if constexpr (std::constructible_from<T, index_t, bool>)
+    return T(rows, keep_gradients);
+  else
+    return T(rows);
+}
+
 // Saved<B> of a layer that keeps one, or nothing.
 struct NothingSaved {
   explicit NothingSaved(index_t) {}
@@ -86,6 +110,20 @@ requires HasSaved<L, B>
 struct SavedOf<L, B> {
   using type = typename L::template Saved<B>;
 };
+
+// How errors name a layer type: its own name() where it has one (Conv2d), else the compiler's.
+template <class L>
+std::string layer_label() {
+  if constexpr (requires { L::name(); }) {
+    return std::string(L::name());
+  } else {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(typeid(L).name(), nullptr, nullptr, &status);
+    std::string out = status == 0 && readable != nullptr ? readable : typeid(L).name();
+    std::free(readable);
+    return out;
+  }
+}
 
 template <class... Ls>
 consteval std::array<int, sizeof...(Ls) + 1> boundary_widths() {
@@ -177,6 +215,42 @@ struct Stage {
   static constexpr index_t activation_floats(index_t rows) {
     return boundary_floats(rows) + (detail::saved_floats_of<Ls>(rows) + ... + 0);
   }
+  //! kept_offsets[i]: where layer i's kept output gradient starts in a slot's kept buffer, per
+  //! row; only layers with parameters keep one (a split backward's W reads it). The offsets are
+  //! in floats per row: block i of a slot for `rows` rows starts at rows * kept_offsets[i].
+  static constexpr std::array<index_t, layer_count + 1> kept_offsets = [] {
+    constexpr std::array<index_t, layer_count> counts{Ls::param_count...};
+    std::array<index_t, layer_count + 1> o{};
+    for (std::size_t i = 0; i < layer_count; ++i)
+      o[i + 1] = o[i] + (counts[i] > 0 ? widths[i + 1] : 0);
+    return o;
+  }();
+  //! Floats a micro-batch of `rows` rows keeps between the halves of a split backward: the
+  //! output gradient of every layer with parameters, and what layers keep inside (a residual
+  //! block's inner gradients); reported with the activations.
+  static constexpr index_t kept_gradient_floats(index_t rows) {
+    return rows * kept_offsets[layer_count] + (detail::kept_floats_of<Ls>(rows) + ... + 0);
+  }
+  //! Whether every layer can split its backward on backend B (xpipe::splits_backward): what a
+  //! schedule with InputGrad and WeightGrad actions needs.
+  template <class B>
+  static constexpr bool splits_backward = (xpipe::splits_backward<Ls, B> && ...);
+  //! The first layer that cannot split its backward on B, as "layer i (name)", or "" if none.
+  template <class B>
+  static std::string unsplit_layer() {
+    std::string found;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if (found.empty() && !xpipe::splits_backward<layer<I>, B>)
+              found = "layer " + std::to_string(I) + " (" + detail::layer_label<layer<I>>() + ")";
+          }(),
+          ...);
+    }
+    (std::make_index_sequence<layer_count>{});
+    return found;
+  }
+
   static constexpr int max_width() {
     int m = 0;
     for (int w : widths) m = w > m ? w : m;
@@ -244,10 +318,14 @@ struct Stage {
   template <class B = DefaultBackend>
   class Activations {
    public:
-    explicit Activations(index_t max_rows)
+    //! `keep_gradients`: also room for what a split backward keeps between its halves.
+    explicit Activations(index_t max_rows, bool keep_gradients = false)
         : max_rows_(max_rows),
+          keeps_gradients_(keep_gradients),
           storage_(boundary_floats(max_rows)),
-          saved_(typename detail::SavedOf<Ls, B>::type(max_rows)...) {}
+          kept_(keep_gradients ? max_rows * kept_offsets[layer_count] : 0),
+          saved_(detail::make_saved<typename detail::SavedOf<Ls, B>::type>(max_rows,
+                                                                           keep_gradients)...) {}
     index_t max_rows() const { return max_rows_; }
     index_t rows() const { return rows_; }
     //! Boundary i: i = 0 is the stage input, i = layer_count its output.
@@ -258,6 +336,13 @@ struct Stage {
       return {const_cast<float*>(storage_.data()) + off, rows_, widths[i]};
     }
     ConstMatrix output() const { return boundary(layer_count); }
+    //! Layer i's output gradient as a split backward keeps it (layers with parameters; the
+    //! slot was made with keep_gradients).
+    Matrix kept(std::size_t i) const {
+      return {const_cast<float*>(kept_.data()) + max_rows_ * kept_offsets[i], rows_, widths[i + 1]};
+    }
+    //! Whether the slot was made for a split backward (keep_gradients).
+    bool keeps_gradients() const { return keeps_gradients_; }
     //! Layer I's Saved<B> in this slot (detail::NothingSaved for a layer that keeps none). The
     //! backward writes it too (caches), hence a mutable member behind a const slot.
     template <std::size_t I>
@@ -280,9 +365,10 @@ struct Stage {
 
    private:
     index_t max_rows_;
+    bool keeps_gradients_;
     index_t rows_ = 0;
     ConstMatrix input_{};
-    typename B::template Buffer<float> storage_;
+    typename B::template Buffer<float> storage_, kept_;
     mutable std::tuple<typename detail::SavedOf<Ls, B>::type...> saved_;
   };
 
@@ -374,6 +460,102 @@ struct Stage {
                                  accumulate, acts.boundary(I), acts.boundary(I + 1), upstream,
                                  down);
             upstream = down;
+          }(),
+          ...);
+    }
+    (std::make_index_sequence<layer_count>{});
+  }
+
+  //! The input half of a split backward: back-propagates dy through every layer into dx (unless
+  //! empty) without touching the parameter gradient, keeping in the slot (acts, made with
+  //! keep_gradients) what backward_weight needs: each parametered layer's output gradient (or
+  //! what the layer wrote over it) and its Saved. Needs splits_backward<B>.
+  template <class Ctx, class Acts, class Scratch>
+  static void backward_input(const Ctx& ctx, const float* params, const Acts& acts, ConstMatrix dy,
+                             Matrix dx, const Scratch& scratch) {
+    using B = typename Ctx::backend;
+    static_assert(splits_backward<B>,
+                  "xpipe: Stage::backward_input: a layer of this stage has no split backward "
+                  "(Stage::unsplit_layer<B>() names it)");
+    const index_t rows = acts.rows();
+    if (dy.rows != rows || dy.cols != out_width)
+      throw ShapeError("xpipe: Stage::backward_input: gradient is " + std::to_string(dy.rows) +
+                       "x" + std::to_string(dy.cols) + ", expected " + std::to_string(rows) + "x" +
+                       std::to_string(out_width));
+    if (!acts.keeps_gradients())
+      throw ShapeError(
+          "xpipe: Stage::backward_input: the activation slot keeps no gradients (make it with "
+          "keep_gradients = true)");
+    // The last layer's output gradient is dy itself: copied into the slot when that layer has a
+    // weight half (dy's buffer is the sender's and is reused once this returns).
+    Matrix upstream{const_cast<float*>(dy.data), dy.rows, dy.cols, dy.ld};
+    if constexpr (layer<layer_count - 1>::param_count > 0) {
+      if (dy.ld != dy.cols)
+        throw ShapeError("xpipe: Stage::backward_input: the gradient must be contiguous (ld " +
+                         std::to_string(dy.ld) + ", " + std::to_string(dy.cols) + " columns)");
+      upstream = acts.kept(layer_count - 1);
+      copy_buffer(ctx, dy.data, upstream.data, rows * out_width);
+    }
+    [&]<std::size_t... J>(std::index_sequence<J...>) {
+      (
+          [&] {
+            constexpr std::size_t I = layer_count - 1 - J;
+            using L = layer<I>;
+            Matrix down;
+            if constexpr (I == 0)
+              down = dx;
+            else if constexpr (layer<I - 1>::param_count > 0)
+              down = acts.kept(I - 1);
+            else
+              down = scratch.get(static_cast<int>(J % 2), rows, widths[I]);
+            if constexpr (L::param_count == 0) {
+              // All of its backward is input gradient (it has no parameter gradient to write).
+              if constexpr (keeps_saved<L, B>)
+                L::backward(ctx, params + param_offsets[I], nullptr, false, acts.boundary(I),
+                            acts.boundary(I + 1), upstream, down, acts.template saved<I>());
+              else if constexpr (xpipe::takes_grad_scratch<L, B>)
+                L::backward(ctx, params + param_offsets[I], nullptr, false, acts.boundary(I),
+                            acts.boundary(I + 1), upstream, down,
+                            scratch.get(2, rows, widths[I + 1]));
+              else
+                L::backward(ctx, params + param_offsets[I], nullptr, false, acts.boundary(I),
+                            acts.boundary(I + 1), upstream, down);
+            } else if constexpr (detail::HasSavedSplitBackward<L, B>) {
+              L::backward_input(ctx, params + param_offsets[I], acts.boundary(I),
+                                acts.boundary(I + 1), upstream, down, acts.template saved<I>());
+            } else {
+              L::backward_input(ctx, params + param_offsets[I], acts.boundary(I),
+                                acts.boundary(I + 1), upstream, down);
+            }
+            upstream = down;
+          }(),
+          ...);
+    }
+    (std::make_index_sequence<layer_count>{});
+  }
+
+  //! The weight half: every parametered layer's gradient, written (accumulate = false) or added
+  //! to the flat gradient buffer, from what backward_input kept in the slot. Reads no weights.
+  //! backward_input then backward_weight give bitwise what backward gives.
+  template <class Ctx, class Acts>
+  static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, const Acts& acts) {
+    using B = typename Ctx::backend;
+    static_assert(splits_backward<B>,
+                  "xpipe: Stage::backward_weight: a layer of this stage has no split backward "
+                  "(Stage::unsplit_layer<B>() names it)");
+    [&]<std::size_t... J>(std::index_sequence<J...>) {
+      (
+          [&] {
+            constexpr std::size_t I = layer_count - 1 - J;
+            using L = layer<I>;
+            if constexpr (L::param_count == 0)
+              return;
+            else if constexpr (detail::HasSavedSplitBackward<L, B>)
+              L::backward_weight(ctx, grads + param_offsets[I], accumulate, acts.boundary(I),
+                                 acts.boundary(I + 1), acts.kept(I), acts.template saved<I>());
+            else
+              L::backward_weight(ctx, grads + param_offsets[I], accumulate, acts.boundary(I),
+                                 acts.boundary(I + 1), acts.kept(I));
           }(),
           ...);
     }

@@ -312,8 +312,8 @@ class Pipeline {
   //! Weight buffers stage k's predictor held in the last run (live weights included); 0 before
   //! the first train() call.
   int weight_copies(int k) const { return copies_[k]; }
-  //! Peak activation floats stage k held in the last run (its in-flight micro-batches); 0 before
-  //! the first train() call.
+  //! Peak activation floats stage k held in the last run (its in-flight micro-batches, with what
+  //! a split backward keeps between its halves); 0 before the first train() call.
   index_t activation_floats(int k) const { return activation_floats_[k]; }
 
  private:
@@ -381,6 +381,19 @@ class Pipeline {
                       std::to_string(r / options_.batch) + ") is outside 0.." +
                       std::to_string(out_width - 1));
     analysis_ = analyze_staleness(schedule);  // validates
+    const bool split_backward = schedule.splits_backward();
+    if (split_backward) {
+      std::string unsplit;
+      for (int k = 0; k < K && unsplit.empty(); ++k)
+        detail::visit_stage(runtimes_, k, [&](auto&, auto I) {
+          if (const std::string l = stage<I>::template unsplit_layer<backend>(); !l.empty())
+            unsplit = "stage " + std::to_string(k) + ", " + l;
+        });
+      if (!unsplit.empty())
+        throw ConfigError("xpipe: Pipeline::train: schedule '" + schedule.name +
+                          "' splits backwards into I and W, but " + unsplit +
+                          " has no split backward (backward_input and backward_weight)");
+    }
     schedule_ = &schedule;
     const index_t rows = split.max_micro_rows();
     run_.split = split;
@@ -424,7 +437,7 @@ class Pipeline {
       detail::visit_stage(runtimes_, k, [&](auto& rt, auto I) {
         using S = stage<I>;
         detail::activate_context(rt.ctx());  // a GPU stage's slots and copies on its device
-        rt.ensure_slots(analysis_.max_in_flight[k], rows, k > 0, k == K - 1);
+        rt.ensure_slots(analysis_.max_in_flight[k], rows, k > 0, k == K - 1, split_backward);
         rt.slot_of.assign(static_cast<std::size_t>(schedule.total_micro_batches()), -1);
         setup.stage = k;
         setup.params = S::param_count;
@@ -436,7 +449,9 @@ class Pipeline {
                            analysis_.max_forward_s(k));
         rt.fresh_grads = true;
         copies_[k] = rt.pred->weight_copies();
-        activation_floats_[k] = analysis_.max_in_flight[k] * S::activation_floats(rows);
+        activation_floats_[k] =
+            analysis_.max_in_flight[k] *
+            (S::activation_floats(rows) + (split_backward ? S::kept_gradient_floats(rows) : 0));
       });
     if constexpr (on_device)
       device_.upload(ctx_of(0), ctx_of(stage_count - 1), data, used, in_width,

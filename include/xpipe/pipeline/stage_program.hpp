@@ -75,6 +75,12 @@ struct StageProgram {
       case ActionKind::Step:
         step(rt, a.index);
         break;
+      case ActionKind::InputGrad:
+        input_gradient(rt, run, a.index);
+        break;
+      case ActionKind::WeightGrad:
+        weight_gradient(rt, a.index);
+        break;
     }
   }
 
@@ -158,6 +164,46 @@ struct StageProgram {
   //! to stage I - 1 and free the micro-batch's activation slot.
   template <class RT, class Q>
   static void backward(RT& rt, SharedRun<Q>& run, int g) {
+    backward_part(rt, run, g, /*whole=*/true);
+  }
+
+  //! I(g): B(g)'s input half: the input gradient sent to stage I - 1, and what the weight half
+  //! needs kept in the slot; the parameter gradient waits for W(g).
+  template <class RT, class Q>
+  static void input_gradient(RT& rt, SharedRun<Q>& run, int g) {
+    if constexpr (RT::Stage::template splits_backward<typename RT::Backend>)
+      backward_part(rt, run, g, /*whole=*/false);
+    else
+      throw ConfigError("xpipe: stage " + std::to_string(I) + ": " +
+                        RT::Stage::template unsplit_layer<typename RT::Backend>() +
+                        " has no split backward (backward_input and backward_weight), so the "
+                        "stage cannot run I" +
+                        std::to_string(g));
+  }
+
+  //! W(g): B(g)'s weight half: the micro-batch's parameter gradient added (written after a
+  //! step) from what I(g) kept, then its activation slot freed. Reads no weights.
+  template <class RT>
+  static void weight_gradient(RT& rt, int g) {
+    using S = typename RT::Stage;
+    if constexpr (S::template splits_backward<typename RT::Backend>) {
+      const int slot = rt.slot_of[g];
+      S::backward_weight(rt.ctx(), rt.opt.grads(), !rt.fresh_grads, rt.acts[slot]);
+      rt.fresh_grads = false;
+      rt.free_slots.push_back(slot);
+      rt.slot_of[g] = -1;
+    } else {
+      throw ConfigError("xpipe: stage " + std::to_string(I) + ": " +
+                        S::template unsplit_layer<typename RT::Backend>() +
+                        " has no split backward, so the stage cannot run W" + std::to_string(g));
+    }
+  }
+
+ private:
+  // B(g) (whole) or I(g): the gradient taken in and sent on are the same; the whole backward also
+  // adds the parameter gradient and frees the slot.
+  template <class RT, class Q>
+  static void backward_part(RT& rt, SharedRun<Q>& run, int g, bool whole) {
     using S = typename RT::Stage;
     const ActionChannels io = channels_of(K, static_cast<int>(I), bwd(g));
     const int slot = rt.slot_of[g];
@@ -170,7 +216,7 @@ struct StageProgram {
       const MicroBatchMessage& m = run.links.at(io.in).front();
       if (m.micro_batch != g)
         throw Error("received gradients of micro-batch " + std::to_string(m.micro_batch) +
-                    " while running B" + std::to_string(g));
+                    " while running " + (whole ? "B" : "I") + std::to_string(g));
       dy = ConstMatrix{m.data.data, rows, S::out_width};
     }
     Matrix dx;
@@ -187,8 +233,12 @@ struct StageProgram {
     // not wait). No-ops on the host.
     if constexpr (I + 1 < K) queue_acquire_front(run.links.at(io.in), rt.ctx());
     if constexpr (I > 0) queue_acquire_back(run.links.at(io.out), rt.ctx());
-    S::backward(rt.ctx(), w, rt.opt.grads(), !rt.fresh_grads, rt.acts[slot], dy, dx, rt.scratch);
-    rt.fresh_grads = false;
+    if (whole) {
+      S::backward(rt.ctx(), w, rt.opt.grads(), !rt.fresh_grads, rt.acts[slot], dy, dx, rt.scratch);
+      rt.fresh_grads = false;
+    } else if constexpr (S::template splits_backward<typename RT::Backend>) {
+      S::backward_input(rt.ctx(), w, rt.acts[slot], dy, dx, rt.scratch);
+    }
     if constexpr (I > 0) {
       queue_release_back(run.links.at(io.out), rt.ctx());
       run.links.at(io.out).push();
@@ -197,11 +247,14 @@ struct StageProgram {
       queue_release_front(run.links.at(io.in), rt.ctx());
       run.links.at(io.in).pop();
     }
-    rt.pred->backward_done(g);
-    rt.free_slots.push_back(slot);
-    rt.slot_of[g] = -1;
+    rt.pred->backward_done(g);  // the weights the backward read are no longer needed
+    if (whole) {
+      rt.free_slots.push_back(slot);
+      rt.slot_of[g] = -1;
+    }
   }
 
+ public:
   //! S(t): let the predictor save what it still needs, then step the optimizer (or let the
   //! predictor step it: a remedy that changes the step, or defers it to accumulate gradients).
   template <class RT>

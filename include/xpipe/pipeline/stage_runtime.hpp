@@ -84,11 +84,13 @@ struct StageRuntime {
     return S::forward(ctx(), opt.weights(), x, eval_acts, Running{running_state(), false});
   }
 
-  //! Sizes the activation slots (kept when large enough) and frees every slot.
-  void ensure_slots(int slots, index_t rows, bool receives, bool last) {
-    if (static_cast<int>(acts.size()) < slots) {
+  //! Sizes the activation slots (kept when large enough, and keeping gradients for a split
+  //! backward where `split` asks) and frees every slot.
+  void ensure_slots(int slots, index_t rows, bool receives, bool last, bool split = false) {
+    const bool keeps = acts.empty() || acts.front().keeps_gradients();
+    if (static_cast<int>(acts.size()) < slots || (split && !keeps)) {
       acts.clear();
-      for (int i = 0; i < slots; ++i) acts.emplace_back(rows);
+      for (int i = 0; i < slots; ++i) acts.emplace_back(rows, split);
       if (receives) inputs = Buffer<float>(slots * rows * S::in_width);
       if (last) dlogits = Buffer<float>(slots * rows * S::out_width);
     }

@@ -24,22 +24,19 @@ struct ActionChannels {
   Channel in, out;
 };
 
-//! Forward(k) pops the activations of stage k-1 and pushes its own to stage k+1; Backward(k)
-//! pops the gradient of stage k+1 and pushes the gradient of its input to stage k-1; a step
-//! touches no link. The first and last stages have no link on their outer side.
+//! From the kind table's `travel`: an action travelling down (Forward) pops the activations of
+//! stage k-1 and pushes its own to stage k+1; one travelling up (Backward, InputGrad) pops the
+//! gradient of stage k+1 and pushes the gradient of its input to stage k-1; the others (Step,
+//! WeightGrad) touch no link. The first and last stages have no link on their outer side.
 constexpr ActionChannels channels_of(int stages, int k, const Action& a) {
   ActionChannels c;
-  switch (a.kind) {
-    case ActionKind::Forward:
-      if (k > 0) c.in = {k - 1, Flow::Activations};
-      if (k + 1 < stages) c.out = {k, Flow::Activations};
-      break;
-    case ActionKind::Backward:
-      if (k + 1 < stages) c.in = {k, Flow::Gradients};
-      if (k > 0) c.out = {k - 1, Flow::Gradients};
-      break;
-    case ActionKind::Step:
-      break;
+  const Travel t = info(a.kind).travel;
+  if (t == Travel::Down) {
+    if (k > 0) c.in = {k - 1, Flow::Activations};
+    if (k + 1 < stages) c.out = {k, Flow::Activations};
+  } else if (t == Travel::Up) {
+    if (k + 1 < stages) c.in = {k, Flow::Gradients};
+    if (k > 0) c.out = {k - 1, Flow::Gradients};
   }
   return c;
 }

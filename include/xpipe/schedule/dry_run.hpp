@@ -19,9 +19,11 @@ namespace xpipe {
 //! Duration of one action on one stage (the simulator's cost model plugs in here).
 using ActionCost = std::function<double(int stage, const Action&)>;
 
-//! Unit cost: forward and backward take 1, a step takes 0 (it follows its backward at once).
+//! Unit cost: forward and backward take 1, each half of a split backward 1/2 (so splitting a
+//! backward does not change the clock), a step 0 (it follows its backward at once).
 inline double unit_cost(int, const Action& a) {
-  return a.kind == ActionKind::Step ? 0.0 : 1.0;
+  if (!info(a.kind).on_micro_batch) return 0.0;
+  return a.kind == ActionKind::InputGrad || a.kind == ActionKind::WeightGrad ? 0.5 : 1.0;
 }
 
 namespace detail {
@@ -29,23 +31,23 @@ namespace detail {
 inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost) {
   const int K = s.stages, total = s.total_micro_batches();
   ExecutionTrace tl = ExecutionTrace::sized_for(s);
-  // end_of[kind][k][index]: when that action ended at stage k, -1 while it has not run.
-  std::array<std::vector<std::vector<double>>, action_kinds.size()> end_of;
-  for (const ActionKindInfo& i : action_kinds)
-    end_of[static_cast<std::size_t>(i.kind)].assign(
-        static_cast<std::size_t>(K),
-        std::vector<double>(static_cast<std::size_t>(i.on_micro_batch ? total : s.mini_batches),
-                            -1));
-  auto end_slot = [&](int k, const Action& a) -> double& {
-    return end_of[static_cast<std::size_t>(a.kind)][static_cast<std::size_t>(k)]
-                 [static_cast<std::size_t>(a.index)];
+  // sent_at[travel][k][g]: when stage k's message of micro-batch g travelling that way was
+  // ready (its F, or its B or I), -1 while it has not run. Keyed by direction, not kind: a
+  // stage may receive the gradient of a whole B from its neighbour and send on that of an I.
+  std::array<std::vector<std::vector<double>>, 3> sent_at;
+  for (auto& by_stage : sent_at)
+    by_stage.assign(static_cast<std::size_t>(K),
+                    std::vector<double>(static_cast<std::size_t>(total), -1));
+  auto sent_slot = [&](int k, const Action& a) -> double& {
+    return sent_at[static_cast<std::size_t>(info(a.kind).travel)][static_cast<std::size_t>(k)]
+                  [static_cast<std::size_t>(a.index)];
   };
   std::vector<std::size_t> next(static_cast<std::size_t>(K), 0);
   std::vector<double> free_at(static_cast<std::size_t>(K), 0);
   // When the input of stage k's action a is available; false while its producer has not run.
   auto input_ready = [&](int k, const Action& a, double& ready) -> bool {
     const int from = producer_stage(K, k, a);
-    ready = from < 0 ? 0.0 : end_slot(from, a);
+    ready = from < 0 ? 0.0 : sent_slot(from, a);
     return ready >= 0;
   };
   for (bool progress = true; progress;) {
@@ -59,7 +61,7 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
         tl.stages[k][next[k]] = {a, t0, t1};
         free_at[k] = t1;
         tl.seconds = std::max(tl.seconds, t1);
-        end_slot(k, a) = t1;
+        if (info(a.kind).travel != Travel::None) sent_slot(k, a) = t1;
         ++next[k];
         progress = true;
       }
@@ -78,10 +80,10 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
 
 }  // namespace detail
 
-//! As-soon-as-possible dry run: each stage runs its list in order; an action waits for the same
-//! action of its producer stage (F(k, g) for F(k-1, g), B(k, g) for B(k+1, g)). Returns every
-//! action's start and end (the trace's `seconds` is the makespan). Throws ConfigError on
-//! deadlock, naming what each stuck stage waits for, and on a schedule that fails
+//! As-soon-as-possible dry run: each stage runs its list in order; an action waits for what its
+//! producer stage sends (F(k, g) for F(k-1, g); B(k, g) or I(k, g) for the B or I of g at k+1).
+//! Returns every action's start and end (the trace's `seconds` is the makespan). Throws ConfigError
+//! on deadlock, naming what each stuck stage waits for, and on a schedule that fails
 //! check_structure() (it checks first, so any Schedule value is safe to pass).
 inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
   check_structure(s);

@@ -1,11 +1,14 @@
 // Schedule generators: GPipe (fill-drain), 1F1B with flush, asynchronous 1F1B (PipeDream /
-// XPipe, no flush) and its PipeDream-2BW form. Each takes K stages, M micro-batches per
-// mini-batch and N mini-batches. Users may write their own and pass the IR to an executor.
+// XPipe, no flush) and its PipeDream-2BW form, and their zero-bubble forms with the backward
+// split into input and weight gradients (ZB-H1, asynchronous ZB). Each takes K stages, M
+// micro-batches per mini-batch and N mini-batches. Users may write their own and pass the IR to an
+// executor.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <string>
+#include <vector>
 
 #include "xpipe/schedule/ir.hpp"
 
@@ -99,9 +102,90 @@ inline Schedule pipedream_2bw(int K, int M, int N) {
   return async_1f1b(K, M, N, "2bw");
 }
 
+namespace detail {
+// Splits every B of stage k's list into I and W and defers the W: W(g) follows the I that is
+// `lag` input gradients later (I(g + lag) in list order). `flush`: every W still pending runs
+// before the next step (synchronous schedules); otherwise W's run on across mini-batches and
+// each step moves to right after the last W of its mini-batch (asynchronous ones).
+inline std::vector<Action> defer_weight_gradients(const Schedule& s,
+                                                  const std::vector<Action>& list, int lag,
+                                                  bool flush) {
+  std::vector<Action> out;
+  out.reserve(list.size() + static_cast<std::size_t>(s.total_micro_batches()));
+  std::vector<int> pending;  // micro-batches in I order; those from next_w on await their W
+  std::size_t next_w = 0;
+  int steps_due = 0;  // asynchronous: steps reached in the list
+  int steps_done = 0;
+  std::vector<int> w_done(static_cast<std::size_t>(s.mini_batches), 0);
+  // Asynchronous: a step reached in the list runs once every W of its mini-batch has.
+  auto emit_due_steps = [&] {
+    while (steps_done < steps_due &&
+           w_done[static_cast<std::size_t>(steps_done)] == s.micro_batches)
+      out.push_back(step(steps_done++));
+  };
+  auto emit_w = [&] {
+    const int g = pending[next_w++];
+    out.push_back(weight_grad(g));
+    ++w_done[static_cast<std::size_t>(s.mini_batch_of(g))];
+    if (!flush) emit_due_steps();
+  };
+  for (const Action& a : list) {
+    if (a.kind == ActionKind::Step) {
+      if (flush) {
+        while (next_w < pending.size()) emit_w();
+        out.push_back(a);
+      } else {
+        ++steps_due;
+        emit_due_steps();
+      }
+      continue;
+    }
+    if (a.kind != ActionKind::Backward) {
+      out.push_back(a);
+      continue;
+    }
+    out.push_back(input_grad(a.index));
+    pending.push_back(a.index);
+    if (static_cast<int>(pending.size() - next_w) > lag) emit_w();
+  }
+  while (next_w < pending.size()) emit_w();
+  return out;
+}
+}  // namespace detail
+
+//! ZB-H1 (the zero-bubble schedule of Qi et al., ICLR 2024, at 1F1B's peak memory): 1F1B with a
+//! flush, each backward split into its input gradient I, which stays where 1F1B runs its B (on
+//! the critical path: the stage upstream waits for it), and its weight gradient W, which stage k
+//! defers by k input gradients to fill the bubbles of the drain. Stage k holds at most
+//! min(K - k, M) + k <= K micro-batches (1F1B's stage 0 holds K). With T_F, T_I, T_W per action
+//! and M >= K the idle time per stage is (K - 1)(T_F + T_I - T_W) against 1F1B's
+//! (K - 1)(T_F + T_I + T_W) (checked against the dry run in tests/test_schedule.cpp). The
+//! gradients add up in micro-batch order: trains bitwise like 1F1B-flush and GPipe.
+inline Schedule zb_h1(int K, int M, int N) {
+  Schedule s = one_f_one_b_flush(K, M, N);
+  s.name = "zb-h1";
+  for (int k = 0; k < K; ++k)
+    s.actions[static_cast<std::size_t>(k)] =
+        detail::defer_weight_gradients(s, s.actions[static_cast<std::size_t>(k)], k, true);
+  return s;
+}
+
+//! Asynchronous 1F1B with split backwards: the order of async_1f1b, each B split into I and a W
+//! that stage k defers by k input gradients (as ZB-H1 does), each step right after the last W of
+//! its mini-batch. Input gradients reach the stages upstream as early as in async 1F1B; the
+//! steps come later, so the version differences (derived by the analysis) grow by up to k
+//! micro-batches' worth.
+inline Schedule async_zb(int K, int M, int N) {
+  Schedule s = async_1f1b(K, M, N, "async-zb");
+  for (int k = 0; k < K; ++k)
+    s.actions[static_cast<std::size_t>(k)] =
+        detail::defer_weight_gradients(s, s.actions[static_cast<std::size_t>(k)], k, false);
+  return s;
+}
+
 //! The names make_schedule knows, in the order tools list them.
-inline constexpr std::array<const char*, 4> schedule_names{"gpipe", "1f1b-flush", "async-1f1b",
-                                                           "2bw"};
+inline constexpr std::array<const char*, 6> schedule_names{"gpipe", "1f1b-flush", "async-1f1b",
+                                                           "2bw",   "zb-h1",      "async-zb"};
 
 //! The generators by name (schedule_names); ConfigError naming the choices otherwise.
 inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
@@ -109,6 +193,8 @@ inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
   if (name == schedule_names[1]) return one_f_one_b_flush(K, M, N);
   if (name == schedule_names[2]) return async_1f1b(K, M, N);
   if (name == schedule_names[3]) return pipedream_2bw(K, M, N);
+  if (name == schedule_names[4]) return zb_h1(K, M, N);
+  if (name == schedule_names[5]) return async_zb(K, M, N);
   throw ConfigError("xpipe: unknown schedule '" + name +
                     "' (available: " + join_names(schedule_names) + ")");
 }

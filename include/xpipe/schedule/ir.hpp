@@ -1,5 +1,6 @@
-// The schedule IR: per stage, an ordered list of actions (Forward, Backward, Step). Every
-// executor, the staleness analysis and the simulator consume this one representation.
+// The schedule IR: per stage, an ordered list of actions (Forward, Backward or its two halves
+// InputGrad and WeightGrad, Step). Every executor, the staleness analysis and the simulator
+// consume this one representation.
 #pragma once
 
 #include <array>
@@ -12,34 +13,63 @@
 
 namespace xpipe {
 
-//! What a stage does: run a micro-batch forward or backward, or step its optimizer.
-enum class ActionKind : std::uint8_t { Forward, Backward, Step };
+//! What a stage does: run a micro-batch forward or backward, or step its optimizer. A backward
+//! may be split in two (zero-bubble schedules): InputGrad computes and sends the gradient of the
+//! stage's input, WeightGrad later adds the micro-batch's parameter gradient.
+enum class ActionKind : std::uint8_t { Forward, Backward, Step, InputGrad, WeightGrad };
+
+//! Which way an action's message travels between neighbouring stages: none, activations
+//! downstream (it pops from stage k-1 and pushes to k+1) or gradients upstream.
+enum class Travel : std::uint8_t { None, Down, Up };
 
 //! Everything the library says about one kind of action, in one table: its letter in the text
-//! form, its name in traces, and whether its index is a micro-batch (or a mini-batch). A new
-//! kind (e.g. the weight-gradient half of a split backward) is one row here plus its rules in
-//! schedule/dependencies.hpp.
+//! form, its name in traces, whether its index is a micro-batch (or a mini-batch), which way its
+//! message travels, what it needs done before it on its own stage, and what it finishes. The
+//! dependency rule, the structural check, the validator, the staleness analysis and the stage
+//! program read these columns; a new kind is one row here.
 struct ActionKindInfo {
   ActionKind kind;
   char letter;
   const char* name;
   bool on_micro_batch;  // index is a micro-batch g (else a mini-batch t)
+  Travel travel;
+  bool reads_weights;   // runs on the weights the predictor chooses (counts in staleness)
+  bool sends_gradient;  // computes the input gradient: ends what the forward's weights serve
+  bool adds_gradient;   // adds the micro-batch's parameter gradient (a step must follow it)
+  bool frees_slot;      // the micro-batch's activation slot is free after it
+  ActionKind needs;     // the action of the same micro-batch that must come first on its stage
+                        // (itself for Forward and Step: none)
 };
 
-inline constexpr std::array<ActionKindInfo, 3> action_kinds{{
-    {ActionKind::Forward, 'F', "forward", true},
-    {ActionKind::Backward, 'B', "backward", true},
-    {ActionKind::Step, 'S', "step", false},
+inline constexpr std::array<ActionKindInfo, 5> action_kinds{{
+    {ActionKind::Forward, 'F', "forward", true, Travel::Down, true, false, false, false,
+     ActionKind::Forward},
+    {ActionKind::Backward, 'B', "backward", true, Travel::Up, true, true, true, true,
+     ActionKind::Forward},
+    {ActionKind::Step, 'S', "step", false, Travel::None, false, false, false, false,
+     ActionKind::Step},
+    {ActionKind::InputGrad, 'I', "input-grad", true, Travel::Up, true, true, false, false,
+     ActionKind::Forward},
+    {ActionKind::WeightGrad, 'W', "weight-grad", true, Travel::None, false, false, true, true,
+     ActionKind::InputGrad},
 }};
 
 //! The table row of `kind`.
 constexpr const ActionKindInfo& info(ActionKind kind) {
   return action_kinds[static_cast<std::size_t>(kind)];
 }
-static_assert(info(ActionKind::Forward).kind == ActionKind::Forward &&
-                  info(ActionKind::Backward).kind == ActionKind::Backward &&
-                  info(ActionKind::Step).kind == ActionKind::Step,
-              "xpipe: action_kinds must be listed in ActionKind order");
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < action_kinds.size(); ++i)
+        if (static_cast<std::size_t>(action_kinds[i].kind) != i) return false;
+      return true;
+    }(),
+    "xpipe: action_kinds must be listed in ActionKind order");
+
+//! Whether the action of `kind` on a micro-batch needs another of the same micro-batch before it.
+constexpr bool has_prerequisite(ActionKind kind) {
+  return info(kind).needs != kind;
+}
 
 //! One action of one stage. For Forward/Backward `index` is the global micro-batch number
 //! g = t * M + j (mini-batch t, micro-batch j of it); for Step it is the mini-batch t.
@@ -58,8 +88,14 @@ inline Action bwd(int g) {
 inline Action step(int t) {
   return {ActionKind::Step, t};
 }
+inline Action input_grad(int g) {
+  return {ActionKind::InputGrad, g};
+}
+inline Action weight_grad(int g) {
+  return {ActionKind::WeightGrad, g};
+}
 
-//! "F3", "B3" or "S0".
+//! "F3", "B3", "I3", "W3" or "S0".
 inline std::string to_string(const Action& a) {
   return info(a.kind).letter + std::to_string(a.index);
 }
@@ -80,6 +116,14 @@ struct Schedule {
     return info(a.kind).on_micro_batch ? mini_batch_of(a.index) : a.index;
   }
   bool is_last_of_mini_batch(int g) const { return g % micro_batches == micro_batches - 1; }
+  //! Whether some stage splits a backward into InputGrad and WeightGrad (the model's layers
+  //! must then provide the split: Stage::splits_backward).
+  bool splits_backward() const {
+    for (const auto& list : actions)
+      for (const Action& a : list)
+        if (a.kind == ActionKind::InputGrad || a.kind == ActionKind::WeightGrad) return true;
+    return false;
+  }
 
   //! Text form: a header line, then one line per stage, e.g.
   //!   xpipe-schedule name=gpipe stages=2 micro_batches=2 mini_batches=1

@@ -21,7 +21,8 @@ enum class StalenessTarget {
   RoundTrip,
 };
 
-//! What the analysis knows about one Forward or Backward action.
+//! What the analysis knows about one action that reads weights: a Forward, or a Backward or its
+//! InputGrad half (a WeightGrad reads none).
 struct ActionVersion {
   int version = 0;     // steps the stage has taken before the action: the weights it reads
   int apply_time = 0;  // s under StalenessTarget::ApplyTime
@@ -35,9 +36,10 @@ struct ActionVersion {
 //! a.forward(k, g).apply_time`.
 struct StalenessAnalysis {
   int stages = 0, micro_batches = 0;
-  std::vector<std::vector<ActionVersion>> forward_of, backward_of;  // [stage][micro-batch g]
-  std::vector<int> max_in_flight;           // micro-batches forwarded, not yet backwarded
-  std::vector<int> stash_versions;          // most versions alive at once: live + in-flight's
+  // [stage][micro-batch g]; backward_of: its B or I
+  std::vector<std::vector<ActionVersion>> forward_of, backward_of;
+  std::vector<int> max_in_flight;   // micro-batches forwarded, their parameter gradient not added
+  std::vector<int> stash_versions;  // most versions alive at once: live + in-flight's
   std::vector<int> mini_batches_in_flight;  // mini-batches begun, not yet fully backwarded
 
   const ActionVersion& forward(int k, int g) const { return forward_of[k][g]; }
@@ -66,7 +68,7 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
   // End of each micro-batch's backward at stage 0: the round trip's finish line.
   std::vector<double> home(total, 0);
   for (std::size_t p = 0; p < s.actions[0].size(); ++p)
-    if (s.actions[0][p].kind == ActionKind::Backward) home[s.actions[0][p].index] = tl.at(0, p).end;
+    if (info(s.actions[0][p].kind).sends_gradient) home[s.actions[0][p].index] = tl.at(0, p).end;
 
   for (int k = 0; k < K; ++k) {
     const auto& list = s.actions[k];
@@ -101,31 +103,37 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
         continue;
       }
       const int g = a.index, t = s.mini_batch_of(g);
-      ActionVersion v;
-      v.version = version;
-      v.apply_time = t - version;  // S(t) is this stage's step number t
-      // Steps after this action (in list order) taken by the time the round trip ends (a step
-      // at that very instant counts), except S(t), the step that consumes this very gradient
-      // (so synchronous schedules give 0). With unit-time F and B this reproduces SpecTrain's
-      // published floor(k/2) + K - k - 1 (forward) and floor(k/2) (backward) for async 1F1B.
-      for (std::size_t i = static_cast<std::size_t>(version); i < step_time.size(); ++i)
-        if (step_pos[i] > p && step_time[i] <= home[g] && static_cast<int>(i) != t) ++v.round_trip;
+      const ActionKindInfo& kind = info(a.kind);
+      if (kind.reads_weights) {
+        ActionVersion v;
+        v.version = version;
+        v.apply_time = t - version;  // S(t) is this stage's step number t
+        // Steps after this action (in list order) taken by the time the round trip ends (a
+        // step at that very instant counts), except S(t), the step that consumes this very
+        // gradient (so synchronous schedules give 0). With unit-time F and B this reproduces
+        // SpecTrain's published floor(k/2) + K - k - 1 (forward) and floor(k/2) (backward) for
+        // async 1F1B.
+        for (std::size_t i = static_cast<std::size_t>(version); i < step_time.size(); ++i)
+          if (step_pos[i] > p && step_time[i] <= home[g] && static_cast<int>(i) != t)
+            ++v.round_trip;
+        (a.kind == ActionKind::Forward ? r.forward_of : r.backward_of)[k][g] = v;
+      }
       if (a.kind == ActionKind::Forward) {
-        r.forward_of[k][g] = v;
         fwd_version[g] = version;
         ++users[version];
         ++live;
         if (first_forward_seen[t]++ == 0) ++live_mini;
-      } else {
-        r.backward_of[k][g] = v;
-        if (--users[fwd_version[g]] == 0 && fwd_version[g] < version) --old;
+      }
+      // The version the forward read is needed until the input gradient is computed (a weight
+      // gradient reads no weights); the slot until the parameter gradient is added.
+      if (kind.sends_gradient && --users[fwd_version[g]] == 0 && fwd_version[g] < version) --old;
+      if (kind.frees_slot) {
         --live;
         if (++backwards_done[t] == M) --live_mini;
       }
-      r.max_in_flight[k] = std::max(r.max_in_flight[k], live + (a.kind == ActionKind::Backward));
-      r.mini_batches_in_flight[k] =
-          std::max(r.mini_batches_in_flight[k],
-                   live_mini + (a.kind == ActionKind::Backward && backwards_done[t] == M));
+      r.max_in_flight[k] = std::max(r.max_in_flight[k], live + kind.frees_slot);
+      r.mini_batches_in_flight[k] = std::max(
+          r.mini_batches_in_flight[k], live_mini + (kind.frees_slot && backwards_done[t] == M));
     }
   }
   return r;

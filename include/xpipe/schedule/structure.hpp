@@ -3,6 +3,8 @@
 // before it indexes anything; validate() adds the ordering rules on top.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,24 +20,33 @@ inline std::string at(int k, const Action& a, std::size_t pos) {
          ")";
 }
 
-//! Where each action sits in one stage's list (-1: absent). Reused across stages, so checking a
-//! schedule allocates for one stage at a time.
+//! Where each action sits in one stage's list (-1: absent), per kind. Reused across stages, so
+//! checking a schedule allocates for one stage at a time.
 struct ActionPositions {
-  std::vector<std::int64_t> forward, backward, step;
-  std::vector<std::int64_t>& of(ActionKind kind) {
-    return kind == ActionKind::Forward ? forward : kind == ActionKind::Backward ? backward : step;
+  std::array<std::vector<std::int64_t>, action_kinds.size()> of_kind;
+  std::vector<std::int64_t>& of(ActionKind kind) { return of_kind[static_cast<std::size_t>(kind)]; }
+  std::int64_t at(ActionKind kind, int index) const {
+    return of_kind[static_cast<std::size_t>(kind)][static_cast<std::size_t>(index)];
+  }
+  //! Where micro-batch g's input gradient is sent (its B or I), and where its parameter gradient
+  //! is added (its B or W): each exists exactly once once the structure is checked.
+  std::int64_t gradient_sent(int g) const {
+    return std::max(at(ActionKind::Backward, g), at(ActionKind::InputGrad, g));
+  }
+  std::int64_t gradient_added(int g) const {
+    return std::max(at(ActionKind::Backward, g), at(ActionKind::WeightGrad, g));
   }
 };
 
 //! Records stage k's positions; throws ConfigError on an action out of range, a repeated one or
-//! a missing one (named as missing, before any ordering rule could blame a later action).
+//! a missing one (named as missing, before any ordering rule could blame a later action). Every
+//! micro-batch needs its F and either its B or both halves I and W, never both forms.
 inline void locate_stage_actions(const Schedule& s, int k, ActionPositions& pos) {
   const int total = s.total_micro_batches(), N = s.mini_batches;
   const std::string where = "xpipe: schedule '" + s.name + "': ";
   const auto& list = s.actions[static_cast<std::size_t>(k)];
-  pos.forward.assign(static_cast<std::size_t>(total), -1);
-  pos.backward.assign(static_cast<std::size_t>(total), -1);
-  pos.step.assign(static_cast<std::size_t>(N), -1);
+  for (const ActionKindInfo& i : action_kinds)
+    pos.of(i.kind).assign(static_cast<std::size_t>(i.on_micro_batch ? total : N), -1);
   for (std::size_t p = 0; p < list.size(); ++p) {
     const Action& a = list[p];
     const bool on_micro = info(a.kind).on_micro_batch;
@@ -50,19 +61,39 @@ inline void locate_stage_actions(const Schedule& s, int k, ActionPositions& pos)
                         std::to_string(slot));
     slot = static_cast<std::int64_t>(p);
   }
-  for (const ActionKindInfo& i : action_kinds) {
-    const auto& found = pos.of(i.kind);
-    for (std::size_t g = 0; g < found.size(); ++g)
-      if (found[g] < 0)
-        throw ConfigError(where + "stage " + std::to_string(k) + ": " +
-                          to_string({i.kind, static_cast<int>(g)}) + " is missing");
+  const std::string stage = "stage " + std::to_string(k) + ": ";
+  for (int g = 0; g < total; ++g) {
+    const std::int64_t b = pos.at(ActionKind::Backward, g), i = pos.at(ActionKind::InputGrad, g),
+                       w = pos.at(ActionKind::WeightGrad, g);
+    const std::string G = std::to_string(g);
+    if (pos.at(ActionKind::Forward, g) < 0)
+      throw ConfigError(where + stage + "F" + G + " is missing");
+    if (b >= 0 && (i >= 0 || w >= 0)) {
+      const Action half = i >= 0 ? input_grad(g) : weight_grad(g);
+      throw ConfigError(where + at(k, half, static_cast<std::size_t>(i >= 0 ? i : w)) +
+                        " splits the backward that B" + G + " (position " + std::to_string(b) +
+                        ") already runs whole");
+    }
+    if (b < 0 && i < 0 && w < 0)
+      throw ConfigError(where + stage + "B" + G + " is missing (nor are its halves I" + G +
+                        " and W" + G + " there)");
+    if (i >= 0 && w < 0)
+      throw ConfigError(where + at(k, input_grad(g), static_cast<std::size_t>(i)) + " has no W" +
+                        G + " (a split backward needs both halves)");
+    if (w >= 0 && i < 0)
+      throw ConfigError(where + at(k, weight_grad(g), static_cast<std::size_t>(w)) + " has no I" +
+                        G + " (a split backward needs both halves)");
   }
+  for (int t = 0; t < N; ++t)
+    if (pos.at(ActionKind::Step, t) < 0)
+      throw ConfigError(where + stage + "S" + std::to_string(t) + " is missing");
 }
 }  // namespace detail
 
 //! Throws ConfigError unless the schedule's shape is within bounds (check_schedule_shape), it has
-//! one list per stage, and each list holds every F and B of its micro-batches and every S of its
-//! mini-batches exactly once. Safe on any Schedule value, however malformed.
+//! one list per stage, and each list holds every F of its micro-batches, their B or both halves
+//! I and W, and every S of its mini-batches, each exactly once. Safe on any Schedule value, however
+//! malformed.
 inline void check_structure(const Schedule& s) {
   check_schedule_shape("schedule '" + s.name + "'", s.stages, s.micro_batches, s.mini_batches);
   if (static_cast<int>(s.actions.size()) != s.stages)

@@ -97,7 +97,7 @@ inline Schedule parse_schedule(const std::string& text) {
       for (const ActionKindInfo& i : action_kinds)
         if (tok[0] == i.letter) kind = &i;
       if (kind == nullptr)
-        fail("bad action '" + tok + "' (expected F<mb>, B<mb> or S<mini-batch>)");
+        fail("bad action '" + tok + "' (expected F<mb>, B<mb>, I<mb>, W<mb> or S<mini-batch>)");
       list.push_back({kind->kind, static_cast<int>(parse_count(tok.substr(1),
                                                                "action '" + tok + "'", int_max))});
     }

@@ -15,17 +15,18 @@ namespace xpipe {
 
 //! Checks a schedule; throws ConfigError with a message naming the stage and action at fault:
 //! first its structure (check_structure: shape, one list per stage, every action in range, none
-//! repeated, none missing), then the order within each stage (a backward before its forward, a
-//! backward of mini-batch t before step t-1, steps out of order or before a backward of their
-//! mini-batch), then the order between stages (a forward order differing from the previous
-//! stage's, or a backward order from the next stage's: activations and gradients travel through
-//! FIFO queues), and last deadlock (the dry run). Returns that unit-cost dry run's trace, so a
-//! caller that needs it (the staleness analysis) does not run it again.
+//! repeated, none missing, a backward whole or in both halves), then the order within each stage
+//! (a B or I before its F, a W before its I, a B or W of mini-batch t before step t-1, steps out
+//! of order or before a B or W of their mini-batch), then the order between stages (a forward order
+//! differing from the previous stage's, or a backward order from the next stage's: activations and
+//! gradients travel through FIFO queues), and last deadlock (the dry run). Returns that unit-cost
+//! dry run's trace, so a caller that needs it (the staleness analysis) does not run it again.
 inline ExecutionTrace validate(const Schedule& s) {
   check_structure(s);
   const int K = s.stages, M = s.micro_batches, total = s.total_micro_batches();
   const std::string where = "xpipe: schedule '" + s.name + "': ";
-  std::vector<std::vector<int>> forward_order(static_cast<std::size_t>(K)),
+  // What each stage sends, in order: its forwards downstream, its input gradients (B or I) up.
+  std::vector<std::vector<Action>> forward_order(static_cast<std::size_t>(K)),
       backward_order(static_cast<std::size_t>(K));
   detail::ActionPositions pos;
   for (int k = 0; k < K; ++k) {
@@ -35,43 +36,46 @@ inline ExecutionTrace validate(const Schedule& s) {
     backward_order[k].reserve(static_cast<std::size_t>(total));
     for (std::size_t p = 0; p < list.size(); ++p) {
       const Action& a = list[p];
+      const ActionKindInfo& kind = info(a.kind);
       const auto here = static_cast<std::int64_t>(p);
-      if (a.kind == ActionKind::Forward) forward_order[k].push_back(a.index);
-      if (a.kind == ActionKind::Backward) {
-        if (pos.forward[a.index] > here)
-          throw ConfigError(where + detail::at(k, a, p) + " comes before its forward F" +
-                            std::to_string(a.index));
+      if (has_prerequisite(a.kind) && pos.at(kind.needs, a.index) > here)
+        throw ConfigError(where + detail::at(k, a, p) + " comes before its " +
+                          info(kind.needs).name + " " + to_string({kind.needs, a.index}));
+      if (kind.travel == Travel::Down) forward_order[k].push_back(a);
+      if (kind.sends_gradient) backward_order[k].push_back(a);
+      if (kind.adds_gradient) {
         const int t = s.mini_batch_of(a.index);
-        if (t > 0 && pos.step[t - 1] > here)
+        if (t > 0 && pos.at(ActionKind::Step, t - 1) > here)
           throw ConfigError(where + detail::at(k, a, p) + " of mini-batch " + std::to_string(t) +
                             " comes before S" + std::to_string(t - 1) +
                             " (its gradient would enter the previous mini-batch's step)");
-        backward_order[k].push_back(a.index);
       }
       if (a.kind == ActionKind::Step) {
-        if (a.index > 0 && pos.step[a.index - 1] > here)
+        if (a.index > 0 && pos.at(ActionKind::Step, a.index - 1) > here)
           throw ConfigError(where + detail::at(k, a, p) + " is out of order (before S" +
                             std::to_string(a.index - 1) + "; steps must run S0, S1, ...)");
-        for (int j = 0; j < M; ++j)
-          if (pos.backward[a.index * M + j] > here)
-            throw ConfigError(where + detail::at(k, a, p) + " comes before B" +
-                              std::to_string(a.index * M + j) + " of its mini-batch");
+        for (int j = 0; j < M; ++j) {
+          const int g = a.index * M + j;
+          if (pos.gradient_added(g) > here)
+            throw ConfigError(where + detail::at(k, a, p) + " comes before " +
+                              (pos.at(ActionKind::Backward, g) >= 0 ? "B" : "W") +
+                              std::to_string(g) + " of its mini-batch");
+        }
       }
     }
   }
   for (int k = 0; k + 1 < K; ++k) {
     for (int i = 0; i < total; ++i) {
-      if (forward_order[k][i] != forward_order[k + 1][i])
-        throw ConfigError(where + "stage " + std::to_string(k + 1) + " runs F" +
-                          std::to_string(forward_order[k + 1][i]) + " as its forward number " +
-                          std::to_string(i) + ", but stage " + std::to_string(k) + " sends F" +
-                          std::to_string(forward_order[k][i]) +
-                          " then (activations travel in order)");
-      if (backward_order[k][i] != backward_order[k + 1][i])
-        throw ConfigError(where + "stage " + std::to_string(k) + " runs B" +
-                          std::to_string(backward_order[k][i]) + " as its backward number " +
-                          std::to_string(i) + ", but stage " + std::to_string(k + 1) + " sends B" +
-                          std::to_string(backward_order[k + 1][i]) +
+      if (forward_order[k][i].index != forward_order[k + 1][i].index)
+        throw ConfigError(where + "stage " + std::to_string(k + 1) + " runs " +
+                          to_string(forward_order[k + 1][i]) + " as its forward number " +
+                          std::to_string(i) + ", but stage " + std::to_string(k) + " sends " +
+                          to_string(forward_order[k][i]) + " then (activations travel in order)");
+      if (backward_order[k][i].index != backward_order[k + 1][i].index)
+        throw ConfigError(where + "stage " + std::to_string(k) + " runs " +
+                          to_string(backward_order[k][i]) + " as its backward number " +
+                          std::to_string(i) + ", but stage " + std::to_string(k + 1) + " sends " +
+                          to_string(backward_order[k + 1][i]) +
                           " then (gradients travel in order)");
     }
   }

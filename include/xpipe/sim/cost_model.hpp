@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -17,12 +18,15 @@ namespace xpipe::sim {
 //! What one stage costs, at the micro-batch size the schedule runs.
 struct StageCost {
   double forward = 0, backward = 0, step = 0;  // seconds per action
-  double out_bytes = 0;                        // activations it sends downstream per micro-batch
-  double in_bytes = 0;          // gradient of its input it sends upstream per micro-batch
-  double weight_bytes = 0;      // one copy of its weights
-  double state_bytes = 0;       // gradient and optimizer moments (one copy each)
-  double activation_bytes = 0;  // what one micro-batch in flight keeps for its backward
-  int weight_copies = 1;        // weight buffers its predictor holds (live weights included)
+  // The halves of a split backward (I and W); both 0: half the backward each.
+  double input_grad = 0, weight_grad = 0;
+  double out_bytes = 0;            // activations it sends downstream per micro-batch
+  double in_bytes = 0;             // gradient of its input it sends upstream per micro-batch
+  double weight_bytes = 0;         // one copy of its weights
+  double state_bytes = 0;          // gradient and optimizer moments (one copy each)
+  double activation_bytes = 0;     // what one micro-batch in flight keeps for its backward
+  double kept_gradient_bytes = 0;  // and in addition between the halves of a split backward
+  int weight_copies = 1;           // weight buffers its predictor holds (live weights included)
 };
 
 //! A link between two neighbouring stages: a message of b bytes arrives latency + b / bandwidth
@@ -111,22 +115,18 @@ struct CostModel {
   //! Seconds stage k's action `a` computes for (transfers aside).
   double seconds(int k, const Action& a) const {
     const StageCost& c = stages.at(static_cast<std::size_t>(k));
-    switch (a.kind) {
-      case ActionKind::Forward:
-        return c.forward;
-      case ActionKind::Backward:
-        return c.backward;
-      case ActionKind::Step:
-        return c.step;
-    }
-    return 0;
+    const bool halves = c.input_grad > 0 || c.weight_grad > 0;
+    // Indexed by ActionKind, in the kind table's order.
+    const std::array<double, action_kinds.size()> by_kind{c.forward, c.backward, c.step,
+                                                          halves ? c.input_grad : c.backward / 2,
+                                                          halves ? c.weight_grad : c.backward / 2};
+    return by_kind[static_cast<std::size_t>(a.kind)];
   }
   //! Bytes of the message stage k's action `a` sends (activations down, gradients up).
   double message_bytes(int k, const Action& a) const {
     const StageCost& c = stages.at(static_cast<std::size_t>(k));
-    return a.kind == ActionKind::Forward    ? c.out_bytes
-           : a.kind == ActionKind::Backward ? c.in_bytes
-                                            : 0;
+    const Travel t = info(a.kind).travel;
+    return t == Travel::Down ? c.out_bytes : t == Travel::Up ? c.in_bytes : 0;
   }
 
   //! Throws ConfigError naming the stage and field of a negative or non-finite number.
@@ -134,14 +134,18 @@ struct CostModel {
     auto bad = [](double v) { return !std::isfinite(v) || v < 0; };
     for (std::size_t k = 0; k < stages.size(); ++k) {
       const StageCost& c = stages[k];
-      const std::pair<const char*, double> fields[] = {{"forward", c.forward},
-                                                       {"backward", c.backward},
-                                                       {"step", c.step},
-                                                       {"out_bytes", c.out_bytes},
-                                                       {"in_bytes", c.in_bytes},
-                                                       {"weight_bytes", c.weight_bytes},
-                                                       {"state_bytes", c.state_bytes},
-                                                       {"activation_bytes", c.activation_bytes}};
+      const std::pair<const char*, double> fields[] = {
+          {"forward", c.forward},
+          {"backward", c.backward},
+          {"step", c.step},
+          {"input_grad", c.input_grad},
+          {"weight_grad", c.weight_grad},
+          {"out_bytes", c.out_bytes},
+          {"in_bytes", c.in_bytes},
+          {"weight_bytes", c.weight_bytes},
+          {"state_bytes", c.state_bytes},
+          {"activation_bytes", c.activation_bytes},
+          {"kept_gradient_bytes", c.kept_gradient_bytes}};
       for (const auto& [name, v] : fields)
         if (bad(v))
           throw ConfigError("xpipe: cost model: stage " + std::to_string(k) + ": " + name +
@@ -255,6 +259,8 @@ inline StageCost stage_cost(const std::vector<LayerSpec>& layers, std::size_t fi
     c.step += t.step;
     params += layers[i].params;
     c.activation_bytes += 4 * rows * layers[i].activation_floats;
+    // A split backward keeps the output gradient of each layer with parameters until its W.
+    if (layers[i].params > 0) c.kept_gradient_bytes += 4 * rows * layers[i].out_width;
   }
   c.out_bytes = 4 * rows * layers[last - 1].out_width;
   c.in_bytes = 4 * rows * layers[first].in_width;

@@ -265,6 +265,7 @@ inline PlanResult make_plans(PlanRequest r) {
       std::vector<Candidate> schedules{{"gpipe", "latest", 1}};
       if (pp > 1) {
         schedules.push_back({"1f1b-flush", "latest", 1});
+        schedules.push_back({"zb-h1", "latest", 1});
         for (const StalenessPenalty& s : r.penalties)
           if (s.stages == pp) schedules.push_back({s.schedule, s.predictor, s.epochs_factor});
       }

@@ -32,7 +32,7 @@ struct SimOptions {
 struct SimResult {
   ExecutionTrace trace;                   // every action's start and end; trace.seconds = makespan
   std::vector<double> busy;               // per stage: seconds computing
-  std::vector<int> peak_in_flight;        // per stage: micro-batches forwarded, not backwarded
+  std::vector<int> peak_in_flight;        // per stage: micro-batches forwarded, gradient not added
   std::vector<double> peak_memory_bytes;  // per stage: weights x copies + state + activations
   double seconds = 0;                     // makespan
   double per_mini_batch = 0;              // makespan / mini-batches
@@ -108,7 +108,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
         running[k] = true;
         remaining[k] = cost.seconds(k, a);
         r.trace.stages[k][next[k]].start = now;
-        if (a.kind == ActionKind::Forward) {
+        if (info(a.kind).travel == Travel::Down) {
           const Channel in = channels_of(K, k, a).in;
           if (in.exists()) queue(in).pop_front();
           r.peak_in_flight[k] = std::max(r.peak_in_flight[k], ++in_flight[k]);
@@ -176,11 +176,10 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       if (io.out.exists())
         queue(io.out).push_back(
             {a.index, now + cost.link_at(io.out.boundary).seconds(cost.message_bytes(k, a))});
-      // A backward pops its input (the gradient) only once it is done with it.
-      if (a.kind == ActionKind::Backward) {
-        if (io.in.exists()) queue(io.in).pop_front();
-        --in_flight[k];
-      }
+      // A backward (or its I) pops its input (the gradient) only once it is done with it; the
+      // slot stays in flight until the parameter gradient is added (B or W).
+      if (info(a.kind).travel == Travel::Up && io.in.exists()) queue(io.in).pop_front();
+      if (info(a.kind).frees_slot) --in_flight[k];
       running[k] = false;
       ++next[k];
       ++done;
@@ -188,10 +187,12 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   }
   r.seconds = r.trace.seconds = now;
   r.per_mini_batch = now / s.mini_batches;
+  const bool split = s.splits_backward();
   for (int k = 0; k < K; ++k) {
     const StageCost& c = cost.stages[static_cast<std::size_t>(k)];
+    const double per_slot = c.activation_bytes + (split ? c.kept_gradient_bytes : 0);
     r.peak_memory_bytes.push_back(c.weight_bytes * c.weight_copies + c.state_bytes +
-                                  c.activation_bytes * r.peak_in_flight[k]);
+                                  per_slot * r.peak_in_flight[k]);
   }
   return r;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -89,7 +90,9 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
       }
       const int j = a.index % M, mini = s.mini_batch_of(a.index);
       const int hue = static_cast<int>(360.0 * j / std::max(M, 1)) % 360;
-      const int light = (a.kind == ActionKind::Forward ? 72 : 48) - (mini % 2) * 10;
+      // Lightness by kind, in the kind table's order: F light, B dark, I between, W darkest.
+      constexpr std::array<int, action_kinds.size()> lightness{72, 48, 0, 58, 36};
+      const int light = lightness[static_cast<std::size_t>(a.kind)] - (mini % 2) * 10;
       os << "<rect class=\"" << info(a.kind).letter << "\" data-stage=\"" << k << "\" data-index=\""
          << a.index << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\""
          << o.row_px - 4 << "\" fill=\"hsl(" << hue << ",65%," << light
@@ -104,8 +107,8 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
   os << "<text x=\"" << left + plot_w - 60 << "\" y=\"" << axis_y << "\">" << (t1 - t0) * 1e3
      << " ms</text>\n";
   os << "<text x=\"" << left << "\" y=\"" << axis_y + 16
-     << "\">F light, B dark, S black; hue = micro-batch within its mini-batch, shade alternates "
-        "with the mini-batch</text>\n";
+     << "\">F light, B dark (a split backward: I mid, W darker), S black; hue = micro-batch "
+        "within its mini-batch, shade alternates with the mini-batch</text>\n";
   os << "</svg>\n";
   return os.str();
 }

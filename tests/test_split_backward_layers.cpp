@@ -1,0 +1,388 @@
+// The split backward (zero-bubble schedules: backward_input now, backward_weight later) of
+// Conv2d, BatchNorm2d, LayerNorm and residual blocks, on the host and on the emulated device
+// (support/emulated_device.hpp, CUDA's convolution code): bitwise the whole backward's dx and
+// gradients, and per slot, so other micro-batches may run between a micro-batch's two parts.
+#include <algorithm>
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "support/emulated_device.hpp"
+#include "support/support.hpp"
+#include "xpipe/xpipe.hpp"
+
+namespace {
+
+using xpipe::ConstMatrix;
+using xpipe::ConvOptions;
+using xpipe::index_t;
+using xpipe::Matrix;
+using xpipe::Running;
+using xpipe::Shape;
+namespace test = xpipe::test;
+
+// Where a check runs: the host, on two threads (oneDNN's bits depend on the count; the split
+// must not change them), or a stream of the emulated device with its memory.
+struct OnHost {
+  using backend = xpipe::Host;
+  xpipe::HostContext ctx{.threads = 2};
+  void upload(const std::vector<float>& from, float* to) const {
+    std::copy(from.begin(), from.end(), to);
+  }
+  std::vector<float> download(const float* from, index_t n) const { return {from, from + n}; }
+};
+struct OnDevice {
+  using backend = test::EmulatedDevice;
+  test::EmulatedStreamOwner owner{xpipe::Placement{.stage = 0}};
+  const test::EmulatedContext& ctx = owner.ctx();
+  void upload(const std::vector<float>& from, float* to) const {
+    copy_from_host(ctx, from.data(), to, static_cast<index_t>(from.size()));
+  }
+  std::vector<float> download(const float* from, index_t n) const {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    copy_to_host(ctx, from, v.data(), n);
+    return v;
+  }
+};
+
+std::vector<float> random_vector(index_t n, xpipe::Rng& rng) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  test::fill_uniform(v, rng);
+  return v;
+}
+
+// Bit for bit (NaN payloads and signed zeros included).
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  return true;
+}
+void require_bitwise(const std::vector<float>& split, const std::vector<float>& whole,
+                     const char* what) {
+  REQUIRE(split.size() == whole.size());
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < split.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(split[i]) != std::bit_cast<std::uint32_t>(whole[i]))
+      first = bad++ == 0 ? i : first;
+  INFO(what << ": " << bad << " of " << split.size() << " differ, the first at " << first
+            << ": split " << split[first] << ", whole " << whole[first]);
+  CHECK(bad == 0);
+}
+
+// The parameters and gradients of one layer on a side, the gradients starting from `start`.
+template <class L, class Side>
+struct Params {
+  using Buf = typename Side::backend::template Buffer<float>;
+  Buf p{L::param_count}, g{L::param_count};
+  Params(const Side& side, const std::vector<float>& params, const std::vector<float>& start) {
+    side.upload(params, p.data());
+    side.upload(start, g.data());
+  }
+  void reset(const Side& side, const std::vector<float>& start) { side.upload(start, g.data()); }
+  std::vector<float> grads(const Side& side) const { return side.download(g.data(), g.size()); }
+};
+
+// One activation slot of layer L on a side: its input, output, the slot's own dy and dx, its
+// state (running statistics, where L keeps any) and its Saved.
+template <class L, class Side>
+struct Slot {
+  using B = typename Side::backend;
+  using Buf = typename B::template Buffer<float>;
+  const Side& side;
+  index_t rows;
+  Buf x, y, dy, dx, state;
+  typename L::template Saved<B> saved;
+  Slot(const Side& s, index_t capacity, index_t n, const std::vector<float>& input,
+       const std::vector<float>& gradient)
+      : side(s),
+        rows(n),
+        x(capacity * L::in_width),
+        y(capacity * L::out_width),
+        dy(capacity * L::out_width),
+        dx(capacity * L::in_width),
+        state(xpipe::state_count_of<L>()),
+        saved(xpipe::detail::make_saved<typename L::template Saved<B>>(capacity, true)) {
+    s.upload(input, x.data());
+    s.upload(gradient, dy.data());
+    if constexpr (xpipe::state_count_of<L>() > 0) {
+      std::vector<float> init(static_cast<std::size_t>(xpipe::state_count_of<L>()));
+      L::init_state(init);
+      s.upload(init, state.data());
+    }
+  }
+  ConstMatrix in() const { return {x.data(), rows, L::in_width}; }
+  ConstMatrix out() const { return {y.data(), rows, L::out_width}; }
+  Matrix grad_out() { return {dy.data(), rows, L::out_width}; }
+  Matrix grad_in(bool with_dx) { return with_dx ? Matrix{dx.data(), rows, L::in_width} : Matrix{}; }
+
+  void forward(const float* p) {
+    const Matrix to{y.data(), rows, L::out_width};
+    if constexpr (xpipe::takes_running<L, B>)
+      L::forward(side.ctx, p, in(), to, saved, Running{state.data(), true});
+    else
+      L::forward(side.ctx, p, in(), to, saved);
+  }
+  void whole(const float* p, float* g, bool accumulate, bool with_dx) {
+    L::backward(side.ctx, p, g, accumulate, in(), out(), grad_out(), grad_in(with_dx), saved);
+  }
+  void input(const float* p, bool with_dx) {
+    L::backward_input(side.ctx, p, in(), out(), grad_out(), grad_in(with_dx), saved);
+  }
+  // The weight part with this slot's x, y and dy, and `from`'s Saved (this slot's own, unless
+  // a self-check hands another's).
+  void weight(float* g, bool accumulate, typename L::template Saved<B>& from) {
+    L::backward_weight(side.ctx, g, accumulate, in(), out(), grad_out(), from);
+  }
+  void weight(float* g, bool accumulate) { weight(g, accumulate, saved); }
+  std::vector<float> input_grad() const { return side.download(dx.data(), rows * L::in_width); }
+};
+
+// (a) For batches of 1, 3 and 8 rows in slots of 8, with and without dx, accumulating or not:
+// forward then backward_input then backward_weight gives the whole backward's dx and gradients
+// bit for bit. Self-check: the weight part with the other accumulate flag must differ.
+template <class L, class Side>
+void check_split_matches_whole(std::uint64_t seed) {
+  const Side side;
+  constexpr index_t capacity = 8;
+  for (index_t rows : {index_t{1}, index_t{3}, capacity})
+    for (bool with_dx : {true, false})
+      for (bool accumulate : {false, true}) {
+        INFO(rows << " rows, " << (with_dx ? "with" : "without") << " dx, accumulate "
+                  << accumulate);
+        xpipe::Rng rng{seed + static_cast<std::uint64_t>(rows)};
+        const auto params = random_vector(L::param_count, rng);
+        const auto start = random_vector(L::param_count, rng);
+        const auto x = random_vector(rows * L::in_width, rng);
+        const auto dy = random_vector(rows * L::out_width, rng);
+        Params<L, Side> whole_p(side, params, start), split_p(side, params, start);
+        Slot<L, Side> whole(side, capacity, rows, x, dy), split(side, capacity, rows, x, dy);
+
+        whole.forward(whole_p.p.data());
+        whole.whole(whole_p.p.data(), whole_p.g.data(), accumulate, with_dx);
+        split.forward(split_p.p.data());
+        split.input(split_p.p.data(), with_dx);
+        split.weight(split_p.g.data(), accumulate);
+
+        const auto want = whole_p.grads(side);
+        require_bitwise(split_p.grads(side), want, "gradients");
+        if (with_dx) {
+          const auto dx = whole.input_grad();
+          require_bitwise(split.input_grad(), dx, "dx");
+          REQUIRE_FALSE(bitwise_equal(dx, std::vector<float>(dx.size(), 0.f)));
+        }
+        // The weight part again (it reads only the slot) with the wrong flag: caught.
+        split_p.reset(side, start);
+        split.weight(split_p.g.data(), !accumulate);
+        REQUIRE_FALSE(bitwise_equal(split_p.grads(side), want));
+      }
+}
+
+// (b) Two micro-batches a and b in slots of their own, interleaved as a zero-bubble schedule
+// may run them: F a, F b, I a, I b, W b (writes), W a (adds); the same gradients and input
+// gradients as whole backwards of b then a. Self-check, where the weight part reads what the
+// input part left in Saved (`saved_carries`): W a run on b's Saved must give other gradients.
+template <class L, class Side>
+void check_interleaved_slots(std::uint64_t seed, bool saved_carries) {
+  const Side side;
+  constexpr index_t rows = 4;
+  xpipe::Rng rng{seed};
+  const auto params = random_vector(L::param_count, rng);
+  const auto start = random_vector(L::param_count, rng);
+  const auto xa = random_vector(rows * L::in_width, rng);
+  const auto dya = random_vector(rows * L::out_width, rng);
+  const auto xb = random_vector(rows * L::in_width, rng);
+  const auto dyb = random_vector(rows * L::out_width, rng);
+
+  Params<L, Side> ref(side, params, start);
+  Slot<L, Side> wa(side, rows, rows, xa, dya), wb(side, rows, rows, xb, dyb);
+  wa.forward(ref.p.data());
+  wb.forward(ref.p.data());
+  wb.whole(ref.p.data(), ref.g.data(), false, true);
+  wa.whole(ref.p.data(), ref.g.data(), true, true);
+  const auto want = ref.grads(side);
+
+  Params<L, Side> got(side, params, start);
+  Slot<L, Side> a(side, rows, rows, xa, dya), b(side, rows, rows, xb, dyb);
+  a.forward(got.p.data());
+  b.forward(got.p.data());
+  a.input(got.p.data(), true);
+  b.input(got.p.data(), true);
+  b.weight(got.g.data(), false);
+  a.weight(got.g.data(), true);
+  require_bitwise(got.grads(side), want, "gradients");
+  require_bitwise(a.input_grad(), wa.input_grad(), "dx of a");
+  require_bitwise(b.input_grad(), wb.input_grad(), "dx of b");
+
+  if (saved_carries) {
+    got.reset(side, start);
+    b.weight(got.g.data(), false);
+    a.weight(got.g.data(), true, b.saved);
+    REQUIRE_FALSE(bitwise_equal(got.grads(side), want));
+  }
+}
+
+// A test layer whose input part overwrites dy, as Dense's writes dz there: y = x + b[c] per
+// channel c of an S image. The input part writes dx = dy, then dy = -dy; the weight part sums
+// the negation back (exactly): db[c] (+)= sum over rows and pixels of dy, the whole backward's
+// bits. A residual block that handed such a layer the dy it still needs would go wrong.
+template <xpipe::ImageShape S>
+struct NegatingBias {
+  using in_shape = S;
+  using out_shape = S;
+  static constexpr int in_width = S::size, out_width = S::size;
+  static constexpr index_t param_count = S::channels;
+  static constexpr index_t plane = S::height * S::width;
+  static void init(std::span<float> p, std::uint64_t) { std::fill(p.begin(), p.end(), 0.f); }
+
+  struct AddBias {
+    ConstMatrix x;
+    Matrix y;
+    const float* b;
+    XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
+      y(r, i) = x(r, i) + b[i / plane];
+    }
+  };
+  struct Copy {  // to = sign * from
+    ConstMatrix from;
+    Matrix to;
+    float sign;
+    XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const { to(r, i) = sign * from(r, i); }
+  };
+  struct Sums {  // db[c] (+)= sign * (sum over rows, then pixels, of dy)
+    ConstMatrix dy;
+    float* db;
+    float sign;
+    bool accumulate;
+    XPIPE_HOST_DEVICE void operator()(index_t c) const {
+      float s = 0.f;
+      for (index_t r = 0; r < dy.rows; ++r)
+        for (index_t i = 0; i < plane; ++i) s += sign * dy(r, c * plane + i);
+      db[c] = (accumulate ? db[c] : 0.f) + s;
+    }
+  };
+
+  template <class Ctx>
+  static void forward(const Ctx& ctx, const float* p, ConstMatrix x, Matrix y) {
+    for_each_element(ctx, x.rows, x.cols, AddBias{x, y, p});
+  }
+  template <class Ctx>
+  static void backward(const Ctx& ctx, const float*, float* g, bool accumulate, ConstMatrix,
+                       ConstMatrix, ConstMatrix dy, Matrix dx) {
+    for_each_index(ctx, S::channels, Sums{dy, g, 1.f, accumulate});
+    if (!dx.empty()) for_each_element(ctx, dy.rows, dy.cols, Copy{dy, dx, 1.f});
+  }
+  template <class Ctx>
+  static void backward_input(const Ctx& ctx, const float*, ConstMatrix, ConstMatrix, Matrix dy,
+                             Matrix dx) {
+    if (!dx.empty()) for_each_element(ctx, dy.rows, dy.cols, Copy{dy, dx, 1.f});
+    for_each_element(ctx, dy.rows, dy.cols, Copy{dy, dy, -1.f});
+  }
+  template <class Ctx>
+  static void backward_weight(const Ctx& ctx, float* g, bool accumulate, ConstMatrix, ConstMatrix,
+                              ConstMatrix negated) {
+    for_each_index(ctx, S::channels, Sums{negated, g, -1.f, accumulate});
+  }
+};
+
+using S4 = Shape<4, 6, 6>;
+using S8 = Shape<8, 3, 3>;
+using Conv4 = xpipe::Conv2d<S4, 4, 3, ConvOptions{.padding = 1}>;
+
+// Small channel counts: oneDNN keeps plain layouts. 16 channels: blocked ones, so the host's
+// input part reorders dy, and its weight part reuses that reorder where the primitives share it.
+using ConvPlain = xpipe::Conv2d<Shape<3, 7, 7>, 4, 3, ConvOptions{.padding = 1}>;
+using ConvStridedNoBias =
+    xpipe::Conv2d<Shape<2, 9, 9>, 5, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}>;
+using ConvBlocked = xpipe::Conv2d<Shape<16, 6, 6>, 16, 3, ConvOptions{.padding = 1}>;
+using BatchNorm = xpipe::BatchNorm2d<Shape<3, 5, 5>>;  // 25-pixel planes: a partial reduce lane
+using LayerNorm = xpipe::LayerNorm<12>;
+using IdentityBlock =
+    xpipe::Residual<Conv4, xpipe::BatchNorm2d<S4>, xpipe::ReLU, Conv4, xpipe::BatchNorm2d<S4>>;
+// Its last inner layer has no parameters: f's input part reads the block's dy in place.
+using OpenEndedBlock = xpipe::Residual<Conv4, xpipe::BatchNorm2d<S4>, xpipe::ReLU>;
+using Projection =
+    xpipe::Stage<xpipe::Conv2d<S4, 8, 1, ConvOptions{.stride = 2}>, xpipe::BatchNorm2d<S8>>;
+using ProjectedBlock = xpipe::ProjectedResidual<
+    Projection, xpipe::Conv2d<S4, 8, 3, ConvOptions{.stride = 2, .padding = 1}>,
+    xpipe::BatchNorm2d<S8>, xpipe::ReLU, xpipe::Conv2d<S8, 8, 3, ConvOptions{.padding = 1}>,
+    xpipe::BatchNorm2d<S8>>;
+using BlockedBlock = xpipe::Residual<ConvBlocked, xpipe::BatchNorm2d<Shape<16, 6, 6>>>;
+// Both paths end in a layer that overwrites its dy: f's must get a copy of the block's dy (the
+// sum and the projection still need it), and so must the projection's.
+using OverwritingBlock = xpipe::Residual<Conv4, xpipe::ReLU, NegatingBias<S4>>;
+using OverwritingProjected = xpipe::ProjectedResidual<
+    xpipe::Stage<xpipe::Conv2d<S4, 8, 1, ConvOptions{.stride = 2}>, NegatingBias<S8>>,
+    xpipe::Conv2d<S4, 8, 3, ConvOptions{.stride = 2, .padding = 1}>, NegatingBias<S8>>;
+
+// A convolution's weight part reads only x, dy and caches it rebuilds when they are another
+// slot's, so handing it another slot's Saved gives the right gradients: no self-check there.
+template <class L>
+constexpr bool saved_carries = true;
+template <>
+constexpr bool saved_carries<ConvPlain> = false;
+template <>
+constexpr bool saved_carries<ConvStridedNoBias> = false;
+template <>
+constexpr bool saved_carries<ConvBlocked> = false;
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("A split backward gives the whole backward's bits, host and emulated device",
+                   "[layers][split][device][emulated]", ConvPlain, ConvStridedNoBias, ConvBlocked,
+                   BatchNorm, LayerNorm, IdentityBlock, OpenEndedBlock, ProjectedBlock,
+                   BlockedBlock, OverwritingBlock, OverwritingProjected) {
+  SECTION("host") {
+    check_split_matches_whole<TestType, OnHost>(11);
+  }
+  SECTION("emulated device") {
+    check_split_matches_whole<TestType, OnDevice>(11);
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "A split backward keeps its micro-batch's state per slot: F a, F b, I a, I b, W b, W a",
+    "[layers][split][device][emulated]", ConvPlain, ConvStridedNoBias, ConvBlocked, BatchNorm,
+    LayerNorm, IdentityBlock, OpenEndedBlock, ProjectedBlock, BlockedBlock, OverwritingBlock,
+    OverwritingProjected) {
+  SECTION("host") {
+    check_interleaved_slots<TestType, OnHost>(23, saved_carries<TestType>);
+  }
+  SECTION("emulated device") {
+    check_interleaved_slots<TestType, OnDevice>(23, saved_carries<TestType>);
+  }
+}
+
+TEST_CASE("A residual block's slot counts what its split backward keeps", "[layers][split]") {
+  // Without a split the slot keeps f's activations (and the projection's with its input
+  // gradient), as before; a split backward adds the output gradient of each inner layer with
+  // parameters: f's Conv, BN, Conv, BN (rows x 144 each), the projection's Conv and BN.
+  STATIC_REQUIRE(IdentityBlock::saved_floats(2) == IdentityBlock::inner::activation_floats(2));
+  STATIC_REQUIRE(IdentityBlock::kept_gradient_floats(2) == 4 * 2 * S4::size);
+  STATIC_REQUIRE(ProjectedBlock::kept_gradient_floats(2) == 4 * 2 * S8::size + 2 * 2 * S8::size);
+  STATIC_REQUIRE(xpipe::Stage<IdentityBlock, xpipe::ReLU>::kept_gradient_floats(2) ==
+                 2 * S4::size + 4 * 2 * S4::size);  // the block's own output gradient too
+}
+
+namespace {
+// NegatingBias without its split: a block holding it cannot split, and says which layer.
+template <class S>
+struct WholeOnlyBias : NegatingBias<S> {
+  static void backward_input() = delete;
+  static void backward_weight() = delete;
+};
+}  // namespace
+
+TEST_CASE("A residual block splits only where every inner layer does - the stage names it",
+          "[layers][split]") {
+  using Whole = xpipe::Residual<Conv4, xpipe::ReLU, WholeOnlyBias<S4>>;
+  using Split = xpipe::Residual<Conv4, xpipe::ReLU, NegatingBias<S4>>;
+  STATIC_REQUIRE(xpipe::splits_backward<Split>);
+  STATIC_REQUIRE_FALSE(xpipe::splits_backward<WholeOnlyBias<S4>>);
+  STATIC_REQUIRE_FALSE(xpipe::splits_backward<Whole>);
+  REQUIRE(xpipe::Stage<Whole>::unsplit_layer<xpipe::Host>().find("layer 0") == 0);
+  REQUIRE(Whole::inner::unsplit_layer<xpipe::Host>().find("layer 2 (") == 0);
+  REQUIRE(xpipe::Stage<Split>::unsplit_layer<xpipe::Host>().empty());
+}
