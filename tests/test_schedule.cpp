@@ -334,3 +334,89 @@ TEST_CASE("Asynchronous ZB: deferring W defers the steps - s derived, not assume
   REQUIRE(a.backward(3, 3).version == 0);
   REQUIRE(analyze_staleness(async_1f1b(4, 1, 6)).max_forward_s(3) == 0);
 }
+
+// ---- Workers and virtual stages (interleaved) --------------------------------------------------
+
+TEST_CASE("Interleaved 1F1B: workers run several stages - text form with @s, worked by hand",
+          "[schedule][workers]") {
+  // P = 2 workers, v = 2 chunks (worker w: stages w and w + 2), M = 2. Worker 0: warm-up
+  // min((2 - 0 - 1) 2 + (2 - 1) 2, 4) = 4 forwards, chunk 0 then chunk 1 in groups of P = 2
+  // micro-batches, then the 4 backwards, last chunk first. Worker 1: 2 warm-up forwards, then
+  // one forward and one backward alternately.
+  const Schedule s = interleaved_1f1b(2, 2, 2, 1);
+  REQUIRE(s.to_text() ==
+          "xpipe-schedule name=interleaved-1f1b stages=4 workers=2 micro_batches=2 "
+          "mini_batches=1\n"
+          "0: F0@s0 F1@s0 F0@s2 F1@s2 B0@s2 B1@s2 B0@s0 B1@s0 S0@s0 S0@s2\n"
+          "1: F0@s1 F1@s1 F0@s3 B0@s3 F1@s3 B1@s3 B0@s1 B1@s1 S0@s1 S0@s3\n");
+  REQUIRE(s.workers() == 2);
+  REQUIRE(s.has_virtual_stages());
+  REQUIRE(stage_workers(s) == std::vector<int>{0, 1, 0, 1});
+  const Schedule back = parse_schedule(s.to_text());
+  REQUIRE(back.actions == s.actions);
+  REQUIRE(back.worker_order == s.worker_order);
+  REQUIRE_NOTHROW(validate(back));
+  // Each stage's own list is what it runs, in order, whichever worker runs it.
+  REQUIRE(s.actions[2] == std::vector<Action>{fwd(0), fwd(1), bwd(0), bwd(1), step(0)});
+  REQUIRE_FALSE(one_f_one_b_flush(4, 2, 1).has_virtual_stages());
+  REQUIRE_THROWS_WITH(interleaved_1f1b(2, 2, 3, 1), Contains("multiple of the workers"));
+  REQUIRE_THROWS_WITH(make_schedule("interleaved-1f1b", 3, 2, 1),
+                      Contains("even number of stages, at least 4"));
+  for (int P : {1, 2, 3, 4})
+    for (int v : {1, 2, 3})
+      for (int M : {P, 2 * P, 3 * P}) {
+        INFO("P=" << P << " v=" << v << " M=" << M);
+        REQUIRE_NOTHROW(validate(interleaved_1f1b(P, v, M, 3)));
+      }
+}
+
+TEST_CASE("Worker lists are checked - naming worker, stage and action", "[schedule][workers]") {
+  const std::string head = "xpipe-schedule stages=2 workers=2 micro_batches=1 mini_batches=1\n";
+  REQUIRE_THROWS_WITH(validate(parse_schedule(head + "0: F0@s0 B0@s0 S0@s0 F0@s1\n"
+                                                     "1: B0@s1 S0@s1\n")),
+                      Contains("stage 1 is run by workers 0 and 1"));
+  REQUIRE_THROWS_WITH(parse_schedule(head + "0: F0 B0 S0\n"),
+                      Contains("line 2") && Contains("'F0' of worker 0 names no stage"));
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=1 micro_batches=1 mini_batches=1\n0: F0@s0 B0 S0\n"),
+      Contains("names a stage, but the header has no workers="));
+  REQUIRE_THROWS_WITH(
+      parse_schedule("xpipe-schedule stages=2 workers=3 micro_batches=1 mini_batches=1\n"),
+      Contains("workers must be from 1 to stages (2), got 3"));
+  REQUIRE_THROWS_WITH(parse_schedule(head + "0: F0@s7\n"), Contains("stage 7 out of range"));
+  Schedule s = one_f_one_b_flush(2, 1, 1);  // 0: F0 B0 S0, 1: F0 B0 S0
+  s.worker_order = {{0, 0, 0}};
+  REQUIRE_THROWS_WITH(validate(s), Contains("no worker runs stage 1"));
+  s.worker_order = {{0, 0, 1, 1, 1}};
+  REQUIRE_THROWS_WITH(validate(s), Contains("worker 0 runs 2 actions of stage 0, which has 3"));
+  // One worker, both stages: F0 of stage 1 before F0 of stage 0 can never run.
+  s.worker_order = {{1, 0, 0, 0, 1, 1}};
+  REQUIRE_THROWS_WITH(validate(s), Contains("deadlocks") &&
+                                       Contains("worker 0, stage 1: F0 (position 0) waits for F0"));
+  s.worker_order = {{0, 1, 1, 0, 0, 1}};  // F0@s0 F0@s1 B0@s1 B0@s0 S0@s0 S0@s1: fine
+  REQUIRE_NOTHROW(validate(s));
+}
+
+TEST_CASE("Interleaved 1F1B's idle time is (P-1)(T_F + T_B), 1F1B's on v-fold stages v times that",
+          "[schedule][workers]") {
+  // Narayanan et al. (SC 2021): with v model chunks per worker the bubble shrinks by v. Per
+  // chunk F = 1, B = 2 (a 1F1B stage of v chunks: F = v, B = 2v).
+  for (int P : {2, 4, 8})
+    for (int v : {2, 3})
+      for (int M : {P, 2 * P}) {
+        INFO("P=" << P << " v=" << v << " M=" << M);
+        const auto chunk = [](int, const Action& a) {
+          return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 : 1.0;
+        };
+        const auto whole = [v](int, const Action& a) {
+          return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 * v : v;
+        };
+        const Schedule s = interleaved_1f1b(P, v, M, 1);
+        const ExecutionTrace t = dry_run(s, chunk);
+        REQUIRE(t.seconds == Approx(3.0 * M * v + 3.0 * (P - 1)));
+        REQUIRE(dry_run(one_f_one_b_flush(P, M, 1), whole).seconds ==
+                Approx(3.0 * v * (M + P - 1)));
+        for (int w = 0; w < P; ++w)
+          REQUIRE(worker_bubble_fraction(t, s, w) * t.seconds == Approx(3.0 * (P - 1)));
+      }
+}

@@ -112,6 +112,35 @@ TEST_CASE("Simulation without limits equals the dry run under the same costs", "
       }
 }
 
+TEST_CASE("Simulated interleaved 1F1B: a worker runs one action at a time, as the dry run says",
+          "[sim][workers]") {
+  Rng rng{5};
+  for (const auto& [P, v, M] : {std::tuple{2, 2, 4}, std::tuple{4, 2, 8}, std::tuple{2, 3, 2}}) {
+    const Schedule s = interleaved_1f1b(P, v, M, 3);
+    CostModel m;
+    for (int k = 0; k < P * v; ++k)
+      m.stages.push_back({.forward = rng.uniform(0.5f, 2.f),
+                          .backward = rng.uniform(1.f, 3.f),
+                          .step = rng.uniform(0.f, 0.5f)});
+    const SimResult r = simulate(s, m);
+    const ExecutionTrace d = dry_run(s, [&](int k, const Action& a) { return m.seconds(k, a); });
+    INFO("P=" << P << " v=" << v << " M=" << M);
+    REQUIRE(r.seconds == Approx(d.seconds));
+    const std::vector<int> owner = stage_workers(s);
+    for (int k = 0; k < P * v; ++k)
+      for (std::size_t p = 0; p < s.actions[k].size(); ++p) {
+        REQUIRE(r.trace.at(k, p).start == Approx(d.at(k, p).start));
+        // No other action of the same worker overlaps this one.
+        for (int j = 0; j < P * v; ++j)
+          if (owner[j] == owner[k])
+            for (std::size_t q = 0; q < s.actions[j].size(); ++q)
+              if (j != k || q != p)
+                REQUIRE((r.trace.at(j, q).end <= r.trace.at(k, p).start + 1e-9 ||
+                         r.trace.at(j, q).start >= r.trace.at(k, p).end - 1e-9));
+      }
+  }
+}
+
 TEST_CASE("Simulated order respects every dependency of the IR, links and capacities", "[sim]") {
   Rng rng{11};
   for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb"})

@@ -126,6 +126,24 @@ TEST_CASE("sweep_points: per optimizer, M and K the baseline first, 2BW on its s
   CHECK(p[0].lr == 1e-3f);
 }
 
+TEST_CASE("sweep_points: each remedy on each asynchronous schedule, 2BW once on its own",
+          "[tool][sweep]") {
+  SweepPlan plan;
+  plan.stages = {4};
+  plan.micro_batches = {1};
+  plan.predictors = {"xpipe", "2bw", "paci"};
+  plan.schedules = {"async-1f1b", "async-zb"};
+  plan.optimizers = {"adam"};
+  const auto p = sweep_points(plan);
+  std::vector<std::string> labels;
+  for (const SweepPoint& q : p) labels.push_back(q.label());
+  CHECK(labels == std::vector<std::string>{"gpipe+latest(adam)", "async-1f1b+xpipe(adam)",
+                                           "async-zb+xpipe(adam)", "2bw+2bw(adam)",
+                                           "async-1f1b+paci(adam)", "async-zb+paci(adam)"});
+  CHECK(sweep_remedies(plan).size() == 5);
+  CHECK(sweep_remedies(plan)[2].label() == "2bw+2bw");
+}
+
 TEST_CASE("the sweep's list flags name what is wrong", "[tool][sweep]") {
   std::vector<int> ints;
   CHECK(parse_int_list("2,4", {2, 4, 8}, 0, 0, ints).empty());

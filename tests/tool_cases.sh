@@ -301,6 +301,18 @@ case $case in
     cut -d, -f9-11 rzb/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resnet zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
+  interleaved_trains_like_1f1b)  # 4 stages on 2 workers = 1F1B-flush on 4, bit for bit
+    m=(--stages 4 -M 4 --predictor latest "${small[@]}")
+    run 0 "${m[@]}" --schedule 1f1b-flush --out one
+    run 0 "${m[@]}" --schedule interleaved-1f1b --pin-cpus 0 --out v
+    cut -d, -f9-11 one/runs.csv >want.txt
+    cut -d, -f9-11 v/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "interleaved differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    svg=v/timeline-interleaved-1f1b_latest_adam.svg
+    grep -q '>worker 1<' $svg && ! grep -q '>worker 2<' $svg || fail "not a row per worker"
+    run 1 --stages 2 --schedule interleaved-1f1b "${small[@]}" --out bad  # a failed run
+    says "interleaved-1f1b.* failed: .*even number of stages, at least 4 \\(got 2\\)"
+    ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out
     run 2 "${small[@]}" --checkpoint-dir ck --out out
@@ -418,6 +430,8 @@ case $case in
     says "--sweep-predictors: 'foo' is not one of latest, stash, 2bw, spectrain, xpipe"
     run 2 --sweep --sweep-optimizers adam,adam
     says "--sweep-optimizers: adam is listed twice"
+    run 2 --sweep --sweep-schedules async-1f1b,gpipe
+    says "--sweep-schedules: 'gpipe' is not one of async-1f1b, async-zb"
     run 2 --sweep --sweep-micro-batches 1,
     says "--sweep-micro-batches: '' is not a whole number from 1 to 1024"
     run 2 --sweep --sweep-micro-batches 128

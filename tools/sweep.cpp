@@ -14,9 +14,17 @@ namespace xpipe::tools {
 
 namespace fs = std::filesystem;
 
-std::string sweep_schedule_for(const std::string& predictor) {
-  // 2BW's double buffer is the schedule's premise, with or without the error feedback.
-  return predictor == "2bw" || predictor == "2bw-ef" ? "2bw" : "async-1f1b";
+std::vector<SweepRemedy> sweep_remedies(const SweepPlan& plan) {
+  std::vector<SweepRemedy> out;
+  for (const std::string& p : plan.predictors) {
+    // 2BW's double buffer is the schedule's premise, with or without the error feedback.
+    if (p == "2bw" || p == "2bw-ef") {
+      out.push_back({"2bw", p});
+      continue;
+    }
+    for (const std::string& s : plan.schedules) out.push_back({s, p});
+  }
+  return out;
 }
 
 std::vector<SweepPoint> sweep_points(const SweepPlan& plan) {
@@ -26,8 +34,8 @@ std::vector<SweepPoint> sweep_points(const SweepPlan& plan) {
       for (int k : plan.stages) {
         const float lr = opt == "sgd" ? plan.sgd_lr : plan.lr;
         out.push_back({k, m, "gpipe", "latest", opt, lr});
-        for (const std::string& p : plan.predictors)
-          out.push_back({k, m, sweep_schedule_for(p), p, opt, lr});
+        for (const SweepRemedy& r : sweep_remedies(plan))
+          out.push_back({k, m, r.schedule, r.predictor, opt, lr});
       }
   return out;
 }
@@ -371,6 +379,7 @@ void SweepFiles::write_summaries() const {
                      {"stages", plan_.stages},
                      {"micro_batches", plan_.micro_batches},
                      {"predictors", plan_.predictors},
+                     {"schedules", plan_.schedules},
                      {"optimizers", plan_.optimizers},
                      {"seeds", plan_.seeds},
                      {"lr", plan_.lr},
@@ -456,29 +465,31 @@ void SweepFiles::write_summaries() const {
   // index) per panel (M, optimizer) and remedy; sd 0 where undefined (n < 2).
   std::ostringstream gap, panels;
   int block = 0;
+  const std::vector<SweepRemedy> remedies = sweep_remedies(plan_);
   const std::size_t rows = plan_.micro_batches.size(), cols = plan_.optimizers.size();
   const int last = plan_.epochs - 1;
   for (int m : plan_.micro_batches)
     for (const std::string& opt : plan_.optimizers) {
       panels << "set title 'M = " << m << ", " << opt << " (last epoch, mean ± sd over seeds)'\n"
              << "plot 0 with lines lc rgb 'black' dt 2 title 'GPipe'";
-      for (std::size_t i = 0; i < plan_.predictors.size(); ++i) {
+      for (std::size_t i = 0; i < remedies.size(); ++i) {
         std::ostringstream pts;
         for (const SweepCell& c : cells)
           if (c.point.micro_batches == m && c.point.optimizer == opt &&
-              c.point.predictor == plan_.predictors[i] && !c.point.baseline() && c.gap[last].n > 0)
+              c.point.predictor == remedies[i].predictor &&
+              c.point.schedule == remedies[i].schedule && !c.point.baseline() && c.gap[last].n > 0)
             pts << c.point.stages << ',' << num(c.gap[last].mean) << ','
                 << (std::isnan(c.gap[last].sd) ? "0" : num(c.gap[last].sd)) << ',' << c.gap[last].n
                 << '\n';
         if (pts.str().empty()) continue;
         gap << (block ? "\n\n" : "") << "# index " << block << ": M = " << m << ", " << opt << ", "
-            << plan_.predictors[i] << " (K, gap mean, gap sd, pairs)\n"
+            << remedies[i].label() << " (K, gap mean, gap sd, pairs)\n"
             << pts.str();
         // Spread the remedies a little along K so their error bars do not hide each other.
-        const double shift = (static_cast<double>(i) - (plan_.predictors.size() - 1) / 2.0) * 0.025;
+        const double shift = (static_cast<double>(i) - (remedies.size() - 1) / 2.0) * 0.025;
         panels << ", \\\n  'sweep-gap.csv' index " << block << " using ($1*2**(" << num(shift)
                << ")):2:3 with yerrorlines lw 2 lc " << i + 1 << " pt " << i + 1 << " title '"
-               << sweep_schedule_for(plan_.predictors[i]) << "+" << plan_.predictors[i] << "'";
+               << remedies[i].label() << "'";
         ++block;
       }
       panels << '\n';
@@ -520,13 +531,14 @@ void SweepFiles::write_summaries() const {
   int pblock = 0;
   for (int m : plan_.micro_batches)
     for (const std::string& opt : plan_.optimizers) {
-      std::vector<std::pair<int, std::size_t>> blocks;  // (gnuplot index, predictor)
-      for (std::size_t i = 0; i < plan_.predictors.size(); ++i) {
+      std::vector<std::pair<int, std::size_t>> blocks;  // (gnuplot index, remedy)
+      for (std::size_t i = 0; i < remedies.size(); ++i) {
         std::map<int, std::array<double, 3>> by_s;  // s: predictions, sums of error and cosine
         for (const SweepRun& r : runs_)
           if (r.status == SweepStatus::ok && !r.point.baseline() && !r.epochs.empty() &&
               r.point.micro_batches == m && r.point.optimizer == opt &&
-              r.point.predictor == plan_.predictors[i])
+              r.point.predictor == remedies[i].predictor &&
+              r.point.schedule == remedies[i].schedule)
             for (const PredictionError& q : r.epochs.back().prediction_error) {
               auto& a = by_s[q.s];
               a[0] += static_cast<double>(q.count);
@@ -540,7 +552,7 @@ void SweepFiles::write_summaries() const {
                 << '\n';
         if (pts.str().empty()) continue;
         pred << (pblock ? "\n\n" : "") << "# index " << pblock << ": M = " << m << ", " << opt
-             << ", " << plan_.predictors[i]
+             << ", " << remedies[i].label()
              << " (s, mean relative error, mean cosine, predictions)\n"
              << pts.str();
         blocks.emplace_back(pblock++, i);
@@ -559,8 +571,7 @@ void SweepFiles::write_summaries() const {
           const std::size_t i = blocks[b].second;
           plots << (b ? ", \\\n  " : "") << "'sweep-prediction.csv' index " << blocks[b].first
                 << " using 1:" << col << " with linespoints lw 2 lc " << i + 1 << " pt " << i + 1
-                << " title '" << sweep_schedule_for(plan_.predictors[i]) << "+"
-                << plan_.predictors[i] << "'";
+                << " title '" << remedies[i].label() << "'";
         }
         plots << '\n';
       }

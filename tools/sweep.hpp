@@ -33,6 +33,9 @@ struct SweepPlan {
   std::string model = "deep";
   std::vector<int> stages, micro_batches;
   std::vector<std::string> predictors, optimizers;
+  //! The asynchronous schedules the remedies run on (--sweep-schedules; the 2BW remedies run on
+  //! 2bw whatever it says).
+  std::vector<std::string> schedules{"async-1f1b"};
   int seeds = 3;
   float lr = 1e-3f;                      // every optimizer but sgd
   float sgd_lr = 0.01f;                  // sgd (momentum 0.9)
@@ -43,13 +46,22 @@ struct SweepPlan {
   int epochs = 2;
 };
 
-//! The schedule a predictor runs on in the sweep, as in --compare: "2bw" for the 2BW predictors
-//! (2bw and 2bw-ef: their double buffer is the schedule's premise), async-1f1b for every other
-//! remedy.
-std::string sweep_schedule_for(const std::string& predictor);
+//! The asynchronous schedules --sweep-schedules may name.
+inline const std::vector<std::string> sweep_schedule_choices{"async-1f1b", "async-zb"};
+
+//! One remedy of the sweep: a predictor on a schedule.
+struct SweepRemedy {
+  std::string schedule, predictor;
+  std::string label() const { return schedule + "+" + predictor; }
+};
+
+//! The remedies of `plan`, in order: each predictor on each of plan.schedules, except the 2BW
+//! predictors (2bw and 2bw-ef: their double buffer is the schedule's premise), which run once,
+//! on 2bw.
+std::vector<SweepRemedy> sweep_remedies(const SweepPlan& plan);
 
 //! The configurations of `plan` in the order they run: per optimizer, M and K, GPipe + Latest
-//! first, then each predictor on its schedule.
+//! first, then each remedy (sweep_remedies).
 std::vector<SweepPoint> sweep_points(const SweepPlan& plan);
 
 //! ok: every epoch trained. diverged: stopped by tools::divergence or a NaN loss. not_run: the

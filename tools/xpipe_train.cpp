@@ -195,14 +195,14 @@ int run_sweep(const RunConfig& base, const tools::SweepPlan& plan, const Dataset
   tools::SweepFiles files(plan, out);
   const auto& planned = files.planned();
   std::printf(
-      "xpipe-train: staleness sweep, model %s, %zu runs (K %s x M %s x %zu remedies and GPipe x "
+      "xpipe-train: staleness sweep, model %s, %zu runs (K %s x M %s x (%zu remedies and GPipe) x "
       "%zu optimizers x %d seeds), %d epoch(s) of %ld samples, batch %ld; results go to %s as "
       "each run ends\n",
       plan.model.c_str(), planned.size(),
       joined(std::vector<double>(plan.stages.begin(), plan.stages.end()), "%.0f").c_str(),
       joined(std::vector<double>(plan.micro_batches.begin(), plan.micro_batches.end()), "%.0f")
           .c_str(),
-      plan.predictors.size(), plan.optimizers.size(), plan.seeds, plan.epochs,
+      tools::sweep_remedies(plan).size(), plan.optimizers.size(), plan.seeds, plan.epochs,
       static_cast<long>(data.train.count), plan.batch, out.c_str());
   std::fflush(stdout);
   const auto stop = [&](const std::string& when) {
@@ -353,6 +353,8 @@ std::string check_sweep_flags(const CLI::App& app, Flags& f) {
            ? ""
            : tools::parse_name_list(f.sweep_predictors, name_list(predictor_names),
                                     plan.predictors)},
+      {"--sweep-schedules",
+       tools::parse_name_list(f.sweep_schedules, tools::sweep_schedule_choices, plan.schedules)},
       {"--sweep-optimizers",
        tools::parse_name_list(f.sweep_optimizers, name_list(optimizer_names), plan.optimizers)}};
   for (const auto& [flag, why] : checks)

@@ -70,6 +70,12 @@ int run(const Options& o) {
           std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | |\n", K, s.c_str(), M);
           continue;
         }
+        try {
+          (void)make_schedule(s, K, M, 1);  // a shape the generator refuses is no cell
+        } catch (const ConfigError& e) {
+          std::printf("| %d | %s | %d | n/a (%s) | | | | | |\n", K, s.c_str(), M, e.what());
+          continue;
+        }
         const Cell c = validation_cell(o.model, K, s, M, 128, N, repeats, cores, ring.latency, pin);
         worst = std::max(worst, std::abs(c.error()));
         std::string free;
@@ -99,10 +105,16 @@ int run(const Options& o) {
                   {"cores_with", c.model.cores_with},
                   {"core_speed", c.model.core_speed},
                   {"simulated_quiet_ms", c.simulated_quiet * 1e3}};
-        for (const auto& st : c.model.stages)
-          cell["stage_costs_ms"].push_back({{"forward", st.forward * 1e3},
-                                            {"backward", st.backward * 1e3},
-                                            {"step", st.step * 1e3}});
+        for (const auto& st : c.model.stages) {
+          json costs{{"forward", st.forward * 1e3},
+                     {"backward", st.backward * 1e3},
+                     {"step", st.step * 1e3}};
+          if (c.plan.splits_backward()) {  // the halves, as profiled
+            costs["input_grad"] = st.input_grad * 1e3;
+            costs["weight_grad"] = st.weight_grad * 1e3;
+          }
+          cell["stage_costs_ms"].push_back(costs);
+        }
         cells.push_back(cell);
         if (!out.empty()) {
           const std::string stem = "k" + std::to_string(K) + "-" + s + "-m" + std::to_string(M);

@@ -34,7 +34,7 @@ struct Flags {
   tools::SweepPlan plan;
   bool sweep = false;
   std::string sweep_stages, sweep_micro_batches = "1,4", sweep_predictors,
-                            sweep_optimizers = "adam,sgd";
+                            sweep_schedules = "async-1f1b", sweep_optimizers = "adam,sgd";
 };
 
 // A library name list (schedule_names, ...) as strings.
@@ -217,6 +217,12 @@ inline void add_flags(CLI::App& app, Flags& f) {
                  "Predictors (remedies) of --sweep, a comma list of " +
                      join_names(predictor_names) + " (default: all)")
       ->needs(sweep_flag);
+  app.add_option("--sweep-schedules", f.sweep_schedules,
+                 "Asynchronous schedules the remedies of --sweep run on, a comma list of " +
+                     join_names(tools::sweep_schedule_choices) +
+                     " (the 2bw and 2bw-ef remedies run on 2bw)")
+      ->needs(sweep_flag)
+      ->capture_default_str();
   app.add_option("--sweep-optimizers", f.sweep_optimizers,
                  "Optimizers of --sweep, a comma list of " + join_names(optimizer_names) +
                      " (sgd: momentum 0.9, at --sgd-lr)")

@@ -218,6 +218,11 @@ class MpiExecutor {
                         std::to_string(s.stages) + " stages, but " + std::to_string(size_) +
                         " ranks over " + std::to_string(replicas_) + " replica(s) make " +
                         std::to_string(stages_) + " (launch replicas x stages ranks)");
+    if (s.has_virtual_stages())
+      throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' runs " +
+                        std::to_string(s.stages) + " stages on " + std::to_string(s.workers()) +
+                        " workers; a rank runs one stage (use the threaded or reference executor "
+                        "for virtual stages)");
     if (replicas_ > 1 && !has_gradients<P>)
       throw ConfigError("xpipe: MpiExecutor: " + std::to_string(replicas_) +
                         " replicas need the Program's gradients(k) to average them");

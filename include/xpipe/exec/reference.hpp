@@ -9,12 +9,14 @@
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/exec/executor.hpp"
+#include "xpipe/schedule/structure.hpp"
 
 namespace xpipe {
 
 //! Runs every action on the calling thread: repeatedly, the next action of the lowest-numbered
-//! stage that is ready. Whatever an action throws reaches the caller as a StageError naming the
-//! stage and action. Usage: `ReferenceExecutor{}.run(program)`.
+//! worker that is ready (a worker per stage, or the schedule's workers, each in its order).
+//! Whatever an action throws reaches the caller as a StageError naming the stage and action. Usage:
+//! `ReferenceExecutor{}.run(program)`.
 class ReferenceExecutor {
  public:
   static constexpr const char* name = "reference";
@@ -25,13 +27,16 @@ class ReferenceExecutor {
     ScopedFlushDenormals ftz;
     trace_ = ExecutionTrace::sized_for(s);
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::size_t> next(static_cast<std::size_t>(s.stages), 0);
+    // Each worker's actions in its order (one worker per stage, or the schedule's workers).
+    const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
+    std::vector<std::size_t> next(steps.size(), 0);
     for (bool progress = true; progress;) {
       progress = false;
-      for (int k = 0; k < s.stages; ++k) {
-        const auto& list = s.actions[k];
-        while (next[k] < list.size() && program.ready(k, list[next[k]])) {
-          const Action& a = list[next[k]];
+      for (std::size_t w = 0; w < steps.size(); ++w) {
+        while (next[w] < steps[w].size()) {
+          const auto [k, p] = steps[w][next[w]];
+          const Action& a = s.actions[static_cast<std::size_t>(k)][p];
+          if (!program.ready(k, a)) break;
           const double start = detail::seconds_since(t0);
           try {
             program.execute(k, a);
@@ -42,18 +47,20 @@ class ReferenceExecutor {
           } catch (...) {
             throw StageError(k, to_string(a), "non-standard exception");
           }
-          trace_.stages[k][next[k]] = {a, start, detail::seconds_since(t0)};
-          ++next[k];
+          trace_.stages[k][p] = {a, start, detail::seconds_since(t0)};
+          ++next[w];
           progress = true;
         }
       }
     }
     trace_.seconds = detail::seconds_since(t0);
-    for (int k = 0; k < s.stages; ++k)
-      if (next[k] < s.actions[k].size())
-        throw StageError(k, to_string(s.actions[k][next[k]]),
+    for (std::size_t w = 0; w < steps.size(); ++w)
+      if (next[w] < steps[w].size()) {
+        const auto [k, p] = steps[w][next[w]];
+        throw StageError(k, to_string(s.actions[static_cast<std::size_t>(k)][p]),
                          "no stage can make progress (the schedule deadlocks with these queue "
                          "capacities)");
+      }
   }
 
   const ExecutionTrace& trace() const { return trace_; }

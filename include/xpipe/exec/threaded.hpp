@@ -1,5 +1,6 @@
-// The threaded executor: one thread per stage, each running its own list, waiting on its links
-// by spinning briefly and then yielding. The same bits as the reference executor.
+// The threaded executor: one thread per worker (per stage, or the schedule's workers), each
+// running its actions in order, waiting on its links by spinning briefly and then yielding. The
+// same bits as the reference executor.
 #pragma once
 
 #include <algorithm>
@@ -26,10 +27,13 @@
 #include "xpipe/core/error.hpp"
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/schedule/dependencies.hpp"
+#include "xpipe/schedule/structure.hpp"
 
 namespace xpipe {
 
-//! One thread per stage, each running its own list; waits spin briefly, then yield, and give up
+//! One thread per worker: per stage, each running its own list, or per worker of a schedule with
+//! virtual stages (Schedule::worker_order), each running its stages' actions in its order; the
+//! cpus list then pins workers. Waits spin briefly, then yield, and give up
 //! when another stage failed or after `wait_timeout` without progress. An exception in any
 //! stage stops all of them and is rethrown to the caller as a StageError naming the stage and
 //! action (a thrown object that is not a std::exception becomes one saying "non-standard
@@ -74,11 +78,14 @@ class ThreadedExecutor {
     stop_.store(false);
     error_ = nullptr;
     positions_ = std::make_unique<Position[]>(static_cast<std::size_t>(s.stages));
+    const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<std::size_t>(s.stages));
-    for (int k = 0; k < s.stages; ++k)
-      threads.emplace_back([this, &program, &s, k, t0] { stage_loop(program, s, k, t0); });
+    threads.reserve(steps.size());
+    for (std::size_t w = 0; w < steps.size(); ++w)
+      threads.emplace_back([this, &program, &s, &steps, w, t0] {
+        worker_loop(program, s, steps[w], static_cast<int>(w), t0);
+      });
     for (auto& t : threads) t.join();
     trace_.seconds = detail::seconds_since(t0);
     if (error_) std::rethrow_exception(error_);
@@ -128,31 +135,36 @@ class ThreadedExecutor {
 #endif
   }
 
+  // Worker w's thread: its actions in its order (a worker per stage: that stage's list). Each
+  // action's stage k keeps its position for the diagnostics (late_error) as with one stage per
+  // thread.
   template <class P>
-  void stage_loop(P& program, const Schedule& s, int k, std::chrono::steady_clock::time_point t0) {
+  void worker_loop(P& program, const Schedule& s, const std::vector<WorkerStep>& mine, int w,
+                   std::chrono::steady_clock::time_point t0) {
     ScopedFlushDenormals ftz;
-    const auto& list = s.actions[k];
-    std::atomic<std::uint64_t>& at = positions_[static_cast<std::size_t>(k)].at;
     std::size_t i = 0;
     try {
-      if (!cpus.empty()) pin_self(k);
-      for (; i < list.size(); ++i) {
-        const Action& a = list[i];
-        if (!wait_ready(program, s, k, a)) return;  // another stage failed
-        at.store(2 * i + 1, std::memory_order_relaxed);
+      if (!cpus.empty()) pin_self(w);
+      for (; i < mine.size(); ++i) {
+        const auto [k, p] = mine[i];
+        const Action& a = s.actions[static_cast<std::size_t>(k)][p];
+        std::atomic<std::uint64_t>& at = positions_[static_cast<std::size_t>(k)].at;
+        if (!wait_ready(program, s, k, a)) return;  // another worker failed
+        at.store(2 * p + 1, std::memory_order_relaxed);
         const double start = detail::seconds_since(t0);
         program.execute(k, a);
-        trace_.stages[k][i] = {a, start, detail::seconds_since(t0)};
-        at.store(2 * i + 2, std::memory_order_relaxed);
+        trace_.stages[k][p] = {a, start, detail::seconds_since(t0)};
+        at.store(2 * p + 2, std::memory_order_relaxed);
       }
     } catch (const StageError&) {
       fail(std::current_exception());
     } catch (const std::exception& e) {
-      fail(std::make_exception_ptr(StageError(k, to_string(list[i]), e.what())));
+      const auto [k, p] = mine[i];
+      fail(std::make_exception_ptr(StageError(k, to_string(s.actions[k][p]), e.what())));
     } catch (...) {
-      // Anything else thrown (an int, a user type) must not escape the thread: that would
-      // call std::terminate and take the whole process down.
-      fail(std::make_exception_ptr(StageError(k, to_string(list[i]), "non-standard exception")));
+      const auto [k, p] = mine[i];
+      fail(std::make_exception_ptr(
+          StageError(k, to_string(s.actions[k][p]), "non-standard exception")));
     }
   }
 

@@ -42,8 +42,12 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
     return sent_at[static_cast<std::size_t>(info(a.kind).travel)][static_cast<std::size_t>(k)]
                   [static_cast<std::size_t>(a.index)];
   };
-  std::vector<std::size_t> next(static_cast<std::size_t>(K), 0);
-  std::vector<double> free_at(static_cast<std::size_t>(K), 0);
+  // Each worker runs its actions in its order, one at a time (a worker of one stage: that
+  // stage's list).
+  const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
+  const int P = s.workers();
+  std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(P), 0);
   // When the input of stage k's action a is available; false while its producer has not run.
   auto input_ready = [&](int k, const Action& a, double& ready) -> bool {
     const int from = producer_stage(K, k, a);
@@ -52,26 +56,32 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
   };
   for (bool progress = true; progress;) {
     progress = false;
-    for (int k = 0; k < K; ++k) {
-      const auto& list = s.actions[static_cast<std::size_t>(k)];
+    for (int w = 0; w < P; ++w) {
+      const auto& mine = steps[static_cast<std::size_t>(w)];
       double ready = 0;
-      while (next[k] < list.size() && input_ready(k, list[next[k]], ready)) {
-        const Action& a = list[next[k]];
-        const double t0 = std::max(free_at[k], ready), t1 = t0 + cost(k, a);
-        tl.stages[k][next[k]] = {a, t0, t1};
-        free_at[k] = t1;
+      while (next[w] < mine.size()) {
+        const auto [k, p] = mine[next[w]];
+        const Action& a = s.actions[static_cast<std::size_t>(k)][p];
+        if (!input_ready(k, a, ready)) break;
+        const double t0 = std::max(free_at[w], ready), t1 = t0 + cost(k, a);
+        tl.stages[k][p] = {a, t0, t1};
+        free_at[w] = t1;
         tl.seconds = std::max(tl.seconds, t1);
         if (info(a.kind).travel != Travel::None) sent_slot(k, a) = t1;
-        ++next[k];
+        ++next[w];
         progress = true;
       }
     }
   }
   std::string stuck;
-  for (int k = 0; k < K; ++k) {
-    if (next[k] == s.actions[k].size()) continue;
-    const Action& a = s.actions[k][next[k]];
-    stuck += "; " + detail::at(k, a, next[k]) + " waits for " + to_string(a) + " of stage " +
+  for (int w = 0; w < P; ++w) {
+    const auto& mine = steps[static_cast<std::size_t>(w)];
+    if (next[w] == mine.size()) continue;
+    const auto [k, p] = mine[next[w]];
+    const Action& a = s.actions[static_cast<std::size_t>(k)][p];
+    stuck += std::string("; ") +
+             (s.has_virtual_stages() ? "worker " + std::to_string(w) + ", " : "") +
+             detail::at(k, a, p) + " waits for " + to_string(a) + " of stage " +
              std::to_string(producer_stage(K, k, a));
   }
   if (!stuck.empty()) throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
@@ -80,7 +90,8 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
 
 }  // namespace detail
 
-//! As-soon-as-possible dry run: each stage runs its list in order; an action waits for what its
+//! As-soon-as-possible dry run: each worker runs its actions in order (one worker per stage, or
+//! the schedule's worker_order), one at a time; an action waits for what its
 //! producer stage sends (F(k, g) for F(k-1, g); B(k, g) or I(k, g) for the B or I of g at k+1).
 //! Returns every action's start and end (the trace's `seconds` is the makespan). Throws ConfigError
 //! on deadlock, naming what each stuck stage waits for, and on a schedule that fails
@@ -88,6 +99,18 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
 inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
   check_structure(s);
   return detail::dry_run_checked(s, cost);
+}
+
+//! Fraction of the run that worker w of `s` spent not computing: 1 - the time its stages' actions
+//! took / the run's. For a schedule of one stage per worker, trace.bubble_fraction(w).
+inline double worker_bubble_fraction(const ExecutionTrace& trace, const Schedule& s, int w) {
+  const std::vector<int> owner = stage_workers(s);
+  double busy = 0;
+  for (int k = 0; k < s.stages; ++k)
+    if (owner[static_cast<std::size_t>(k)] == w)
+      for (const ActionTiming& t : trace.stages[static_cast<std::size_t>(k)])
+        busy += t.end - t.start;
+  return trace.seconds > 0 ? 1.0 - busy / trace.seconds : 0.0;
 }
 
 }  // namespace xpipe

@@ -108,8 +108,20 @@ struct Schedule {
   int micro_batches = 0;                     // M, per mini-batch
   int mini_batches = 0;                      // N
   std::vector<std::vector<Action>> actions;  // actions[k]: stage k's list, in order
+  //! Who runs the stages (threads, ranks, streams): worker w runs, in this order, the next
+  //! action of stage worker_order[w][i] for i = 0, 1, ...; each stage belongs to one worker and
+  //! appears there once per action of its list. Empty: one worker per stage, worker k running
+  //! stage k's list (every schedule of one stage per worker). Interleaved schedules give a
+  //! worker several stages (virtual stages).
+  std::vector<std::vector<int>> worker_order;
 
   int total_micro_batches() const { return micro_batches * mini_batches; }
+  //! How many workers run the stages (stages, without a worker_order).
+  int workers() const {
+    return worker_order.empty() ? stages : static_cast<int>(worker_order.size());
+  }
+  //! Whether some worker runs more than one stage.
+  bool has_virtual_stages() const { return workers() < stages; }
   int mini_batch_of(int g) const { return g / micro_batches; }
   //! The mini-batch an action belongs to (a step's index is its mini-batch).
   int mini_batch_of(const Action& a) const {
@@ -129,13 +141,26 @@ struct Schedule {
   //!   xpipe-schedule name=gpipe stages=2 micro_batches=2 mini_batches=1
   //!   0: F0 F1 B0 B1 S0
   //!   1: F0 F1 B0 B1 S0
+  //! With a worker_order, `workers=P` in the header and one line per worker, each action naming
+  //! its stage: `0: F0@s0 F0@s2 ...`. The schedule must have its structure (check_structure).
   std::string to_text() const {
     std::ostringstream os;
-    os << "xpipe-schedule name=" << name << " stages=" << stages
-       << " micro_batches=" << micro_batches << " mini_batches=" << mini_batches << "\n";
-    for (int k = 0; k < stages; ++k) {
-      os << k << ":";
-      for (const Action& a : actions[static_cast<std::size_t>(k)]) os << ' ' << to_string(a);
+    os << "xpipe-schedule name=" << name << " stages=" << stages;
+    if (!worker_order.empty()) os << " workers=" << worker_order.size();
+    os << " micro_batches=" << micro_batches << " mini_batches=" << mini_batches << "\n";
+    if (worker_order.empty()) {
+      for (int k = 0; k < stages; ++k) {
+        os << k << ":";
+        for (const Action& a : actions[static_cast<std::size_t>(k)]) os << ' ' << to_string(a);
+        os << "\n";
+      }
+      return os.str();
+    }
+    std::vector<std::size_t> next(static_cast<std::size_t>(stages), 0);
+    for (std::size_t w = 0; w < worker_order.size(); ++w) {
+      os << w << ":";
+      for (int k : worker_order[w])
+        os << ' ' << to_string(actions[static_cast<std::size_t>(k)][next[k]++]) << "@s" << k;
       os << "\n";
     }
     return os.str();

@@ -91,16 +91,89 @@ inline void locate_stage_actions(const Schedule& s, int k, ActionPositions& pos)
 }  // namespace detail
 
 //! Throws ConfigError unless the schedule's shape is within bounds (check_schedule_shape), it has
-//! one list per stage, and each list holds every F of its micro-batches, their B or both halves
-//! I and W, and every S of its mini-batches, each exactly once. Safe on any Schedule value, however
-//! malformed.
+//! one list per stage, each list holds every F of its micro-batches, their B or both halves
+//! I and W, and every S of its mini-batches, each exactly once, and, with a worker_order, every
+//! stage belongs to exactly one worker, which lists it once per action of the stage. Safe on any
+//! Schedule value, however malformed.
 inline void check_structure(const Schedule& s) {
   check_schedule_shape("schedule '" + s.name + "'", s.stages, s.micro_batches, s.mini_batches);
+  const std::string where = "xpipe: schedule '" + s.name + "': ";
   if (static_cast<int>(s.actions.size()) != s.stages)
-    throw ConfigError("xpipe: schedule '" + s.name + "': has " + std::to_string(s.actions.size()) +
-                      " stage lists for " + std::to_string(s.stages) + " stages");
+    throw ConfigError(where + "has " + std::to_string(s.actions.size()) + " stage lists for " +
+                      std::to_string(s.stages) + " stages");
   detail::ActionPositions pos;
   for (int k = 0; k < s.stages; ++k) detail::locate_stage_actions(s, k, pos);
+  if (s.worker_order.empty()) return;
+  if (s.worker_order.size() > static_cast<std::size_t>(s.stages))
+    throw ConfigError(where + "has " + std::to_string(s.worker_order.size()) + " workers for " +
+                      std::to_string(s.stages) + " stages (each worker runs at least one stage)");
+  std::vector<int> owner(static_cast<std::size_t>(s.stages), -1);
+  std::vector<std::size_t> listed(static_cast<std::size_t>(s.stages), 0);
+  for (std::size_t w = 0; w < s.worker_order.size(); ++w)
+    for (std::size_t i = 0; i < s.worker_order[w].size(); ++i) {
+      const int k = s.worker_order[w][i];
+      if (k < 0 || k >= s.stages)
+        throw ConfigError(where + "worker " + std::to_string(w) + ", action " + std::to_string(i) +
+                          ": stage " + std::to_string(k) + " is out of range (stages 0.." +
+                          std::to_string(s.stages - 1) + ")");
+      int& o = owner[static_cast<std::size_t>(k)];
+      if (o >= 0 && o != static_cast<int>(w))
+        throw ConfigError(where + "stage " + std::to_string(k) + " is run by workers " +
+                          std::to_string(o) + " and " + std::to_string(w) +
+                          " (a stage belongs to one worker)");
+      o = static_cast<int>(w);
+      ++listed[static_cast<std::size_t>(k)];
+    }
+  for (int k = 0; k < s.stages; ++k) {
+    const std::size_t n = s.actions[static_cast<std::size_t>(k)].size();
+    if (owner[static_cast<std::size_t>(k)] < 0)
+      throw ConfigError(where + "no worker runs stage " + std::to_string(k) +
+                        " (the worker lists leave it out)");
+    if (listed[static_cast<std::size_t>(k)] != n)
+      throw ConfigError(where + "worker " + std::to_string(owner[static_cast<std::size_t>(k)]) +
+                        " runs " + std::to_string(listed[static_cast<std::size_t>(k)]) +
+                        " actions of stage " + std::to_string(k) + ", which has " +
+                        std::to_string(n));
+  }
+  for (std::size_t w = 0; w < s.worker_order.size(); ++w)
+    if (s.worker_order[w].empty())
+      throw ConfigError(where + "worker " + std::to_string(w) + " runs no stage");
+}
+
+//! One action as a worker runs it: its stage and its position in that stage's list.
+struct WorkerStep {
+  int stage = 0;
+  std::size_t position = 0;
+};
+
+//! Each worker's actions in the order it runs them (worker k = stage k without a worker_order).
+//! The schedule must have its structure (check_structure).
+inline std::vector<std::vector<WorkerStep>> worker_steps(const Schedule& s) {
+  std::vector<std::vector<WorkerStep>> out(static_cast<std::size_t>(s.workers()));
+  if (s.worker_order.empty()) {
+    for (int k = 0; k < s.stages; ++k) {
+      auto& mine = out[static_cast<std::size_t>(k)];
+      mine.reserve(s.actions[static_cast<std::size_t>(k)].size());  // one allocation per run
+      for (std::size_t p = 0; p < s.actions[static_cast<std::size_t>(k)].size(); ++p)
+        mine.push_back({k, p});
+    }
+    return out;
+  }
+  std::vector<std::size_t> next(static_cast<std::size_t>(s.stages), 0);
+  for (std::size_t w = 0; w < s.worker_order.size(); ++w) {
+    out[w].reserve(s.worker_order[w].size());
+    for (int k : s.worker_order[w]) out[w].push_back({k, next[static_cast<std::size_t>(k)]++});
+  }
+  return out;
+}
+
+//! The worker that runs each stage (stage k's own without a worker_order). Structure checked.
+inline std::vector<int> stage_workers(const Schedule& s) {
+  std::vector<int> out(static_cast<std::size_t>(s.stages));
+  for (int k = 0; k < s.stages; ++k) out[static_cast<std::size_t>(k)] = k;
+  for (std::size_t w = 0; w < s.worker_order.size(); ++w)
+    for (int k : s.worker_order[w]) out[static_cast<std::size_t>(k)] = static_cast<int>(w);
+  return out;
 }
 
 }  // namespace xpipe

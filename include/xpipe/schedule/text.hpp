@@ -14,7 +14,9 @@
 
 namespace xpipe {
 
-//! Parses the text form (blank lines and lines starting with '#' are ignored). Throws
+//! Parses the text form (blank lines and lines starting with '#' are ignored): a line per stage,
+//! or, with `workers=P` in the header, a line per worker whose actions name their stage (F0@s2).
+//! Throws
 //! ConfigError naming the line and token at fault: numbers are plain digits (no sign, no
 //! trailing characters), header keys and stage lines appear once, and the shape is bounded
 //! (check_schedule_shape) before anything is allocated. The result is not validated: call
@@ -46,7 +48,7 @@ inline Schedule parse_schedule(const std::string& text) {
     if (first == "xpipe-schedule" && header) fail("a second 'xpipe-schedule' header");
     if (!header) {
       if (first != "xpipe-schedule") fail("expected the header 'xpipe-schedule stages=K ...'");
-      std::int64_t K = 0, M = 0, N = 0;
+      std::int64_t K = 0, M = 0, N = 0, P = 0;
       std::vector<std::string> seen;
       std::string kv;
       while (ls >> kv) {
@@ -64,6 +66,8 @@ inline Schedule parse_schedule(const std::string& text) {
           M = parse_count(value, "micro_batches", int_max);
         else if (key == "mini_batches")
           N = parse_count(value, "mini_batches", int_max);
+        else if (key == "workers")
+          P = parse_count(value, "workers", int_max);
         else
           fail("unknown key '" + key + "'");
       }
@@ -77,29 +81,53 @@ inline Schedule parse_schedule(const std::string& text) {
       s.stages = static_cast<int>(K);
       s.micro_batches = static_cast<int>(M);
       s.mini_batches = static_cast<int>(N);
+      if (std::find(seen.begin(), seen.end(), "workers") != seen.end() && (P < 1 || P > K))
+        fail("workers must be from 1 to stages (" + std::to_string(K) + "), got " +
+             std::to_string(P));
       s.actions.assign(static_cast<std::size_t>(K), {});
-      listed.assign(static_cast<std::size_t>(K), false);
+      if (P > 0) s.worker_order.assign(static_cast<std::size_t>(P), {});
+      listed.assign(static_cast<std::size_t>(P > 0 ? P : K), false);
       header = true;
       continue;
     }
-    if (first.back() != ':') fail("expected '<stage>:' at the start, got '" + first + "'");
-    const auto k = static_cast<std::size_t>(
-        parse_count(first.substr(0, first.size() - 1), "stage number", int_max));
+    const bool by_worker = !s.worker_order.empty();
+    const char* line_kind = by_worker ? "worker" : "stage";
+    if (first.back() != ':')
+      fail(std::string("expected '<") + line_kind + ">:' at the start, got '" + first + "'");
+    const auto k = static_cast<std::size_t>(parse_count(
+        first.substr(0, first.size() - 1), std::string(line_kind) + " number", int_max));
     if (k >= listed.size())
-      fail("stage " + std::to_string(k) + " out of range (stages=" + std::to_string(s.stages) +
-           ")");
-    if (listed[k]) fail("stage " + std::to_string(k) + " listed twice");
+      fail(std::string(line_kind) + " " + std::to_string(k) + " out of range (" + line_kind +
+           "s=" + std::to_string(listed.size()) + ")");
+    if (listed[k]) fail(std::string(line_kind) + " " + std::to_string(k) + " listed twice");
     listed[k] = true;
-    auto& list = s.actions[k];
     std::string tok;
     while (ls >> tok) {
       const ActionKindInfo* kind = nullptr;
       for (const ActionKindInfo& i : action_kinds)
         if (tok[0] == i.letter) kind = &i;
       if (kind == nullptr)
-        fail("bad action '" + tok + "' (expected F<mb>, B<mb>, I<mb>, W<mb> or S<mini-batch>)");
-      list.push_back({kind->kind, static_cast<int>(parse_count(tok.substr(1),
-                                                               "action '" + tok + "'", int_max))});
+        fail("bad action '" + tok + "' (expected F<mb>, B<mb>, I<mb>, W<mb> or S<mini-batch>" +
+             (by_worker ? ", each followed by @s<stage>)" : ")"));
+      // A worker's action names its stage: F3@s2.
+      const auto at = tok.find("@s");
+      if (by_worker && at == std::string::npos)
+        fail("action '" + tok + "' of worker " + std::to_string(k) +
+             " names no stage (write it as " + tok + "@s<stage>)");
+      if (!by_worker && at != std::string::npos)
+        fail("action '" + tok + "' names a stage, but the header has no workers=");
+      std::size_t stage = k;
+      if (by_worker) {
+        stage = static_cast<std::size_t>(
+            parse_count(tok.substr(at + 2), "stage of '" + tok + "'", int_max));
+        if (stage >= s.actions.size())
+          fail("action '" + tok + "': stage " + std::to_string(stage) +
+               " out of range (stages=" + std::to_string(s.stages) + ")");
+        s.worker_order[k].push_back(static_cast<int>(stage));
+      }
+      const std::string index = tok.substr(1, at == std::string::npos ? std::string::npos : at - 1);
+      s.actions[stage].push_back(
+          {kind->kind, static_cast<int>(parse_count(index, "action '" + tok + "'", int_max))});
     }
   }
   if (!header) throw ConfigError("xpipe: schedule text is empty (no 'xpipe-schedule' header)");

@@ -80,6 +80,17 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   std::vector<bool> running(K, false);
   std::vector<double> remaining(K, 0), rate(K, 1.0);
   std::vector<int> in_flight(K, 0);
+  // A worker runs one action at a time, in its order: stage k's next action may start only when
+  // it is its worker's next step and that worker is idle (always so with a worker per stage).
+  const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
+  const std::vector<int> owner = stage_workers(s);
+  std::vector<std::size_t> worker_next(steps.size(), 0);
+  std::vector<bool> worker_busy(steps.size(), false);
+  auto workers_turn = [&](int k) {
+    const std::size_t w = static_cast<std::size_t>(owner[static_cast<std::size_t>(k)]);
+    return !worker_busy[w] && worker_next[w] < steps[w].size() &&
+           steps[w][worker_next[w]].stage == k;
+  };
   std::size_t total = 0, done = 0;
   for (const auto& l : s.actions) total += l.size();
   double now = 0;
@@ -102,10 +113,11 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
     for (bool started = true; started;) {
       started = false;
       for (int k = 0; k < K; ++k) {
-        if (running[k] || next[k] >= s.actions[k].size()) continue;
+        if (running[k] || next[k] >= s.actions[k].size() || !workers_turn(k)) continue;
         const Action& a = s.actions[k][next[k]];
         if (!can_start(k, a)) continue;
         running[k] = true;
+        worker_busy[static_cast<std::size_t>(owner[static_cast<std::size_t>(k)])] = true;
         remaining[k] = cost.seconds(k, a);
         r.trace.stages[k][next[k]].start = now;
         if (info(a.kind).travel == Travel::Down) {
@@ -125,7 +137,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       if (arrival == std::numeric_limits<double>::infinity()) {
         std::string stuck;
         for (int k = 0; k < K; ++k) {
-          if (next[k] >= s.actions[k].size()) continue;
+          if (next[k] >= s.actions[k].size() || !workers_turn(k)) continue;
           const Action& a = s.actions[k][next[k]];
           const ActionChannels io = channels_of(K, k, a);
           const bool input =
@@ -181,6 +193,9 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       if (info(a.kind).travel == Travel::Up && io.in.exists()) queue(io.in).pop_front();
       if (info(a.kind).frees_slot) --in_flight[k];
       running[k] = false;
+      const std::size_t w = static_cast<std::size_t>(owner[static_cast<std::size_t>(k)]);
+      worker_busy[w] = false;
+      ++worker_next[w];
       ++next[k];
       ++done;
     }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "xpipe/schedule/ir.hpp"
 #include "xpipe/schedule/timing.hpp"
@@ -43,7 +44,8 @@ struct TimelineOptions {
   double row_px = 30;
 };
 
-//! SVG timeline: a row per stage, a box per action of the first `mini_batches` mini-batches at
+//! SVG timeline: a row per stage (per worker for a schedule with virtual stages, each box then
+//! labelled with its stage, F3@s2), a box per action of the first `mini_batches` mini-batches at
 //! its real start and duration. Box hue follows the micro-batch's position in its mini-batch,
 //! lightness alternates with the mini-batch; backward boxes are darker than forward ones;
 //! steps are thin black bars. Each box carries class (F, B or S), data-stage and data-index,
@@ -51,6 +53,13 @@ struct TimelineOptions {
 inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
                                 const TimelineOptions& o = {}) {
   const int K = static_cast<int>(trace.stages.size()), M = s.micro_batches;
+  // A row per worker: stage k's own without virtual stages, else its worker's (labelled so).
+  const bool by_worker = s.has_virtual_stages();
+  const int rows = by_worker ? s.workers() : K;
+  std::vector<int> row_of(static_cast<std::size_t>(K));
+  for (int k = 0; k < K; ++k) row_of[static_cast<std::size_t>(k)] = k;
+  for (std::size_t w = 0; w < s.worker_order.size(); ++w)
+    for (int k : s.worker_order[w]) row_of[static_cast<std::size_t>(k)] = static_cast<int>(w);
   auto shown = [&](const Action& a) { return s.mini_batch_of(a) < o.mini_batches; };
   double t0 = std::numeric_limits<double>::max(), t1 = 0;
   for (const auto& stage : trace.stages)
@@ -61,7 +70,7 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
       }
   if (t1 <= t0) t0 = 0, t1 = 1;
   const double left = 70, top = o.title.empty() ? 10 : 34, plot_w = o.width_px - left - 20;
-  const double height = top + K * o.row_px + 40;
+  const double height = top + rows * o.row_px + 40;
   const double scale = plot_w / (t1 - t0);
   std::ostringstream os;
   os.precision(2);
@@ -72,14 +81,15 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
   if (!o.title.empty())
     os << "<text x=\"" << left << "\" y=\"20\" font-size=\"14\">" << detail::xml_escape(o.title)
        << "</text>\n";
-  for (int k = 0; k < K; ++k)
-    os << "<text x=\"8\" y=\"" << top + k * o.row_px + o.row_px * 0.62 << "\">stage " << k
-       << "</text>\n";
+  for (int r = 0; r < rows; ++r)
+    os << "<text x=\"8\" y=\"" << top + r * o.row_px + o.row_px * 0.62 << "\">"
+       << (by_worker ? "worker " : "stage ") << r << "</text>\n";
   for (int k = 0; k < K; ++k)
     for (const ActionTiming& t : trace.stages[k]) {
       const Action& a = t.action;
       if (!shown(a)) continue;
-      const double x = left + (t.start - t0) * scale, y = top + k * o.row_px + 2;
+      const double x = left + (t.start - t0) * scale,
+                   y = top + row_of[static_cast<std::size_t>(k)] * o.row_px + 2;
       const double w = std::max(1.0, (t.end - t.start) * scale);
       if (a.kind == ActionKind::Step) {
         os << "<rect class=\"S\" data-stage=\"" << k << "\" data-index=\"" << a.index << "\" x=\""
@@ -100,9 +110,9 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
          << " (mini-batch " << mini << ")</title></rect>\n";
       if (w > 18)
         os << "<text x=\"" << x + 2 << "\" y=\"" << y + o.row_px * 0.55 << "\" font-size=\"9\">"
-           << to_string(a) << "</text>\n";
+           << to_string(a) << (by_worker ? "@s" + std::to_string(k) : "") << "</text>\n";
     }
-  const double axis_y = top + K * o.row_px + 14;
+  const double axis_y = top + rows * o.row_px + 14;
   os << "<text x=\"" << left << "\" y=\"" << axis_y << "\">0 ms</text>\n";
   os << "<text x=\"" << left + plot_w - 60 << "\" y=\"" << axis_y << "\">" << (t1 - t0) * 1e3
      << " ms</text>\n";
