@@ -83,7 +83,7 @@ TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch",
           "[pipeline][oracle]") {
   const Data d = make_data();
   for (int M : {2, 4}) {
-    for (const char* name : {"gpipe", "1f1b-flush", "zb-h1", "interleaved-1f1b"}) {
+    for (const char* name : {"gpipe", "1f1b-flush", "zb-h1", "interleaved-1f1b", "looped-bfs"}) {
       INFO(name << " M=" << M);
       const Schedule s = make_schedule(name, 4, M, 11);
       // Bitwise against sequential training that sums the gradient in the same M chunks.
@@ -112,8 +112,8 @@ TEST_CASE("Threaded and reference executors agree bitwise for every schedule x p
     REQUIRE(ref == thr);
     REQUIRE(thr == again);
   };
-  for (const char* name :
-       {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb", "interleaved-1f1b"}) {
+  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb",
+                           "interleaved-1f1b", "looped-bfs"}) {
     const Schedule s = make_schedule(name, 4, 4, 11);
     check.operator()<Latest>(s, Adam{.lr = 1e-2f});
     check.operator()<Stash>(s, Adam{.lr = 1e-2f});
@@ -340,10 +340,22 @@ TEST_CASE("A zero-bubble schedule on a layer without a split backward is refused
   const std::vector<float> before = p.weights();
   ReferenceExecutor exec;
   REQUIRE_THROWS_WITH(p.train(zb_h1(3, 2, 10), d.epoch(), exec),
-                      Contains("schedule 'zb-h1'") && Contains("stage 1, layer 0 (ScaleNoSplit)") &&
+                      Contains("schedule 'zb-h1'") &&
+                          Contains("at stage 1, but its layer 0 (ScaleNoSplit)") &&
                           Contains("no split backward"));
   REQUIRE(p.weights() == before);  // refused before any action
   REQUIRE_NOTHROW(p.train(one_f_one_b_flush(3, 2, 10), d.epoch(), exec));
+  // Splitting only where the layers can: stage 1 runs whole backwards between two stages that
+  // split theirs, and trains bitwise as 1F1B-flush.
+  Schedule mixed = zb_h1(3, 2, 10);
+  mixed.actions[1] = one_f_one_b_flush(3, 2, 10).actions[1];
+  Pipeline<First, Odd, S3> a(Adam{}, {.batch = 16, .micro_batches = 2}),
+      b(Adam{}, {.batch = 16, .micro_batches = 2});
+  a.train(mixed, d.epoch(), exec);
+  b.train(one_f_one_b_flush(3, 2, 10), d.epoch(), exec);
+  REQUIRE(a.weights() == b.weights());
+  REQUIRE(a.activation_floats(1) == b.activation_floats(1));  // stage 1 keeps no gradients
+  REQUIRE(a.activation_floats(0) > b.activation_floats(0));
 }
 
 namespace {

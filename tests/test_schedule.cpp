@@ -420,3 +420,27 @@ TEST_CASE("Interleaved 1F1B's idle time is (P-1)(T_F + T_B), 1F1B's on v-fold st
           REQUIRE(worker_bubble_fraction(t, s, w) * t.seconds == Approx(3.0 * (P - 1)));
       }
 }
+
+TEST_CASE("Looped BFS: interleaved 1F1B's bubble at GPipe's memory - worked by hand",
+          "[schedule][workers]") {
+  // P = 2, v = 2, M = 2: each worker all forwards of its first stage, then of its second, then
+  // the backwards, second stage first, then the steps.
+  REQUIRE(looped_bfs(2, 2, 2, 1).to_text() ==
+          "xpipe-schedule name=looped-bfs stages=4 workers=2 micro_batches=2 mini_batches=1\n"
+          "0: F0@s0 F1@s0 F0@s2 F1@s2 B0@s2 B1@s2 B0@s0 B1@s0 S0@s0 S0@s2\n"
+          "1: F0@s1 F1@s1 F0@s3 F1@s3 B0@s3 B1@s3 B0@s1 B1@s1 S0@s1 S0@s3\n");
+  const auto chunk = [](int, const Action& a) {
+    return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 : 1.0;
+  };
+  for (int P : {2, 4})
+    for (int v : {2, 3})
+      for (int M : {P, 2 * P + 1}) {
+        INFO("P=" << P << " v=" << v << " M=" << M);
+        const Schedule s = looped_bfs(P, v, M, 2);
+        REQUIRE_NOTHROW(validate(s));
+        REQUIRE(dry_run(looped_bfs(P, v, M, 1), chunk).seconds ==
+                Approx(3.0 * M * v + 3.0 * (P - 1)));
+        const StalenessAnalysis a = analyze_staleness(s);
+        for (int k = 0; k < P * v; ++k) REQUIRE(a.max_in_flight[k] == M);  // as GPipe
+      }
+}

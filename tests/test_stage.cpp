@@ -249,7 +249,7 @@ TEST_CASE("A Dense layer last in its stage reads the stage's incoming gradient, 
 TEST_CASE("A split backward (I then W) gives the bits of the whole one - slots interleaved",
           "[stage][zb]") {
   // Linear (kept dy copied from the incoming gradient), ReLU (no parameters: all I), Dense (dz
-  // written over its kept dy), Linear first (no dx for the model's input).
+  // written over its kept dy), Linear first (with and without dx: the model's input needs none).
   using S = Stage<Linear<6, 8>, ReLU, Dense<8, 5, ReLU>, Linear<5, 3>>;
   STATIC_REQUIRE(S::splits_backward<Host>);
   STATIC_REQUIRE(S::kept_gradient_floats(4) == 4 * (8 + 5 + 3));  // ReLU keeps none
@@ -281,7 +281,6 @@ TEST_CASE("A split backward (I then W) gives the bits of the whole one - slots i
   S::forward(ctx, w.data(), {xb.data(), rows, 6}, sb);
   std::vector<float> in = dya;
   S::backward_input(ctx, w.data(), sa, {in.data(), rows, 3}, {dxa.data(), rows, 6}, scratch);
-  std::fill(in.begin(), in.end(), -1.f);
   in = dyb;
   S::backward_input(ctx, w.data(), sb, {in.data(), rows, 3}, {dxb.data(), rows, 6}, scratch);
   std::fill(in.begin(), in.end(), 99.f);
@@ -291,6 +290,16 @@ TEST_CASE("A split backward (I then W) gives the bits of the whole one - slots i
   REQUIRE(dxa == dxa_whole);
   REQUIRE(dxb == dxb_whole);
   REQUIRE(g_split == g_whole);
+
+  // The model's first stage needs no input gradient: an empty dx, the same parameter gradient.
+  std::vector<float> g_nodx(S::param_count, 7.f);
+  S::Activations<Host> sc(rows, true);
+  S::forward(ctx, w.data(), {xa.data(), rows, 6}, sc);
+  S::backward_input(ctx, w.data(), sc, {dya.data(), rows, 3}, Matrix{}, scratch);
+  S::backward_weight(ctx, g_nodx.data(), false, sc);
+  std::vector<float> g_once(S::param_count, 7.f);
+  S::backward(ctx, w.data(), g_once.data(), false, wa, {dya.data(), rows, 3}, Matrix{}, scratch);
+  REQUIRE(g_nodx == g_once);
 
   // A slot made without room for the kept gradients is refused, not written past.
   S::Activations<Host> plain(rows);

@@ -284,7 +284,8 @@ case $case in
     cut -d, -f9-11 thr/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "threaded differs: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
-  zero_bubble_trains_like_1f1b)  # ZB-H1 = 1F1B-flush bit for bit: the MLP and the ResNet's splits
+  zero_bubble_trains_like_1f1b)  # ZB-H1 prints 1F1B-flush's numbers: the MLP and the ResNet's splits
+    # (every digit runs.csv prints; the unit tests compare the weights bit for bit)
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule zb-h1 --out zb
@@ -301,7 +302,7 @@ case $case in
     cut -d, -f9-11 rzb/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resnet zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
-  interleaved_trains_like_1f1b)  # 4 stages on 2 workers = 1F1B-flush on 4, bit for bit
+  interleaved_trains_like_1f1b)  # 4 stages on 2 workers print 1F1B-flush's numbers on 4 stages
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule interleaved-1f1b --pin-cpus 0 --out v

@@ -218,6 +218,7 @@ struct StageSamples {
     for (std::size_t k = 0; k < t.stages.size(); ++k)
       for (const ActionTiming& a : t.stages[k]) {
         // Indexed by ActionKind, in the kind table's order.
+        static_assert(action_kinds.size() == 5, "StageSamples: give the new kind its samples");
         const std::array<std::vector<double>*, action_kinds.size()> into{&f[k], &b[k], &s[k], &i[k],
                                                                          &w[k]};
         into[static_cast<std::size_t>(a.action.kind)]->push_back(a.end - a.start);
@@ -247,16 +248,16 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   c.plan = make_schedule(name, K, M, N);
   SerialThreadedExecutor ref;
   ThreadedExecutor thr;
-  // Pinned: stage k on the (k mod cores)-th CPU this process may use, and the simulator told so.
+  // Pinned: worker w (stage w, unless the schedule gives a worker several stages) on the
+  // (w mod cores)-th CPU this process may use, and the simulator told where each stage runs.
   const std::vector<int> allowed = allowed_cpus();
-  std::vector<int> used;  // the CPUs the stages are pinned to, core c = used[c]
+  std::vector<int> used;  // the CPUs the workers are pinned to, core c = used[c]
   if (pin && !allowed.empty()) {
-    const int n = std::max(1, std::min({cores, K, static_cast<int>(allowed.size())}));
+    const int workers = c.plan.workers();
+    const int n = std::max(1, std::min({cores, workers, static_cast<int>(allowed.size())}));
     used.assign(allowed.begin(), allowed.begin() + n);
-    for (int k = 0; k < K; ++k) {
-      thr.cpus.push_back(used[static_cast<std::size_t>(k % n)]);
-      c.model.core_of.push_back(k % n);
-    }
+    for (int w = 0; w < workers; ++w) thr.cpus.push_back(used[static_cast<std::size_t>(w % n)]);
+    for (int owner : stage_workers(c.plan)) c.model.core_of.push_back(owner % n);
   }
   // [c]: core c's share during a run (all cores busy) over its share during the profile (one
   // at a time): 1 on a quiet machine; what other processes take from a run, relative to what

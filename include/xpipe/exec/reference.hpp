@@ -27,7 +27,9 @@ class ReferenceExecutor {
     ScopedFlushDenormals ftz;
     trace_ = ExecutionTrace::sized_for(s);
     const auto t0 = std::chrono::steady_clock::now();
-    // Each worker's actions in its order (one worker per stage, or the schedule's workers).
+    // Each worker's actions in its order (one worker per stage, or the schedule's workers), from a
+    // schedule whose structure holds (any Program may hand one in).
+    check_structure(s);
     const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
     std::vector<std::size_t> next(steps.size(), 0);
     for (bool progress = true; progress;) {

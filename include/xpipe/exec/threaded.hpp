@@ -60,8 +60,9 @@ class ThreadedExecutor {
   std::chrono::duration<double> wait_timeout = std::chrono::seconds(60);
   //! The most one reading of the clock adds to a wait: a larger jump is the process stopped.
   std::chrono::duration<double> max_clock_step = std::chrono::milliseconds(100);
-  //! CPUs to pin the stage threads to: stage k runs on CPU `cpus[k % cpus.size()]` (Linux; a
-  //! CPU this process may not run on is a ConfigError naming it, before any stage starts). Empty:
+  //! CPUs to pin the worker threads to: worker w (stage w, without virtual stages) runs on CPU
+  //! `cpus[w % cpus.size()]` (Linux; a CPU this process may not run on is a ConfigError naming
+  //! it, before any stage starts). Empty:
   //! wherever the OS puts them. Pinning makes a run with more stages than cores repeatable (each
   //! core time-shares its own stages, which is what the simulator models with
   //! `CostModel::core_of`); left to itself the OS keeps threads where it put them for long
@@ -78,6 +79,7 @@ class ThreadedExecutor {
     stop_.store(false);
     error_ = nullptr;
     positions_ = std::make_unique<Position[]>(static_cast<std::size_t>(s.stages));
+    check_structure(s);  // any Program may hand one in: worker_steps needs it whole
     const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;

@@ -381,18 +381,20 @@ class Pipeline {
                       std::to_string(r / options_.batch) + ") is outside 0.." +
                       std::to_string(out_width - 1));
     analysis_ = analyze_staleness(schedule);  // validates
-    const bool split_backward = schedule.splits_backward();
-    if (split_backward) {
-      std::string unsplit;
-      for (int k = 0; k < K && unsplit.empty(); ++k)
-        detail::visit_stage(runtimes_, k, [&](auto&, auto I) {
-          if (const std::string l = stage<I>::template unsplit_layer<backend>(); !l.empty())
-            unsplit = "stage " + std::to_string(k) + ", " + l;
-        });
-      if (!unsplit.empty())
-        throw ConfigError("xpipe: Pipeline::train: schedule '" + schedule.name +
-                          "' splits backwards into I and W, but " + unsplit +
-                          " has no split backward (backward_input and backward_weight)");
+    // The stages whose list splits a backward into I and W: their layers must split, and their
+    // slots keep what W needs (a stage that runs whole backwards needs neither).
+    std::vector<bool> splits(static_cast<std::size_t>(K), false);
+    for (int k = 0; k < K; ++k) {
+      for (const Action& a : schedule.actions[static_cast<std::size_t>(k)])
+        if (a.kind == ActionKind::InputGrad) splits[static_cast<std::size_t>(k)] = true;
+      if (!splits[static_cast<std::size_t>(k)]) continue;
+      detail::visit_stage(runtimes_, k, [&](auto&, auto I) {
+        if (const std::string l = stage<I>::template unsplit_layer<backend>(); !l.empty())
+          throw ConfigError("xpipe: Pipeline::train: schedule '" + schedule.name +
+                            "' splits backwards into I and W at stage " + std::to_string(k) +
+                            ", but its " + l +
+                            " has no split backward (backward_input and backward_weight)");
+      });
     }
     schedule_ = &schedule;
     const index_t rows = split.max_micro_rows();
@@ -437,7 +439,8 @@ class Pipeline {
       detail::visit_stage(runtimes_, k, [&](auto& rt, auto I) {
         using S = stage<I>;
         detail::activate_context(rt.ctx());  // a GPU stage's slots and copies on its device
-        rt.ensure_slots(analysis_.max_in_flight[k], rows, k > 0, k == K - 1, split_backward);
+        const bool split_here = splits[static_cast<std::size_t>(k)];
+        rt.ensure_slots(analysis_.max_in_flight[k], rows, k > 0, k == K - 1, split_here);
         rt.slot_of.assign(static_cast<std::size_t>(schedule.total_micro_batches()), -1);
         setup.stage = k;
         setup.params = S::param_count;
@@ -451,7 +454,7 @@ class Pipeline {
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] =
             analysis_.max_in_flight[k] *
-            (S::activation_floats(rows) + (split_backward ? S::kept_gradient_floats(rows) : 0));
+            (S::activation_floats(rows) + (split_here ? S::kept_gradient_floats(rows) : 0));
       });
     if constexpr (on_device)
       device_.upload(ctx_of(0), ctx_of(stage_count - 1), data, used, in_width,

@@ -104,6 +104,7 @@ inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_c
 //! Fraction of the run that worker w of `s` spent not computing: 1 - the time its stages' actions
 //! took / the run's. For a schedule of one stage per worker, trace.bubble_fraction(w).
 inline double worker_bubble_fraction(const ExecutionTrace& trace, const Schedule& s, int w) {
+  check_structure(s);
   const std::vector<int> owner = stage_workers(s);
   double busy = 0;
   for (int k = 0; k < s.stages; ++k)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,18 @@ inline std::vector<Action> defer_weight_gradients(const Schedule& s,
   while (next_w < pending.size()) emit_w();
   return out;
 }
+// P workers of v stages each: P, v >= 1 and the K = P v stages within the IR's bounds, checked
+// before P v or M v is computed (no int overflow on a wild argument).
+inline void check_virtual_shape(const char* what, int P, int v, int M, int N) {
+  if (P < 1 || v < 1)
+    throw ConfigError(std::string("xpipe: ") + what + ": needs workers >= 1 and v >= 1 (got P=" +
+                      std::to_string(P) + ", v=" + std::to_string(v) + ")");
+  check_schedule_shape(what, std::int64_t{P} * v, M, N);
+  if (std::int64_t{M} * v * N > max_schedule_micro_batches)
+    throw ConfigError(std::string("xpipe: ") + what + ": M v N (" + std::to_string(M) + " x " +
+                      std::to_string(v) + " x " + std::to_string(N) + ") exceeds " +
+                      std::to_string(max_schedule_micro_batches) + " chunk passes");
+}
 }  // namespace detail
 
 //! ZB-H1 (the zero-bubble schedule of Qi et al., ICLR 2024, at 1F1B's peak memory): 1F1B with a
@@ -194,9 +207,7 @@ inline Schedule async_zb(int K, int M, int N) {
 //! 1F1B on stages v times larger: the bubble shrinks by v, for v times the messages. Gradients
 //! add up in micro-batch order per stage: trains bitwise like 1F1B-flush on the same K stages.
 inline Schedule interleaved_1f1b(int P, int v, int M, int N) {
-  if (P < 1 || v < 1)
-    throw ConfigError("xpipe: interleaved_1f1b: needs workers >= 1 and v >= 1 (got P=" +
-                      std::to_string(P) + ", v=" + std::to_string(v) + ")");
+  detail::check_virtual_shape("interleaved_1f1b", P, v, M, N);
   if (M % P != 0)
     throw ConfigError("xpipe: interleaved_1f1b: micro_batches (" + std::to_string(M) +
                       ") must be a multiple of the workers (" + std::to_string(P) +
@@ -234,9 +245,37 @@ inline Schedule interleaved_1f1b(int P, int v, int M, int N) {
   return s;
 }
 
+//! Looped BFS (breadth-first pipelining, Lamy-Poirier 2022; PyTorch's ScheduleLoopedBFS): the
+//! stages of interleaved_1f1b on its P workers, but each worker runs the forwards of all M
+//! micro-batches of its first stage, then of its next, ..., then all backwards, last stage
+//! first, then a step of each stage. With M >= P its idle time per worker is interleaved 1F1B's
+//! (P - 1)(T_F + T_B), but every stage holds all M micro-batches, as GPipe does. Gradients add
+//! in micro-batch order per stage: bitwise GPipe on the same stages.
+inline Schedule looped_bfs(int P, int v, int M, int N) {
+  detail::check_virtual_shape("looped_bfs", P, v, M, N);
+  Schedule s = detail::empty_schedule("looped-bfs", P * v, M, N);
+  s.worker_order.assign(static_cast<std::size_t>(P), {});
+  for (int w = 0; w < P; ++w) {
+    auto& order = s.worker_order[static_cast<std::size_t>(w)];
+    auto emit = [&](int stage, Action a) {
+      s.actions[static_cast<std::size_t>(stage)].push_back(a);
+      order.push_back(stage);
+    };
+    for (int t = 0; t < N; ++t) {
+      for (int c = 0; c < v; ++c)
+        for (int j = 0; j < M; ++j) emit(c * P + w, fwd(t * M + j));
+      for (int c = v - 1; c >= 0; --c)
+        for (int j = 0; j < M; ++j) emit(c * P + w, bwd(t * M + j));
+      for (int c = 0; c < v; ++c) emit(c * P + w, step(t));
+    }
+  }
+  return s;
+}
+
 //! The names make_schedule knows, in the order tools list them.
-inline constexpr std::array<const char*, 7> schedule_names{
-    "gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb", "interleaved-1f1b"};
+inline constexpr std::array<const char*, 8> schedule_names{
+    "gpipe", "1f1b-flush", "async-1f1b",       "2bw",
+    "zb-h1", "async-zb",   "interleaved-1f1b", "looped-bfs"};
 
 //! The generators by name (schedule_names); ConfigError naming the choices otherwise.
 inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
@@ -246,14 +285,15 @@ inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
   if (name == schedule_names[3]) return pipedream_2bw(K, M, N);
   if (name == schedule_names[4]) return zb_h1(K, M, N);
   if (name == schedule_names[5]) return async_zb(K, M, N);
-  if (name == schedule_names[6]) {
+  if (name == schedule_names[6] || name == schedule_names[7]) {
     // By name: two stages per worker (v = 2), so K must be even and at least 4.
     if (K < 4 || K % 2 != 0)
-      throw ConfigError(
-          "xpipe: schedule 'interleaved-1f1b' runs two stages per worker: needs an "
-          "even number of stages, at least 4 (got " +
-          std::to_string(K) + ")");
-    return interleaved_1f1b(K / 2, 2, M, N);
+      throw ConfigError("xpipe: schedule '" + name +
+                        "' runs two stages per worker: needs an even number of stages, at least "
+                        "4 (got " +
+                        std::to_string(K) + ")");
+    return name == schedule_names[6] ? interleaved_1f1b(K / 2, 2, M, N)
+                                     : looped_bfs(K / 2, 2, M, N);
   }
   throw ConfigError("xpipe: unknown schedule '" + name +
                     "' (available: " + join_names(schedule_names) + ")");

@@ -116,7 +116,8 @@ struct CostModel {
   double seconds(int k, const Action& a) const {
     const StageCost& c = stages.at(static_cast<std::size_t>(k));
     const bool halves = c.input_grad > 0 || c.weight_grad > 0;
-    // Indexed by ActionKind, in the kind table's order.
+    // Indexed by ActionKind, in the kind table's order (a new kind must say its cost here).
+    static_assert(action_kinds.size() == 5, "xpipe: CostModel::seconds: give the new kind a cost");
     const std::array<double, action_kinds.size()> by_kind{c.forward, c.backward, c.step,
                                                           halves ? c.input_grad : c.backward / 2,
                                                           halves ? c.weight_grad : c.backward / 2};

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "xpipe/schedule/ir.hpp"
+#include "xpipe/schedule/structure.hpp"
 #include "xpipe/schedule/timing.hpp"
 
 namespace xpipe {
@@ -56,10 +57,8 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
   // A row per worker: stage k's own without virtual stages, else its worker's (labelled so).
   const bool by_worker = s.has_virtual_stages();
   const int rows = by_worker ? s.workers() : K;
-  std::vector<int> row_of(static_cast<std::size_t>(K));
-  for (int k = 0; k < K; ++k) row_of[static_cast<std::size_t>(k)] = k;
-  for (std::size_t w = 0; w < s.worker_order.size(); ++w)
-    for (int k : s.worker_order[w]) row_of[static_cast<std::size_t>(k)] = static_cast<int>(w);
+  check_structure(s);
+  const std::vector<int> row_of = stage_workers(s);
   auto shown = [&](const Action& a) { return s.mini_batch_of(a) < o.mini_batches; };
   double t0 = std::numeric_limits<double>::max(), t1 = 0;
   for (const auto& stage : trace.stages)
@@ -101,6 +100,7 @@ inline std::string timeline_svg(const ExecutionTrace& trace, const Schedule& s,
       const int j = a.index % M, mini = s.mini_batch_of(a.index);
       const int hue = static_cast<int>(360.0 * j / std::max(M, 1)) % 360;
       // Lightness by kind, in the kind table's order: F light, B dark, I between, W darkest.
+      static_assert(action_kinds.size() == 5, "xpipe: timeline_svg: give the new kind a shade");
       constexpr std::array<int, action_kinds.size()> lightness{72, 48, 0, 58, 36};
       const int light = lightness[static_cast<std::size_t>(a.kind)] - (mini % 2) * 10;
       os << "<rect class=\"" << info(a.kind).letter << "\" data-stage=\"" << k << "\" data-index=\""
