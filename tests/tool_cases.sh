@@ -306,6 +306,10 @@ case $case in
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule interleaved-1f1b --pin-cpus 0 --out v
+    # Stages 0 and 2 share worker 0, stages 1 and 3 worker 1: each reports its worker's idle.
+    IFS=/ read -r b0 b1 b2 b3 <<<"$(awk '/^interleaved-1f1b\+latest/ { print $5 }' out.txt)"
+    [ -n "$b0" ] && [ "$b0" = "$b2" ] && [ "$b1" = "$b3" ] ||
+      fail "bubble per stage '$b0/$b1/$b2/$b3' is not per worker"
     cut -d, -f9-11 one/runs.csv >want.txt
     cut -d, -f9-11 v/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "interleaved differs: $(diff want.txt got.txt | tr '\n' ' ')"

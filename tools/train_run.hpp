@@ -474,7 +474,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       er.seconds = r.seconds;
       er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
       er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
-      for (int k = 0; k < P::stage_count; ++k) er.bubble.push_back(trace.bubble_fraction(k));
+      // Idle per stage; where a worker runs several stages, each reports its worker's idle
+      // (a stage alone is idle whenever its worker runs another).
+      const std::vector<int> worker_of = stage_workers(schedule);
+      for (int k = 0; k < P::stage_count; ++k)
+        er.bubble.push_back(schedule.has_virtual_stages()
+                                ? worker_bubble_fraction(trace, schedule, worker_of[k])
+                                : trace.bubble_fraction(k));
       er.prediction_error = pipe.prediction_errors();
       std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(),
                   e, er.loss, 100 * er.test_accuracy, er.samples_per_second);
