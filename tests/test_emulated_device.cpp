@@ -202,13 +202,7 @@ TEST_CASE(
   const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
   [&]<class... P>(std::tuple<P...>*) {
     auto one = [&]<class Pr>(std::type_identity<Pr>) {
-      for (const auto& [name, M] : std::vector<std::pair<const char*, int>>{{"async-1f1b", 1},
-                                                                            {"async-1f1b", 4},
-                                                                            {"2bw", 4},
-                                                                            {"gpipe", 2},
-                                                                            {"1f1b-flush", 4},
-                                                                            {"zb-h1", 4},
-                                                                            {"async-zb", 2}}) {
+      for (const auto& [name, M] : test::oracle_schedules) {
         const Schedule s = make_schedule(name, 4, M, mini_batches);
         for (const AnyOptimizer o :
              {AnyOptimizer{Adam{.lr = 1e-2f}}, AnyOptimizer{SGD{.lr = 0.05f, .momentum = 0.9f}}}) {

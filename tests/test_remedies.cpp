@@ -297,13 +297,7 @@ TEST_CASE(
   const auto d = test::random_classification(166, 20, 4, 1);
   [&]<class... P>(std::tuple<P...>*) {
     auto one = [&]<class Pr>(std::type_identity<Pr>) {
-      for (const auto& [name, M] : std::vector<std::pair<const char*, int>>{{"async-1f1b", 1},
-                                                                            {"async-1f1b", 4},
-                                                                            {"2bw", 4},
-                                                                            {"gpipe", 2},
-                                                                            {"1f1b-flush", 4},
-                                                                            {"zb-h1", 4},
-                                                                            {"async-zb", 2}}) {
+      for (const auto& [name, M] : test::oracle_schedules) {
         INFO(Pr::name << " on " << name << " M=" << M);
         const Schedule s = make_schedule(name, 4, M, 11);
         for (const AnyOptimizer o :

@@ -447,18 +447,8 @@ struct Stage {
           [&] {
             constexpr std::size_t I = layer_count - 1 - J;
             Matrix down = I == 0 ? dx : scratch.get(static_cast<int>(J % 2), rows, widths[I]);
-            if constexpr (keeps_saved<layer<I>, typename Ctx::backend>)
-              layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
-                                 accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down,
-                                 acts.template saved<I>());
-            else if constexpr (xpipe::takes_grad_scratch<layer<I>, typename Ctx::backend>)
-              layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
-                                 accumulate, acts.boundary(I), acts.boundary(I + 1), upstream, down,
-                                 scratch.get(2, rows, widths[I + 1]));
-            else
-              layer<I>::backward(ctx, params + param_offsets[I], grads + param_offsets[I],
-                                 accumulate, acts.boundary(I), acts.boundary(I + 1), upstream,
-                                 down);
+            layer_backward<I>(ctx, params, grads + param_offsets[I], accumulate, acts, upstream,
+                              down, scratch);
             upstream = down;
           }(),
           ...);
@@ -510,16 +500,7 @@ struct Stage {
               down = scratch.get(static_cast<int>(J % 2), rows, widths[I]);
             if constexpr (L::param_count == 0) {
               // All of its backward is input gradient (it has no parameter gradient to write).
-              if constexpr (keeps_saved<L, B>)
-                L::backward(ctx, params + param_offsets[I], nullptr, false, acts.boundary(I),
-                            acts.boundary(I + 1), upstream, down, acts.template saved<I>());
-              else if constexpr (xpipe::takes_grad_scratch<L, B>)
-                L::backward(ctx, params + param_offsets[I], nullptr, false, acts.boundary(I),
-                            acts.boundary(I + 1), upstream, down,
-                            scratch.get(2, rows, widths[I + 1]));
-              else
-                L::backward(ctx, params + param_offsets[I], nullptr, false, acts.boundary(I),
-                            acts.boundary(I + 1), upstream, down);
+              layer_backward<I>(ctx, params, nullptr, false, acts, upstream, down, scratch);
             } else if constexpr (detail::HasSavedSplitBackward<L, B>) {
               L::backward_input(ctx, params + param_offsets[I], acts.boundary(I),
                                 acts.boundary(I + 1), upstream, down, acts.template saved<I>());
@@ -560,6 +541,26 @@ struct Stage {
           ...);
     }
     (std::make_index_sequence<layer_count>{});
+  }
+
+ private:
+  // Layer I's whole backward on the slot: with its Saved, its gradient scratch (Dense) or
+  // neither, whichever it takes. `grads` is layer I's block (null for a layer without
+  // parameters).
+  template <std::size_t I, class Ctx, class Acts, class Scratch>
+  static void layer_backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                             const Acts& acts, ConstMatrix dy, Matrix dx, const Scratch& scratch) {
+    using L = layer<I>;
+    using B = typename Ctx::backend;
+    const float* p = params + param_offsets[I];
+    if constexpr (keeps_saved<L, B>)
+      L::backward(ctx, p, grads, accumulate, acts.boundary(I), acts.boundary(I + 1), dy, dx,
+                  acts.template saved<I>());
+    else if constexpr (xpipe::takes_grad_scratch<L, B>)
+      L::backward(ctx, p, grads, accumulate, acts.boundary(I), acts.boundary(I + 1), dy, dx,
+                  scratch.get(2, dy.rows, widths[I + 1]));
+    else
+      L::backward(ctx, p, grads, accumulate, acts.boundary(I), acts.boundary(I + 1), dy, dx);
   }
 };
 
