@@ -612,11 +612,14 @@ namespace {
 // The layer of every stage of the wait tests; only stage `slow_stage` is slow: each of its
 // forwards sleeps `slow_each`; its forward number `stuck_at` sleeps 2 s (far past the tests'
 // 0.3 s timeout, bounded so the run ends); its forward number `jump_at` moves `test_clock` on
-// by ten minutes halfway through a 0.1 s sleep, as a process stopped that long would see it.
+// by ten minutes halfway through a 0.1 s sleep, as a process stopped that long would see it;
+// its forward number `signal_at` writes a byte to `signal_fd` (a child that stops this process
+// waits on it) and then burns `signal_busy` of CPU time, inside which the stop lands.
 inline int slow_stage = 2;
 inline std::atomic<int> slow_calls{0};
 inline std::chrono::duration<double> slow_each{0}, busy_each{0};
-inline int stuck_at = -1, jump_at = -1;
+inline int stuck_at = -1, jump_at = -1, signal_at = -1, signal_fd = -1;
+inline std::chrono::duration<double> signal_busy{0};
 inline std::atomic<std::int64_t> clock_offset_ns{0};
 inline std::atomic<long> clock_reads{0};
 
@@ -650,6 +653,13 @@ struct SlowHook {
       clock_offset_ns += std::chrono::nanoseconds(std::chrono::minutes(10)).count();
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    if (n == signal_at) {
+      const char byte = 1;
+      // No REQUIRE off the main thread: a failed write leaves the child waiting for the
+      // pipe's close, the stop never comes, and the control below fails.
+      [[maybe_unused]] const bool written = write(signal_fd, &byte, 1) == 1;
+      burn_cpu(signal_busy);
+    }
   }
 };
 template <int K>
@@ -663,7 +673,8 @@ void reset_slow() {
   slow_stage = 2;
   slow_calls = 0;
   slow_each = busy_each = std::chrono::duration<double>(0);
-  stuck_at = jump_at = -1;
+  stuck_at = jump_at = signal_at = signal_fd = -1;
+  signal_busy = std::chrono::duration<double>(0);
 }
 
 }  // namespace
@@ -756,33 +767,54 @@ TEST_CASE("A process stopped by SIGSTOP for longer than the timeout goes on afte
   // 1 s: a stage starved of the CPU by a loaded machine (CI runs tests in parallel) must not
   // pass for late; 0.5 s failed once under a load of 9 on 2 cores.
   exec.wait_timeout = std::chrono::milliseconds(1000);
-  // A child that only sleeps and signals (async-signal-safe after fork): 0.5 s into the run it
-  // stops this process for 2.5 s, 2.5 times the timeout.
+  // A child that stops this process for 2.5 s (2.5 times the timeout) and then continues it; it
+  // only reads, sleeps and signals (async-signal-safe after fork). With `signal_at` unset it
+  // stops the run 0.5 s in; else when stage 2 writes to the pipe at its forward `signal_at`,
+  // 0.2 s into that forward's burn. A run that never writes (or ends first) closes the pipe,
+  // and the child leaves without stopping anything.
   const auto stopped_run = [&] {
+    int pipe_fds[2];
+    REQUIRE(pipe(pipe_fds) == 0);
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-      const timespec before{0, 500'000'000}, stopped{2, 500'000'000};
-      nanosleep(&before, nullptr);
-      kill(getppid(), SIGSTOP);
-      nanosleep(&stopped, nullptr);
-      kill(getppid(), SIGCONT);
+      close(pipe_fds[1]);
+      char byte = 0;
+      const bool signalled = signal_at >= 0;
+      if (!signalled || read(pipe_fds[0], &byte, 1) == 1) {
+        const timespec before{0, signalled ? 200'000'000 : 500'000'000}, stopped{2, 500'000'000};
+        nanosleep(&before, nullptr);
+        kill(getppid(), SIGSTOP);
+        nanosleep(&stopped, nullptr);
+        kill(getppid(), SIGCONT);
+      }
       _exit(0);
     }
+    close(pipe_fds[0]);
+    signal_fd = pipe_fds[1];
     std::string error;
     try {
       p.train(async_1f1b(4, 2, 12), d.epoch(), exec);
     } catch (const StageError& e) {
       error = e.what();
     }
+    close(pipe_fds[1]);
+    signal_fd = -1;
     int status = 0;
     REQUIRE(waitpid(child, &status, 0) == child);
     REQUIRE(WIFEXITED(status));
     return error;
   };
   REQUIRE(stopped_run() == "");
-  // The control: counting wall time (a clock step of an hour), the same stop fails the run.
+  // The control: counting wall time (a clock step of an hour), a stop fails the run. A stop
+  // counts only while no stage moves (any action begun or ended restarts a wait), so this one
+  // lands where none can: 0.2 s into a forward of stage 2 that burns 0.4 s of CPU, when every
+  // other stage has long been waiting on it. (A stop at a fixed time can catch a stage inside
+  // a short action that ends after SIGCONT, before the waiting stages read the clock.)
   exec.max_clock_step = std::chrono::hours(1);
+  slow_calls = 0;
+  signal_at = 6;
+  signal_busy = std::chrono::milliseconds(400);
   REQUIRE_THAT(stopped_run(), Contains("is late"));
   reset_slow();
 }
