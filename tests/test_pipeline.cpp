@@ -83,7 +83,10 @@ TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch",
           "[pipeline][oracle]") {
   const Data d = make_data();
   for (int M : {2, 4}) {
-    for (const char* name : {"gpipe", "1f1b-flush", "zb-h1", "interleaved-1f1b", "looped-bfs"}) {
+    for (const char* name :
+         {"gpipe", "1f1b-flush", "zb-h1", "interleaved-1f1b", "looped-bfs", "zb-v", "dualpipev"}) {
+      if (M < 4 && (std::string(name) == "zb-v" || std::string(name) == "dualpipev"))
+        continue;  // the V schedules need M >= 2P = 4
       INFO(name << " M=" << M);
       const Schedule s = make_schedule(name, 4, M, 11);
       // Bitwise against sequential training that sums the gradient in the same M chunks.
@@ -112,8 +115,7 @@ TEST_CASE("Threaded and reference executors agree bitwise for every schedule x p
     REQUIRE(ref == thr);
     REQUIRE(thr == again);
   };
-  for (const char* name : {"gpipe", "1f1b-flush", "async-1f1b", "2bw", "zb-h1", "async-zb",
-                           "interleaved-1f1b", "looped-bfs"}) {
+  for (const char* name : schedule_names) {
     const Schedule s = make_schedule(name, 4, 4, 11);
     check.operator()<Latest>(s, Adam{.lr = 1e-2f});
     check.operator()<Stash>(s, Adam{.lr = 1e-2f});

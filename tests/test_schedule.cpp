@@ -167,7 +167,7 @@ TEST_CASE("Every generator's output validates for K in 1..8 and M in 1..16", "[s
       REQUIRE_NOTHROW(validate(async_zb(K, M, 3)));
     }
   REQUIRE_THROWS_WITH(pipedream_2bw(4, 2, 1), Contains("micro_batches >= stages"));
-  REQUIRE_THROWS_WITH(make_schedule("zb-v", 2, 2, 2), Contains("unknown schedule 'zb-v'"));
+  REQUIRE_THROWS_WITH(make_schedule("zb-h2", 2, 2, 2), Contains("unknown schedule 'zb-h2'"));
 }
 
 TEST_CASE("Apply-time staleness of async 1F1B - M = 1: forward K-k-1 - backward 0", "[staleness]") {
@@ -442,5 +442,106 @@ TEST_CASE("Looped BFS: interleaved 1F1B's bubble at GPipe's memory - worked by h
                 Approx(3.0 * M * v + 3.0 * (P - 1)));
         const StalenessAnalysis a = analyze_staleness(s);
         for (int k = 0; k < P * v; ++k) REQUIRE(a.max_in_flight[k] == M);  // as GPipe
+      }
+}
+
+// ---- V-shaped schedules (ZB-V, DualPipeV) -------------------------------------------------------
+
+TEST_CASE("ZB-V and DualPipeV: the V placement, each worker's order worked by hand",
+          "[schedule][workers][zb]") {
+  // P = 2, M = 4: worker 0 runs stages 0 and 3, worker 1 stages 1 and 2. ZB-V (Qi et al.,
+  // section 6), worker 0: 2P - 1 = 3 forwards of stage 0; P = 2 times F I W on stage 3; the
+  // steady state F(s0) I W(s0) F I W(s3), then without a forward left I W(s0) F I W(s3); the
+  // cool-down P = 2 times I W on stage 0. Worker 1: one forward, the pair F0@s2 F1@s1, once F I W
+  // on stage 2, the steady state; cool-down: the pair I2@s1 I3@s2, once I3@s1 W2@s1, then the W's
+  // left, stage 2's first.
+  REQUIRE(zb_v(2, 4, 1).to_text() ==
+          "xpipe-schedule name=zb-v stages=4 workers=2 micro_batches=4 mini_batches=1\n"
+          "0: F0@s0 F1@s0 F2@s0 F0@s3 I0@s3 W0@s3 F1@s3 I1@s3 W1@s3 F3@s0 I0@s0 W0@s0 F2@s3 "
+          "I2@s3 W2@s3 I1@s0 W1@s0 F3@s3 I3@s3 W3@s3 I2@s0 W2@s0 I3@s0 W3@s0 S0@s0 S0@s3\n"
+          "1: F0@s1 F0@s2 F1@s1 F1@s2 I0@s2 W0@s2 F2@s1 I0@s1 W0@s1 F2@s2 I1@s2 W1@s2 F3@s1 "
+          "I1@s1 W1@s1 F3@s2 I2@s2 W2@s2 I2@s1 I3@s2 I3@s1 W2@s1 W3@s2 W3@s1 S0@s1 S0@s2\n");
+  // DualPipeV (deepseek-ai/DualPipe, dualpipev.py's eight steps), worker 0: 2(P - 1) = 2
+  // forwards of stage 0; the pair F2@s0 F0@s3; once I W F on stage 3; M - 2P + 1 = 1 round of
+  // F(s0) B(s3) F(s3) B(s0); once B(s3) F(s3) B(s0); one pair of backwards, its second split
+  // (worker 0 is even); once a queued W and I3@s0; the last W. Worker 1: no lone forwards, two
+  // pairs F(s1) F(s2), two rounds, the two pairs of backwards, the second split as a whole.
+  REQUIRE(dualpipe_v(2, 4, 1).to_text() ==
+          "xpipe-schedule name=dualpipev stages=4 workers=2 micro_batches=4 mini_batches=1\n"
+          "0: F0@s0 F1@s0 F2@s0 F0@s3 I0@s3 W0@s3 F1@s3 F3@s0 B1@s3 F2@s3 B0@s0 B2@s3 F3@s3 "
+          "B1@s0 B3@s3 I2@s0 W2@s0 I3@s0 W3@s0 S0@s0 S0@s3\n"
+          "1: F0@s1 F0@s2 F1@s1 F1@s2 F2@s1 B0@s2 F2@s2 B0@s1 F3@s1 B1@s2 F3@s2 B1@s1 B2@s2 "
+          "B2@s1 I3@s2 I3@s1 W3@s2 W3@s1 S0@s1 S0@s2\n");
+  REQUIRE(stage_workers(zb_v(3, 6, 1)) == std::vector<int>{0, 1, 2, 2, 1, 0});
+  for (int P : {1, 2, 3, 4})
+    for (int M : {2 * P, 2 * P + 1, 3 * P})
+      for (const Schedule& s : {zb_v(P, M, 3), dualpipe_v(P, M, 3)}) {
+        INFO(s.name << " P=" << P << " M=" << M);
+        const Schedule back = parse_schedule(s.to_text());
+        REQUIRE(back.actions == s.actions);
+        REQUIRE(back.worker_order == s.worker_order);
+        const StalenessAnalysis a = analyze_staleness(back);
+        for (int k = 0; k < 2 * P; ++k) REQUIRE(a.max_forward_s(k) == 0);  // synchronous
+      }
+  REQUIRE_THROWS_WITH(zb_v(2, 3, 1), Contains("zb-v: needs micro_batches >= 2 x workers (got "
+                                              "M=3, P=2)"));
+  REQUIRE_THROWS_WITH(dualpipe_v(3, 5, 1), Contains("dualpipev: needs micro_batches >= 2 x"));
+  REQUIRE_THROWS_WITH(make_schedule("dualpipev", 5, 8, 1), Contains("even number of stages"));
+  REQUIRE(make_schedule("zb-v", 6, 6, 2).actions == zb_v(3, 6, 2).actions);
+}
+
+TEST_CASE("ZB-V: no bubble between mini-batches at T_F = T_I = T_W, at 1F1B's memory",
+          "[schedule][workers][zb]") {
+  // Qi et al. (ICLR 2024), section 6: with equal F, I and W times ZB-V has zero bubble and
+  // 1F1B's peak activation memory. Without a step that waits for every stage (the IR has none),
+  // mini-batches follow each other every M(T_F + T_I + T_W) per stage: exactly the work. 1F1B
+  // on stages twice the size (F = I = W = 2) adds its bubble (P - 1)(T_F + T_B) = 6(P - 1).
+  const auto chunk = [](int, const Action& a) {
+    return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 : 1.0;
+  };
+  const auto whole = [](int, const Action& a) {
+    return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 4.0 : 2.0;
+  };
+  for (int P : {2, 3, 4})
+    for (int M : {2 * P, 2 * P + 1, 3 * P}) {
+      INFO("P=" << P << " M=" << M);
+      const double period =
+          dry_run(zb_v(P, M, 3), chunk).seconds - dry_run(zb_v(P, M, 2), chunk).seconds;
+      REQUIRE(period == Approx(6.0 * M));
+      const double one_period = dry_run(one_f_one_b_flush(P, M, 3), whole).seconds -
+                                dry_run(one_f_one_b_flush(P, M, 2), whole).seconds;
+      REQUIRE(one_period == Approx(6.0 * M + 6.0 * (P - 1)));
+      // 2P half-size micro-batches per worker: 1F1B's P on its first stage.
+      REQUIRE(analyze_staleness(zb_v(P, M, 2)).worker_max_in_flight ==
+              std::vector<int>(static_cast<std::size_t>(P), 2 * P));
+      REQUIRE(analyze_staleness(one_f_one_b_flush(P, M, 2)).worker_max_in_flight[0] == P);
+    }
+}
+
+TEST_CASE("DualPipeV: idle within DeepSeek's (P-1)(F&B + B - 3W), at PP + 1 micro-batches",
+          "[schedule][workers][zb]") {
+  // deepseek-ai/DualPipe: bubble (PP/2 - 1)(F&B + B - 3W) over PP = 2P stages, B a whole
+  // backward (I + W), F&B an overlapped forward-backward pair, counted as one block that starts
+  // once both inputs are in. Run one after the other (F&B = F + B), a worker starts the pair's F
+  // as soon as its own input is in, so each worker idles at most the formula; memory PP + 1.
+  struct Costs {
+    double f, i, w;
+  };
+  for (const Costs c :
+       {Costs{1, 1, 1}, Costs{2, 2, 1}, Costs{1, 2, 1}, Costs{1, 1, 2}, Costs{3, 2, 1}})
+    for (int P : {2, 3, 4})
+      for (int M : {2 * P, 3 * P}) {
+        INFO("P=" << P << " M=" << M << " F=" << c.f << " I=" << c.i << " W=" << c.w);
+        const ActionCost cost = [c](int, const Action& a) {
+          const double by_kind[] = {c.f, c.i + c.w, 0.0, c.i, c.w};
+          return by_kind[static_cast<int>(a.kind)];
+        };
+        const Schedule s = dualpipe_v(P, M, 1);
+        const ExecutionTrace t = dry_run(s, cost);
+        const double b = c.i + c.w, bound = (P - 1) * ((c.f + b) + b - 3 * c.w);
+        for (int w = 0; w < P; ++w)
+          REQUIRE(worker_bubble_fraction(t, s, w) * t.seconds <= bound + 1e-9);
+        REQUIRE(analyze_staleness(s).worker_max_in_flight ==
+                std::vector<int>(static_cast<std::size_t>(P), 2 * P + 1));
       }
 }

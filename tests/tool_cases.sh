@@ -318,6 +318,18 @@ case $case in
     run 1 --stages 2 --schedule interleaved-1f1b "${small[@]}" --out bad  # a failed run
     says "interleaved-1f1b.* failed: .*even number of stages, at least 4 \\(got 2\\)"
     ;;
+  v_schedules_train_like_gpipe)  # ZB-V and DualPipeV on 4 stages print GPipe's numbers
+    m=(--stages 4 -M 4 --predictor latest "${small[@]}")
+    run 0 "${m[@]}" --schedule gpipe --out one
+    for v in zb-v dualpipev; do
+      run 0 "${m[@]}" --schedule $v --out $v
+      cut -d, -f9-11 one/runs.csv >want.txt
+      cut -d, -f9-11 $v/runs.csv >got.txt
+      cmp -s want.txt got.txt || fail "$v differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    done
+    run 1 --stages 4 -M 2 --predictor latest "${small[@]}" --schedule zb-v --out bad  # M < 2P
+    says "zb-v.* failed: .*needs micro_batches >= 2 x workers \\(got M=2, P=2\\)"
+    ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out
     run 2 "${small[@]}" --checkpoint-dir ck --out out

@@ -128,7 +128,7 @@ void bitwise_for_model() {
     for (const char* pred : predictor_names)
       [&] {  // the predictor chosen at run time: one Pipeline type per executor
         // A rank runs one stage: virtual stages are refused (unit.MpiExecutor refuses ...).
-        if (std::string(sched) == "interleaved-1f1b" || std::string(sched) == "looped-bfs") return;
+        if (stages_per_worker(sched) > 1) return;
         const std::string what = std::string(sched) + " x " + pred;
         const Outcome thr =
             train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer>>(sched, pred, M, 16, d, 2);
@@ -189,8 +189,7 @@ void data_parallel() {
   for (const char* sched : schedule_names)
     for (const char* pred : predictor_names)
       [&] {
-        if (std::string(sched) == "interleaved-1f1b" || std::string(sched) == "looped-bfs")
-          return;  // a rank runs one stage
+        if (stages_per_worker(sched) > 1) return;  // a rank runs one stage
         const std::string what = std::string(sched) + " x " + pred;
         const Outcome mpi = train_mpi<Pipeline<A, D, AnyPredictor, AnyOptimizer, MpiChannel>>(
             exec, sched, pred, M, B / R, mine, 2);

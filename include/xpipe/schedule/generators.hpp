@@ -1,14 +1,17 @@
 // Schedule generators: GPipe (fill-drain), 1F1B with flush, asynchronous 1F1B (PipeDream /
 // XPipe, no flush) and its PipeDream-2BW form, and their zero-bubble forms with the backward
-// split into input and weight gradients (ZB-H1, asynchronous ZB). Each takes K stages, M
-// micro-batches per mini-batch and N mini-batches. Users may write their own and pass the IR to an
-// executor.
+// split into input and weight gradients (ZB-H1, asynchronous ZB), each taking K stages, M
+// micro-batches per mini-batch and N mini-batches; and the schedules of P workers holding
+// several stages each (interleaved 1F1B, looped BFS, ZB-V, DualPipeV). Users may write their own
+// and pass the IR to an executor.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "xpipe/schedule/ir.hpp"
@@ -272,10 +275,182 @@ inline Schedule looped_bfs(int P, int v, int M, int N) {
   return s;
 }
 
+namespace detail {
+// The V placement of P workers over K = 2P stages: worker w runs stage w on the way down (chunk
+// 0) and stage 2P - 1 - w on the way back (chunk 1), so worker P - 1 holds the two middle stages
+// and worker 0 the first and the last. Emits one worker's actions of one mini-batch, each of
+// the four streams (F and backward of each chunk) in micro-batch order; a split backward's W
+// comes later, by weight(chunk), also in micro-batch order per stage.
+class VWorker {
+ public:
+  VWorker(Schedule& s, int w, int base)
+      : s_(s), w_(w), base_(base), stage_{w, 2 * s.workers() - 1 - w} {}
+  void forward(int c) { emit(c, fwd(base_ + f_[c]++)); }
+  void backward(int c) { emit(c, bwd(base_ + b_[c]++)); }
+  void input_grad(int c) {  // its W queued (the queue holds at most a few per stage)
+    pending_.push_back({c, b_[c]});
+    emit(c, xpipe::input_grad(base_ + b_[c]++));
+  }
+  void weight() { weight_at(0); }  // the oldest queued W, of either chunk
+  void weight(int c) {             // the oldest queued W of chunk c
+    std::size_t i = 0;
+    while (pending_[i].first != c) ++i;
+    weight_at(i);
+  }
+  int forwards(int c) const { return f_[c]; }
+  bool queued(int c) const {
+    return std::any_of(pending_.begin(), pending_.end(), [c](auto e) { return e.first == c; });
+  }
+  bool queued() const { return !pending_.empty(); }
+  void steps(int t) {
+    emit(0, step(t));
+    emit(1, step(t));
+  }
+
+ private:
+  void emit(int c, Action a) {
+    s_.actions[static_cast<std::size_t>(stage_[c])].push_back(a);
+    s_.worker_order[static_cast<std::size_t>(w_)].push_back(stage_[c]);
+  }
+  void weight_at(std::size_t i) {
+    const auto [c, g] = pending_[i];
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    emit(c, weight_grad(base_ + g));
+  }
+  Schedule& s_;
+  int w_, base_;
+  int stage_[2];
+  int f_[2] = {0, 0}, b_[2] = {0, 0};
+  std::vector<std::pair<int, int>> pending_;  // (chunk, micro-batch) of each W not yet run
+};
+
+inline Schedule v_schedule(const char* name, int P, int M, int N) {
+  check_virtual_shape(name, P, 2, M, N);
+  if (M < 2 * P)
+    throw ConfigError(std::string("xpipe: ") + name +
+                      ": needs micro_batches >= 2 x workers (got M=" + std::to_string(M) + ", P=" +
+                      std::to_string(P) + "): its warm-up runs 2P - 1 forwards on worker 0");
+  Schedule s = empty_schedule(name, 2 * P, M, N);
+  s.worker_order.assign(static_cast<std::size_t>(P), {});
+  return s;
+}
+}  // namespace detail
+
+//! ZB-V (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, section 6): P workers, the V
+//! placement (worker w runs stages w and 2P - 1 - w), every backward split. Worker w warms up
+//! with 2(P - w) - 1 forwards of its first stage, then w pairs F(second) F(first), then P - w
+//! times F I W on its second stage; the steady state runs F I W on each stage in turn; the
+//! cool-down runs w pairs of input gradients, then P - w times I W on the first stage, then the
+//! W's left, second stage first. Each worker holds at most 2P micro-batches of its half-size
+//! stages, 1F1B's peak, and with T_F = T_I = T_W the steady state has no bubble: mini-batches
+//! follow each other every M(T_F + T_I + T_W) per stage (dry run, tests/test_schedule.cpp).
+//! Needs M >= 2P. Gradients add in micro-batch order per stage: trains bitwise like GPipe.
+inline Schedule zb_v(int P, int M, int N) {
+  Schedule s = detail::v_schedule("zb-v", P, M, N);
+  for (int w = 0; w < P; ++w)
+    for (int t = 0; t < N; ++t) {
+      detail::VWorker v(s, w, t * M);
+      auto fiw = [&](int c) {
+        v.forward(c);
+        v.input_grad(c);
+        v.weight(c);
+      };
+      for (int i = 0; i < 2 * (P - w) - 1; ++i) v.forward(0);
+      for (int i = 0; i < w; ++i) {
+        v.forward(1);
+        v.forward(0);
+      }
+      for (int i = 0; i < P - w; ++i) fiw(1);
+      while (v.forwards(1) < v.forwards(0) || v.forwards(0) < M) {
+        if (v.forwards(0) < M) v.forward(0);
+        v.input_grad(0);
+        v.weight(0);
+        fiw(1);
+      }
+      for (int i = 0; i < w; ++i) {
+        v.input_grad(0);
+        v.input_grad(1);
+      }
+      for (int i = 0; i < P - w; ++i) {
+        v.input_grad(0);
+        v.weight(0);
+      }
+      while (v.queued(1)) v.weight(1);
+      while (v.queued(0)) v.weight(0);
+      v.steps(t);
+    }
+  return s;
+}
+
+//! DualPipeV (DeepSeek-AI's DualPipe cut in half, after Sea AI Lab; deepseek-ai/DualPipe):
+//! P workers on the V placement of zb_v. Worker w runs, per mini-batch: 2(P - w - 1) forwards
+//! of its first stage; w + 1 pairs F(first) F(second); P - w - 1 times I W F on its second stage;
+//! M - 2P + w + 1 times F(first) B(second) F(second) B(first), the pairs DualPipe overlaps; P -
+//! w - 1 times B(second) F(second) B(first); w + 1 pairs of backwards (second, first), the later
+//! half split into I with its W queued; P - w - 1 times a queued W and an I of its first stage;
+//! the w + 1 W's left, oldest first. At most 2P + 1 micro-batches of its half-size stages per
+//! worker (DualPipe's PP + 1). DeepSeek's bubble (P - 1)(F&B + B - 3W) counts each overlapped
+//! pair F&B as one block that starts once both its inputs are in; a worker here runs the pair's
+//! F and B one after the other, the F as soon as its own input is in, so its idle time is at
+//! most that with F&B = F + B (dry run, tests/test_schedule.cpp). Needs M >= 2P. Gradients add
+//! in micro-batch order per stage: trains bitwise like GPipe.
+inline Schedule dualpipe_v(int P, int M, int N) {
+  Schedule s = detail::v_schedule("dualpipev", P, M, N);
+  for (int w = 0; w < P; ++w)
+    for (int t = 0; t < N; ++t) {
+      detail::VWorker v(s, w, t * M);
+      for (int i = 0; i < 2 * (P - w - 1); ++i) v.forward(0);
+      for (int i = 0; i < w + 1; ++i) {
+        v.forward(0);
+        v.forward(1);
+      }
+      for (int i = 0; i < P - w - 1; ++i) {
+        v.input_grad(1);
+        v.weight();
+        v.forward(1);
+      }
+      for (int i = 0; i < M - 2 * P + w + 1; ++i) {
+        v.forward(0);
+        v.backward(1);
+        v.forward(1);
+        v.backward(0);
+      }
+      for (int i = 0; i < P - w - 1; ++i) {
+        v.backward(1);
+        v.forward(1);
+        v.backward(0);
+      }
+      // The later half of these backwards split: on odd workers from the pair's first
+      // backward, on even ones from its second.
+      const int half = (w + 1) / 2;
+      for (int i = 0; i < w + 1; ++i) {
+        const bool split_second = i > half || (i == half && w % 2 == 1);
+        split_second ? v.input_grad(1) : v.backward(1);
+        i >= half ? v.input_grad(0) : v.backward(0);
+      }
+      for (int i = 0; i < P - w - 1; ++i) {
+        v.weight();
+        v.input_grad(0);
+      }
+      while (v.queued()) v.weight();
+      v.steps(t);
+    }
+  return s;
+}
+
 //! The names make_schedule knows, in the order tools list them.
-inline constexpr std::array<const char*, 8> schedule_names{
-    "gpipe", "1f1b-flush", "async-1f1b",       "2bw",
-    "zb-h1", "async-zb",   "interleaved-1f1b", "looped-bfs"};
+inline constexpr std::array<const char*, 10> schedule_names{
+    "gpipe",    "1f1b-flush",       "async-1f1b", "2bw",  "zb-h1",
+    "async-zb", "interleaved-1f1b", "looped-bfs", "zb-v", "dualpipev"};
+
+//! Stages per worker of the schedule of that name (make_schedule): 2 for the interleaved, looped
+//! and V schedules (K = 2P stages on P workers), 1 for the others. Usage: a test that runs one
+//! stage per rank skips `stages_per_worker(name) > 1`.
+inline int stages_per_worker(std::string_view name) {
+  for (const char* two : {"interleaved-1f1b", "looped-bfs", "zb-v", "dualpipev"})
+    if (name == two) return 2;
+  return 1;
+}
 
 //! The generators by name (schedule_names); ConfigError naming the choices otherwise.
 inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
@@ -285,15 +460,17 @@ inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
   if (name == schedule_names[3]) return pipedream_2bw(K, M, N);
   if (name == schedule_names[4]) return zb_h1(K, M, N);
   if (name == schedule_names[5]) return async_zb(K, M, N);
-  if (name == schedule_names[6] || name == schedule_names[7]) {
+  if (stages_per_worker(name) == 2) {
     // By name: two stages per worker (v = 2), so K must be even and at least 4.
     if (K < 4 || K % 2 != 0)
       throw ConfigError("xpipe: schedule '" + name +
                         "' runs two stages per worker: needs an even number of stages, at least "
                         "4 (got " +
                         std::to_string(K) + ")");
-    return name == schedule_names[6] ? interleaved_1f1b(K / 2, 2, M, N)
-                                     : looped_bfs(K / 2, 2, M, N);
+    if (name == schedule_names[6]) return interleaved_1f1b(K / 2, 2, M, N);
+    if (name == schedule_names[7]) return looped_bfs(K / 2, 2, M, N);
+    if (name == schedule_names[8]) return zb_v(K / 2, M, N);
+    return dualpipe_v(K / 2, M, N);
   }
   throw ConfigError("xpipe: unknown schedule '" + name +
                     "' (available: " + join_names(schedule_names) + ")");

@@ -38,8 +38,11 @@ struct StalenessAnalysis {
   int stages = 0, micro_batches = 0;
   // [stage][micro-batch g]; backward_of: its B or I
   std::vector<std::vector<ActionVersion>> forward_of, backward_of;
-  std::vector<int> max_in_flight;   // micro-batches forwarded, their parameter gradient not added
-  std::vector<int> stash_versions;  // most versions alive at once: live + in-flight's
+  std::vector<int> max_in_flight;  // micro-batches forwarded, their parameter gradient not added
+  // Per worker: the most micro-batches its stages hold at once (= max_in_flight with one stage
+  // per worker; under virtual stages at most the sum over its stages, less where they peak apart).
+  std::vector<int> worker_max_in_flight;
+  std::vector<int> stash_versions;          // most versions alive at once: live + in-flight's
   std::vector<int> mini_batches_in_flight;  // mini-batches begun, not yet fully backwarded
 
   const ActionVersion& forward(int k, int g) const { return forward_of[k][g]; }
@@ -135,6 +138,18 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
       r.mini_batches_in_flight[k] = std::max(
           r.mini_batches_in_flight[k], live_mini + (kind.frees_slot && backwards_done[t] == M));
     }
+  }
+  // A worker's slots depend on its own order alone (forwards take one, the freeing half gives it
+  // back): counted as per stage, over the actions of all its stages in the order it runs them.
+  for (const auto& steps : worker_steps(s)) {
+    int live = 0, most = 0;
+    for (const WorkerStep& w : steps) {
+      const auto& kind = info(s.actions[w.stage][w.position].kind);
+      live += s.actions[w.stage][w.position].kind == ActionKind::Forward;
+      live -= kind.frees_slot;
+      most = std::max(most, live + kind.frees_slot);
+    }
+    r.worker_max_in_flight.push_back(most);
   }
   return r;
 }
