@@ -721,6 +721,35 @@ TEST_CASE("A stuck stage's neighbours time out naming the stuck stage, not thems
   REQUIRE_NOTHROW(p.train(async_1f1b(4, 2, 40), d.epoch(), exec));  // still usable
 }
 
+TEST_CASE("Under virtual stages the late stage is found through the worker that runs it",
+          "[faults][executor][workers]") {
+  // Worker 1 runs stages 1, 2 and 3 and sticks in stage 2's F0 (2 s). Stage 0 waits for its
+  // B0's input from stage 1, which shows as waiting (its F0 is done) but cannot move: its worker
+  // is inside stage 2's forward. The error must name stage 2, not stage 1.
+  const auto d = test::random_classification(8, 8, 4, 5);
+  WaitPipeline p(Adam{}, {.batch = 8, .micro_batches = 1});
+  const Schedule s = parse_schedule(
+      "xpipe-schedule stages=4 workers=2 micro_batches=1 mini_batches=1\n"
+      "0: F0@s0 B0@s0 S0@s0\n"
+      "1: F0@s1 F0@s2 F0@s3 B0@s3 B0@s2 B0@s1 S0@s1 S0@s2 S0@s3\n");
+  reset_slow();
+  slow_stage = 2;
+  stuck_at = 0;
+  ThreadedExecutor exec;
+  exec.wait_timeout = std::chrono::milliseconds(300);
+  try {
+    p.train(s, d.epoch(), exec);
+    FAIL("no exception");
+  } catch (const StageError& e) {
+    INFO(e.what());
+    REQUIRE(e.stage() == 2);
+    REQUIRE_THAT(e.what(), Contains("stage 2 is late: stage 0 waited 0.3 s for the input of its "
+                                    "B0 (stage 1 waits on stage 2 (its worker's); stage 2 is "
+                                    "running F0, action 1 of 3)"));
+  }
+  reset_slow();
+}
+
 TEST_CASE("A slow stage that keeps making progress never times out its neighbours",
           "[faults][executor]") {
   const auto d = test::random_classification(8 * 30, 8, 4, 5);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "xpipe/xpipe.hpp"
@@ -454,6 +455,64 @@ TEST_CASE("Planner on an analytic one-layer model, checked by hand", "[sim][plan
   r.cluster.device.memory_bytes = 1e9;
   r.efficiency.points.clear();
   REQUIRE_THROWS_WITH(make_plans(r), Contains("efficiency curve: points is empty"));
+}
+
+TEST_CASE("Planner weighs two stages per device: ZB-V wins at 1F1B's memory until it fits no more",
+          "[sim][plan]") {
+  // Four equal layers on 2 devices, pp = 2, M = 4, 8 rows a micro-batch: a layer's forward F =
+  // 8 ms, its backward 2F (I = W = F: the split's halves). One stage per device holds two
+  // layers; two per device (interleaved, V) one each. No parameters: the steps take no time
+  // and no gradient is kept, so memory is activations alone, a = 4 x 8 x 1000 bytes a layer.
+  PlanRequest r;
+  for (int i = 0; i < 4; ++i)
+    r.layers.push_back(LayerSpec{.name = "l",
+                                 .params = 0,
+                                 .in_width = 10,
+                                 .out_width = 10,
+                                 .activation_floats = 1000,
+                                 .forward_per_sample = 1e-3,
+                                 .backward_per_sample = 2e-3});
+  r.cluster.devices = 2;
+  r.cluster.device = {
+      .name = "d", .peak_flops = 1e12, .memory_bandwidth = 1e11, .memory_bytes = 1e9};
+  r.efficiency = {{{32, 1}}, "t"};
+  r.dataset_samples = 1000;
+  r.batch_per_replica = {32};
+  r.micro_batches = {4};
+  r.device_counts = {2};
+  const double F = 8e-3, a = 4 * 8 * 1000;
+  const auto by_schedule = [](const PlanResult& out) {
+    std::map<std::string, Plan> m;
+    for (const Plan& p : out.plans)
+      if (p.pp == 2) m[p.schedule] = p;
+    return m;
+  };
+  const auto plans = by_schedule(make_plans(r));
+  REQUIRE(plans.size() == 6);
+  // Per mini-batch (steady state), a device's work is 4 (F + 2F) x 2 layers = 24F:
+  REQUIRE(plans.at("zb-v").step_seconds == Approx(24 * F));   // no bubble at F = I = W (Qi et al.)
+  REQUIRE(plans.at("zb-h1").step_seconds == Approx(26 * F));  // + (P-1)(F + I - W), 2-layer F
+  REQUIRE(plans.at("interleaved-1f1b").step_seconds == Approx(27 * F));  // + (P-1)(F + B)
+  REQUIRE(plans.at("1f1b-flush").step_seconds == Approx(30 * F));        // (M + P - 1)(F + B)
+  REQUIRE(plans.at("gpipe").step_seconds == Approx(30 * F));
+  REQUIRE(plans.at("dualpipev").step_seconds <= 26 * F + 1e-12);  // DeepSeek's bound, + 2F
+  // The fullest device: ZB-V's 2P = 4 one-layer micro-batches are 1F1B's 2 two-layer ones.
+  REQUIRE(plans.at("zb-v").peak_memory_bytes == Approx(4 * a));
+  REQUIRE(plans.at("1f1b-flush").peak_memory_bytes == Approx(4 * a));
+  REQUIRE(plans.at("zb-h1").peak_memory_bytes == Approx(4 * a));
+  REQUIRE(plans.at("dualpipev").peak_memory_bytes == Approx(5 * a));         // PP + 1
+  REQUIRE(plans.at("interleaved-1f1b").peak_memory_bytes == Approx(5 * a));  // 3 + 2 on worker 0
+  REQUIRE(plans.at("gpipe").peak_memory_bytes == Approx(8 * a));
+  REQUIRE(plans.at("zb-v").first_layer == std::vector<std::size_t>{0, 1, 2, 3});
+  REQUIRE(make_plans(r).plans[0].schedule == "zb-v");
+  // Room for 4.5 a: the three that need more are dropped; ZB-V still wins.
+  r.cluster.device.memory_bytes = 4.5 * a;
+  const PlanResult tight = make_plans(r);
+  REQUIRE(tight.dropped_memory == 3);
+  const auto fitting = by_schedule(tight);
+  REQUIRE(fitting.size() == 3);
+  REQUIRE(fitting.count("zb-v") + fitting.count("zb-h1") + fitting.count("1f1b-flush") == 3);
+  REQUIRE(tight.plans[0].schedule == "zb-v");
 }
 
 TEST_CASE("Planner ranks by time, keeps only fitting plans, and its Pareto front is undominated",

@@ -477,10 +477,16 @@ struct MpiSession {
 #if defined(XPIPE_WITH_MPI)
 // Why this MPI launch (`ranks`, the thread level `provided`) cannot run `c` ("" when it can).
 std::string mpi_launch_problem(const RunConfig& c, int ranks, int provided) {
-  if (ranks != c.dp * c.stages)
+  // A rank per worker: a stage, or two under the schedules of two stages per worker.
+  const int per_rank = stages_per_worker(c.schedule);
+  const int pipeline = c.stages % per_rank == 0 ? c.stages / per_rank : c.stages;
+  const std::string two =
+      pipeline < c.stages ? " / 2 (--schedule " + c.schedule + ": two stages per rank)" : "";
+  if (ranks != c.dp * pipeline)
     return std::to_string(ranks) + " ranks were launched, but --dp " + std::to_string(c.dp) +
-           " x --stages " + std::to_string(c.stages) + " needs " + std::to_string(c.dp * c.stages) +
-           " (mpirun -np " + std::to_string(c.dp * c.stages) + ")";
+           " x --stages " + std::to_string(c.stages) + two + " needs " +
+           std::to_string(c.dp * pipeline) + " (mpirun -np " + std::to_string(c.dp * pipeline) +
+           ")";
   if (c.batch % c.dp != 0)
     return "--dp " + std::to_string(c.dp) + " does not divide --batch " + std::to_string(c.batch) +
            " (each replica trains on batch / dp rows)";

@@ -1,8 +1,9 @@
 // The MPI executor under mpirun: bitwise equality with the threaded executor for every schedule
-// x predictor (dp = 1), data parallelism (replicas bitwise equal; dp = 2 x K = 2 against one
-// process at the same global batch), and the faults (a killed, a stopped, a NaN rank; a rank
-// stopped in a wait and continued after the others gave up), which fault_case.sh times.
-// Usage: mpirun -np N xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
+// x predictor (dp = 1; a stage per rank, and 4 stages on 2 ranks for the schedules of two stages
+// per worker), data parallelism (replicas bitwise equal; dp = 2 x 2 ranks, of 2 stages and of 4,
+// against one process at the same global batch), and the faults (a killed, a stopped, a NaN rank; a
+// rank stopped in a wait and continued after the others gave up), which fault_case.sh times. Usage:
+// mpirun -np N xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
 #include <mpi.h>
 #include <signal.h>
 
@@ -116,19 +117,20 @@ Outcome train_mpi(MpiExecutor& exec, const std::string& sched, const std::string
   return o;
 }
 
+// Every schedule x predictor of one stage per rank (virtual = false: K ranks), or of two stages
+// per rank (virtual = true: interleaved, looped, ZB-V, DualPipeV; K / 2 ranks).
 template <class... S>
-void bitwise_for_model() {
+void bitwise_for_model(bool virtual_stages) {
   const int K = static_cast<int>(sizeof...(S));
-  const int M = K;  // 2bw needs M >= K
+  const int M = K;  // 2bw needs M >= K; the V schedules M >= 2 x ranks
   // 5 full mini-batches of 16 rows and a tail of 8; two epochs (the links are wired again).
   const test::LabelledData d = test::random_classification(88, 12, 4, 11);
   MpiExecutor exec;
-  int combos = 0;
+  int combos = 0, compared = 0;
   for (const char* sched : schedule_names)
     for (const char* pred : predictor_names)
       [&] {  // the predictor chosen at run time: one Pipeline type per executor
-        // A rank runs one stage: virtual stages are refused (unit.MpiExecutor refuses ...).
-        if (stages_per_worker(sched) > 1) return;
+        if ((stages_per_worker(sched) > 1) != virtual_stages) return;
         const std::string what = std::string(sched) + " x " + pred;
         const Outcome thr =
             train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer>>(sched, pred, M, 16, d, 2);
@@ -138,32 +140,45 @@ void bitwise_for_model() {
         if (!thr.error.empty() || !mpi.error.empty()) {
           if (thr.error != mpi.error)
             fail(what + ": threaded says '" + thr.error + "', mpi says '" + mpi.error + "'");
+          // Refused alike is fine (2BW's predictors need M >= K), but every schedule must run
+          // with the latest weights.
+          if (std::string(pred) == "latest") fail(what + ": refused: " + thr.error);
           return;
         }
+        ++compared;
         if (thr.weights.size() != mpi.weights.size() ||
             std::memcmp(thr.weights.data(), mpi.weights.data(), thr.weights.size() * 4) != 0)
           fail(what + ": weights differ from the threaded executor's");
         if (thr.losses != mpi.losses) fail(what + ": losses differ from the threaded executor's");
       }();
   if (world_rank() == 0)
-    std::printf("bitwise: %d schedule x predictor runs on %d ranks compared\n", combos, K);
-  // Virtual stages are refused, with the reason, before any action (2 ranks: no 2-stage
-  // interleaved schedule exists; 4: each rank would hold two stages).
+    std::printf(
+        "bitwise: %d schedule x predictor runs of %d stages on %d ranks, %d compared (the rest "
+        "refused alike)\n",
+        combos, K, world_size(), compared);
+  if (virtual_stages) return;
+  // A schedule of two stages per worker on as many ranks as stages is refused, with the
+  // reason, before any action (2 ranks: no 2-stage interleaved schedule exists; 4: 4 stages
+  // make 2 workers, not 4).
   const Outcome refused = train_mpi<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(
       exec, "interleaved-1f1b", "latest", M, 16, d, 1);
-  const char* why = K >= 4 ? "a rank runs one stage" : "needs an even number of stages, at least 4";
+  const char* why = K >= 4 ? "runs 4 stages on 2 workers, but 4 ranks over 1 replica(s) make 4 "
+                             "a pipeline (launch replicas x workers ranks)"
+                           : "needs an even number of stages, at least 4";
   if (refused.error.find(why) == std::string::npos)
     fail("interleaved-1f1b: expected '" + std::string(why) + "', got '" + refused.error + "'");
 }
 
 void bitwise() {
   const int n = world_size();
-  if (n == 2)
-    bitwise_for_model<A, D>();
-  else if (n == 4)
-    bitwise_for_model<A, B, C, D>();
-  else
+  if (n == 2) {
+    bitwise_for_model<A, D>(false);
+    bitwise_for_model<A, B, C, D>(true);  // two stages per rank
+  } else if (n == 4) {
+    bitwise_for_model<A, B, C, D>(false);
+  } else {
     throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(n) + ")");
+  }
 }
 
 // Replica r's rows of d (replica_rows), gathered into a contiguous copy.
@@ -177,10 +192,11 @@ test::LabelledData replica_data(const test::LabelledData& d, index_t batch, int 
   return out;
 }
 
-// dp = 2 replicas of a 2-stage pipeline on 4 ranks.
-void data_parallel() {
-  if (world_size() != 4) throw ConfigError("dp: run on 4 ranks");
-  const int R = 2, M = 2;
+// dp = 2 replicas of a pipeline of 2 ranks on 4 ranks: 2 stages (virtual = false), or 4 stages,
+// two per rank (virtual = true: the schedules of two stages per worker).
+template <class... S>
+void data_parallel_for(bool virtual_stages) {
+  const int R = 2, M = virtual_stages ? 4 : 2;
   const index_t B = 16;
   const test::LabelledData d = test::random_classification(96, 12, 4, 5);  // 6 mini-batches
   MpiExecutor exec(MPI_COMM_WORLD, R);
@@ -189,9 +205,9 @@ void data_parallel() {
   for (const char* sched : schedule_names)
     for (const char* pred : predictor_names)
       [&] {
-        if (stages_per_worker(sched) > 1) return;  // a rank runs one stage
+        if ((stages_per_worker(sched) > 1) != virtual_stages) return;
         const std::string what = std::string(sched) + " x " + pred;
-        const Outcome mpi = train_mpi<Pipeline<A, D, AnyPredictor, AnyOptimizer, MpiChannel>>(
+        const Outcome mpi = train_mpi<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(
             exec, sched, pred, M, B / R, mine, 2);
         if (!mpi.error.empty()) {
           if (std::string(sched) == "2bw" || std::string(pred) == "2bw") return;  // M < K etc.
@@ -210,7 +226,7 @@ void data_parallel() {
         // that to ~1e-8 in a weight. tol = 1e-6 + 1e-5 |ref| leaves 10x to 100x room and would
         // still catch a missing 1 / R or a replica's rows counted twice (~1e-2).
         const Outcome one =
-            train_threaded<Pipeline<A, D, AnyPredictor, AnyOptimizer>>(sched, pred, M, B, d, 2);
+            train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer>>(sched, pred, M, B, d, 2);
         for (std::size_t i = 0; i < one.weights.size(); ++i) {
           const double ref = one.weights[i], got = mpi.weights[i];
           const double tol = 1e-6 + 1e-5 * std::fabs(ref);
@@ -229,9 +245,15 @@ void data_parallel() {
       }();
   if (world_rank() == 0)
     std::printf(
-        "dp: 2 replicas x 2 stages: replicas bitwise equal; worst |dp - one| = %.3g (%.3f of "
-        "tol)\n",
-        worst_abs, worst);
+        "dp: 2 replicas x 2 ranks of %d stages: replicas bitwise equal; worst |dp - one| = %.3g "
+        "(%.3f of tol)\n",
+        static_cast<int>(sizeof...(S)), worst_abs, worst);
+}
+
+void data_parallel() {
+  if (world_size() != 4) throw ConfigError("dp: run on 4 ranks");
+  data_parallel_for<A, D>(false);
+  data_parallel_for<A, B, C, D>(true);
 }
 
 // ---- faults ----

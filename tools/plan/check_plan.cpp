@@ -36,7 +36,8 @@ int run(const Options& o) {
     req.cluster.cores_per_replica = 0;
     const sim::PlanResult quiet = sim::make_plans(req);
     for (const sim::Plan& q : quiet.plans) {
-      if (q.dp != dp || q.pp != pp) continue;
+      // Measured on the compiled splits of one stage per device.
+      if (q.dp != dp || q.pp != pp || stages_per_worker(q.schedule) > 1) continue;
       double measured = 0;
       std::string how;
       std::vector<double> m, free;

@@ -1,6 +1,7 @@
 // Micro-batch queues between MPI ranks (the MpiChannel QueuePolicy): one end of a stage
 // boundary per rank, receives posted ahead into the pre-allocated slots, sends non-blocking, a
-// tag per (micro-batch, direction). Needs <mpi.h>: link xpipe::mpi (Debian: libopenmpi-dev).
+// tag per (micro-batch, direction, lane); a boundary between two stages of one rank is a plain
+// ring in its memory. Needs <mpi.h>: link xpipe::mpi (Debian: libopenmpi-dev).
 #pragma once
 
 #include <mpi.h>
@@ -36,26 +37,31 @@ inline void mpi_check(int rc, const char* call) {
 //! Checks an MPI call's return code; throws MpiError naming the call and MPI's reason.
 #define XPIPE_MPI_CHECK(call) ::xpipe::detail::mpi_check((call), #call)
 
-//! Which end of a link this rank holds: it sends (Producer), receives (Consumer), or neither.
-enum class LinkRole : unsigned char { None, Producer, Consumer };
+//! Which end of a link this rank holds: it sends (Producer), receives (Consumer), both (the
+//! two stages are its own: a ring in memory, no MPI), or neither.
+enum class LinkRole : unsigned char { None, Producer, Consumer, Both };
 
 //! How a rank's end of one link is wired: the communicator, the peer's rank in it, the
-//! direction (0: activations, 1: gradients; part of every tag), and for a consumer the
-//! micro-batch numbers in the order its actions pop them (receives are posted in that order).
+//! direction (0: activations, 1: gradients; part of every tag), for a consumer the micro-batch
+//! numbers in the order its actions pop them (receives are posted in that order), and the lane
+//! (which of the `lanes` links joining the same two ranks the same way this is: ranks holding
+//! several stages).
 struct MpiLinkEnd {
   MPI_Comm comm = MPI_COMM_NULL;
   LinkRole role = LinkRole::None;
   int peer = -1;
   int direction = 0;
   std::vector<int> order;
+  int lane = 0, lanes = 1;
 };
 
-//! The tag of micro-batch g's message in `direction`: 2g + direction, wrapped below tag_ub (the
-//! receives in flight on one link are a few apart, never 2^20, so a wrapped tag is never
-//! ambiguous).
-inline int mpi_link_tag(int g, int direction, int tag_ub) {
-  const int wrap = tag_ub < (1 << 21) ? (tag_ub + 1) / 2 : (1 << 20);
-  return 2 * (g % wrap) + direction;
+//! The tag of micro-batch g's message in `direction` on `lane` of `lanes`: 2 (lanes g + lane) +
+//! direction, g wrapped below tag_ub (the receives in flight on one link are a few apart, never
+//! 2^20 / lanes, so a wrapped tag is never ambiguous). One lane: 2g + direction.
+inline int mpi_link_tag(int g, int direction, int tag_ub, int lane = 0, int lanes = 1) {
+  const int per_g = 2 * lanes;
+  const int wrap = tag_ub < (1 << 21) ? (tag_ub + 1) / per_g : (1 << 20) / lanes;
+  return per_g * (g % wrap) + 2 * lane + direction;
 }
 
 //! One end of a link between two ranks: a Queue of `capacity` pre-allocated slots of up to
@@ -64,7 +70,8 @@ inline int mpi_link_tag(int g, int direction, int tag_ub) {
 //! receive posted per slot for the next micro-batches of its order, so `can_pop()` is an
 //! MPI_Test of the oldest and `front()` reads the slot the message landed in; a producer fills
 //! `back()` in place and `push()` starts an MPI_Isend from it, and `can_push()` tests whether
-//! that slot's previous send has completed.
+//! that slot's previous send has completed. Both ends on one rank (LinkRole::Both): the slots
+//! are a ring, filled at one cursor and drained at another, with no MPI call.
 template <class B = Host>
 class MpiLink {
   // MPI_Isend/MPI_Irecv take the slots' addresses and the host threads test the requests: the
@@ -94,6 +101,8 @@ class MpiLink {
     requests_ = std::move(o.requests_);
     arrived_ = std::move(o.arrived_);
     cursor_ = o.cursor_;
+    read_ = o.read_;
+    filled_ = o.filled_;
     posted_ = o.posted_;
     o.requests_.clear();
     return *this;
@@ -107,10 +116,12 @@ class MpiLink {
     release();
     end_ = std::move(end);
     if (end_.role == LinkRole::None) return;
-    int* ub = nullptr;
-    int flag = 0;
-    XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
-    tag_ub_ = flag && ub ? *ub : 32767;
+    if (!local()) {
+      int* ub = nullptr;
+      int flag = 0;
+      XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
+      tag_ub_ = flag && ub ? *ub : 32767;
+    }
     storage_ = typename B::template Buffer<float>(capacity_ * rows_ * cols_);
     slots_.assign(static_cast<std::size_t>(capacity_), {});
     requests_.assign(static_cast<std::size_t>(capacity_), MPI_REQUEST_NULL);
@@ -118,7 +129,7 @@ class MpiLink {
     for (int i = 0; i < capacity_; ++i)
       slots_[static_cast<std::size_t>(i)].data =
           Matrix{storage_.data() + i * rows_ * cols_, rows_, cols_};
-    cursor_ = 0;
+    cursor_ = read_ = filled_ = 0;
     posted_ = 0;
     if (end_.role == LinkRole::Consumer)
       for (int i = 0; i < capacity_; ++i) post_receive(i);
@@ -126,21 +137,36 @@ class MpiLink {
   const MpiLinkEnd& end() const { return end_; }
 
   // ---- producer side ----
-  bool can_push() const { return test(cursor_); }
+  bool can_push() const { return local() ? filled_ < capacity_ : test(cursor_); }
   MicroBatchMessage& back() { return slots_[static_cast<std::size_t>(cursor_)]; }
   void push() {
-    MicroBatchMessage& m = back();
-    XPIPE_MPI_CHECK(MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT,
-                              end_.peer, mpi_link_tag(m.micro_batch, end_.direction, tag_ub_),
-                              end_.comm, &requests_[static_cast<std::size_t>(cursor_)]));
-    arrived_[static_cast<std::size_t>(cursor_)] = 0;
+    if (local()) {
+      ++filled_;
+    } else {
+      MicroBatchMessage& m = back();
+      XPIPE_MPI_CHECK(
+          MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
+                    mpi_link_tag(m.micro_batch, end_.direction, tag_ub_, end_.lane, end_.lanes),
+                    end_.comm, &requests_[static_cast<std::size_t>(cursor_)]));
+      arrived_[static_cast<std::size_t>(cursor_)] = 0;
+    }
     cursor_ = (cursor_ + 1) % capacity_;
   }
 
   // ---- consumer side ----
-  bool can_pop() const { return requests_.empty() ? false : test(cursor_); }
-  const MicroBatchMessage& front() const { return slots_[static_cast<std::size_t>(cursor_)]; }
+  bool can_pop() const {
+    if (local()) return filled_ > 0;
+    return requests_.empty() ? false : test(cursor_);
+  }
+  const MicroBatchMessage& front() const {
+    return slots_[static_cast<std::size_t>(local() ? read_ : cursor_)];
+  }
   void pop() {
+    if (local()) {
+      --filled_;
+      read_ = (read_ + 1) % capacity_;
+      return;
+    }
     post_receive(cursor_);
     cursor_ = (cursor_ + 1) % capacity_;
   }
@@ -154,6 +180,8 @@ class MpiLink {
   }
 
  private:
+  bool local() const { return end_.role == LinkRole::Both; }
+
   // Whether slot i's request has completed (a slot with none counts as done). For a receive,
   // records the message's rows (from its size) and micro-batch (from the order).
   bool test(int i) const {
@@ -183,9 +211,9 @@ class MpiLink {
     }
     const int g = end_.order[posted_++];
     slots_[u].micro_batch = g;
-    XPIPE_MPI_CHECK(MPI_Irecv(slots_[u].data.data, static_cast<int>(rows_ * cols_), MPI_FLOAT,
-                              end_.peer, mpi_link_tag(g, end_.direction, tag_ub_), end_.comm,
-                              &requests_[u]));
+    XPIPE_MPI_CHECK(MPI_Irecv(
+        slots_[u].data.data, static_cast<int>(rows_ * cols_), MPI_FLOAT, end_.peer,
+        mpi_link_tag(g, end_.direction, tag_ub_, end_.lane, end_.lanes), end_.comm, &requests_[u]));
   }
 
   // Cancels receives still posted and lets go of sends still in flight (only after a failed
@@ -207,7 +235,9 @@ class MpiLink {
   mutable std::vector<MicroBatchMessage> slots_;
   mutable std::vector<MPI_Request> requests_;
   mutable std::vector<char> arrived_;
-  int cursor_ = 0;
+  int cursor_ = 0;  // the slot a producer fills next, or a remote consumer reads
+  int read_ = 0;    // Both: the slot read next
+  int filled_ = 0;  // Both: slots filled, not yet read
   std::size_t posted_ = 0;
 };
 

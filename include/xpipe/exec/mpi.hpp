@@ -1,7 +1,8 @@
-// The MPI executor: one rank per stage, R replicas of a K-stage pipeline over R x K ranks
-// (rank = replica * K + stage). Each rank runs its own stage's action list; activations and
-// gradients travel on MpiChannel links; each stage's gradient is averaged over its replicas by
-// a non-blocking all-reduce that overlaps the stage's remaining forwards. Every wait has a
+// The MPI executor: one rank per worker of the schedule (a stage, or several: virtual stages),
+// R replicas of a P-worker pipeline over R x P ranks (rank = replica * P + worker). Each rank
+// runs its worker's actions; activations and gradients travel on MpiChannel links (a ring in
+// memory between two stages of one rank); each stage's gradient is averaged over its replicas
+// by a non-blocking all-reduce that overlaps the stage's remaining forwards. Every wait has a
 // deadline. The same bits as the threaded executor at R = 1. Needs xpipe::mpi.
 // Over 400 lines: the executor, its rank layout and its gradient all-reduce share one wait
 // discipline (deadlines, who is blamed), kept together (its wait reports: exec/mpi_waits.hpp).
@@ -31,6 +32,7 @@
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/exec/mpi_waits.hpp"
 #include "xpipe/schedule/dependencies.hpp"
+#include "xpipe/schedule/structure.hpp"
 
 namespace xpipe {
 
@@ -122,9 +124,11 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 }
 
 //! Runs a Program whose links are MpiLink ends (a Pipeline<..., MpiChannel>) on the ranks of a
-//! communicator: R replicas (`replicas`) of a K-stage pipeline, K = ranks / R, rank r running
-//! stage r % K of replica r / K. Every rank constructs the same Pipeline and calls train() with
-//! the same schedule; rank r runs only its stage's list.
+//! communicator: R replicas (`replicas`) of a pipeline of P = ranks / R ranks, rank r running
+//! worker r % P of replica r / P: stage r % P, or, when the schedule has virtual stages
+//! (interleaved 1F1B, ZB-V, DualPipeV: schedule.workers() = P < stages), every stage of that
+//! worker, in the worker's order. Every rank constructs the same Pipeline and calls train() with
+//! the same schedule; rank r runs only its worker's actions.
 //!
 //! Data parallelism: each replica trains on its own rows (the caller gives each replica its
 //! share, replica_rows in pipeline/replicas.hpp), and after the last backward before each Step the
@@ -197,11 +201,13 @@ class MpiExecutor {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int replicas() const { return replicas_; }
+  //! The ranks of one pipeline (its workers: its stages, without virtual stages), and this
+  //! rank's place among them (its worker: its stage, without virtual stages).
   int stages() const { return stages_; }
   int stage() const { return stage_; }
   int replica() const { return replica_; }
-  //! The world rank of stage k of replica r.
-  int rank_of(int k, int r) const { return r * stages_ + k; }
+  //! The world rank of worker (stage) w of replica r.
+  int rank_of(int w, int r) const { return r * stages_ + w; }
   //! The ranks of this rank's pipeline (its stages, in order) and of its stage's replicas.
   MPI_Comm pipeline_comm() const { return pipeline_; }
   MPI_Comm replicas_comm() const { return replicas_of_stage_; }
@@ -213,21 +219,27 @@ class MpiExecutor {
         "xpipe: MpiExecutor: the Program's links must be MpiLink ends: use "
         "Pipeline<..., MpiChannel>");
     const Schedule& s = program.schedule();
-    if (s.stages != stages_)
+    check_structure(s);  // any Program may hand one in: worker_steps needs it whole
+    if (!s.has_virtual_stages() && s.stages != stages_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' has " +
                         std::to_string(s.stages) + " stages, but " + std::to_string(size_) +
                         " ranks over " + std::to_string(replicas_) + " replica(s) make " +
                         std::to_string(stages_) + " (launch replicas x stages ranks)");
-    if (s.has_virtual_stages())
+    if (s.has_virtual_stages() && s.workers() != stages_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' runs " +
                         std::to_string(s.stages) + " stages on " + std::to_string(s.workers()) +
-                        " workers; a rank runs one stage (use the threaded or reference executor "
-                        "for virtual stages)");
+                        " workers, but " + std::to_string(size_) + " ranks over " +
+                        std::to_string(replicas_) + " replica(s) make " + std::to_string(stages_) +
+                        " a pipeline (launch replicas x workers ranks)");
     if (replicas_ > 1 && !has_gradients<P>)
       throw ConfigError("xpipe: MpiExecutor: " + std::to_string(replicas_) +
                         " replicas need the Program's gradients(k) to average them");
-    const int k = stage_;
-    const auto& list = s.actions[static_cast<std::size_t>(k)];
+    owner_ = stage_workers(s);
+    const std::vector<WorkerStep> mine = worker_steps(s)[static_cast<std::size_t>(stage_)];
+    const int k0 = mine.empty() ? stage_ : mine.front().stage;  // for the waits of the ends
+    const auto action_at = [&](std::size_t i) -> const Action& {
+      return s.actions[static_cast<std::size_t>(mine[i].stage)][mine[i].position];
+    };
     trace_ = ExecutionTrace::sized_for(s);
     connect(program, s);
     ScopedFlushDenormals ftz;
@@ -239,39 +251,44 @@ class MpiExecutor {
     // clocks agree; across hosts this aligns each rank's zero to the barrier's end).
     MPI_Request barrier = MPI_REQUEST_NULL;
     XPIPE_MPI_CHECK(MPI_Ibarrier(world_, &barrier));
-    wait_request(barrier, k, "start", collective("the other ranks to start the run", 0, 1, size_));
+    wait_request(barrier, k0, "start", collective("the other ranks to start the run", 0, 1, size_));
     const auto t0 = std::chrono::steady_clock::now();
 
-    // Where this stage's gradient is complete for a Step: after the last action that adds to it
-    // (a B or W) before the step.
-    std::vector<char> reduce_after(list.size(), 0);
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      if (!info(list[i].kind).adds_gradient) continue;
-      for (std::size_t j = i + 1; j < list.size(); ++j)
+    // Where a stage's gradient is complete for a Step: after the last action that adds to it (a
+    // B or W) before the step. The all-reduces start in the worker's order, the same on every
+    // replica (non-blocking collectives on one communicator must be started in one order).
+    std::vector<char> reduce_after(mine.size(), 0);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto& list = s.actions[static_cast<std::size_t>(mine[i].stage)];
+      if (!info(list[mine[i].position].kind).adds_gradient) continue;
+      for (std::size_t j = mine[i].position + 1; j < list.size(); ++j)
         if (info(list[j].kind).adds_gradient || list[j].kind == ActionKind::Step) {
           reduce_after[i] = list[j].kind == ActionKind::Step;
           break;
         }
     }
-    MPI_Request reduce = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> reduce(static_cast<std::size_t>(s.stages), MPI_REQUEST_NULL);
     std::size_t i = 0;
-    list_size_.store(static_cast<long>(list.size()), std::memory_order_relaxed);
+    list_size_.store(static_cast<long>(mine.size()), std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     try {
-      for (; i < list.size(); ++i) {
-        const Action& a = list[i];
+      for (; i < mine.size(); ++i) {
+        const auto [k, p] = mine[i];
+        const Action& a = action_at(i);
         wait_ready(program, s, k, a);
-        if (a.kind == ActionKind::Step && replicas_ > 1) finish_reduce(program, k, a, reduce);
+        if (a.kind == ActionKind::Step && replicas_ > 1)
+          finish_reduce(program, k, a, reduce[static_cast<std::size_t>(k)]);
         const double start = detail::seconds_since(t0);
         program.execute(k, a);
-        trace_.stages[static_cast<std::size_t>(k)][i] = {a, start, detail::seconds_since(t0)};
-        if (reduce_after[i] && replicas_ > 1) start_reduce(program, k, reduce);
+        trace_.stages[static_cast<std::size_t>(k)][p] = {a, start, detail::seconds_since(t0)};
+        if (reduce_after[i] && replicas_ > 1)
+          start_reduce(program, k, reduce[static_cast<std::size_t>(k)]);
         done_.store(static_cast<long>(i + 1), std::memory_order_relaxed);
       }
-      wait_until([&] { return sends_done(program, s, k); }, k, "end",
-                 [&] { return unfinished_send(program, s, k); });
+      wait_until([&] { return sends_done(program, s); }, k0, "end",
+                 [&] { return unfinished_send(program, s); });
       trace_.seconds = detail::seconds_since(t0);
-      share_losses(program, k);
+      share_losses(program, s);
       gather_trace(s);
     } catch (const MpiAbortNotice&) {
       throw;
@@ -279,13 +296,14 @@ class MpiExecutor {
       notify_others(e.what(), gave_up_);
       throw;
     } catch (const std::exception& e) {
-      const std::string at = i < list.size() ? to_string(list[i]) : "end";
-      StageError err(k, at, on_rank() + ": " + e.what());
+      const std::string at = i < mine.size() ? to_string(action_at(i)) : "end";
+      StageError err(i < mine.size() ? mine[i].stage : k0, at, on_rank() + ": " + e.what());
       notify_others(err.what(), false);
       throw err;
     } catch (...) {
-      const std::string at = i < list.size() ? to_string(list[i]) : "end";
-      StageError err(k, at, on_rank() + ": non-standard exception");
+      const std::string at = i < mine.size() ? to_string(action_at(i)) : "end";
+      StageError err(i < mine.size() ? mine[i].stage : k0, at,
+                     on_rank() + ": non-standard exception");
       notify_others(err.what(), false);
       throw err;
     }
@@ -314,11 +332,12 @@ class MpiExecutor {
       const int n = static_cast<int>(opt.size());
       std::vector<MPI_Request> reqs(State::moment_buffers + 2, MPI_REQUEST_NULL);
       long steps = opt.steps_taken();
-      XPIPE_MPI_CHECK(MPI_Ibcast(opt.weights(), n, MPI_FLOAT, k, pipeline_, &reqs[0]));
+      const int root = owner(k);
+      XPIPE_MPI_CHECK(MPI_Ibcast(opt.weights(), n, MPI_FLOAT, root, pipeline_, &reqs[0]));
       for (int m = 0; m < State::moment_buffers; ++m)
         XPIPE_MPI_CHECK(
-            MPI_Ibcast(opt.moment(m), n, MPI_FLOAT, k, pipeline_, &reqs[std::size_t(m) + 1]));
-      XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, k, pipeline_, &reqs.back()));
+            MPI_Ibcast(opt.moment(m), n, MPI_FLOAT, root, pipeline_, &reqs[std::size_t(m) + 1]));
+      XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, root, pipeline_, &reqs.back()));
       for (MPI_Request& r : reqs)
         wait_request(r, stage_, "share",
                      collective("stage " + std::to_string(k) + "'s trained state",
@@ -329,7 +348,7 @@ class MpiExecutor {
     // evaluates or checkpoints needs every stage's, not the initial ones.
     p.for_each_running_state_on([&](int k, float* state, index_t n, const auto&) {
       MPI_Request req = MPI_REQUEST_NULL;
-      XPIPE_MPI_CHECK(MPI_Ibcast(state, static_cast<int>(n), MPI_FLOAT, k, pipeline_, &req));
+      XPIPE_MPI_CHECK(MPI_Ibcast(state, static_cast<int>(n), MPI_FLOAT, owner(k), pipeline_, &req));
       wait_request(req, stage_, "share",
                    collective("stage " + std::to_string(k) + "'s layer state", rank_of(0, replica_),
                               1, stages_));
@@ -347,9 +366,25 @@ class MpiExecutor {
     return "rank " + std::to_string(rank_) +
            (replicas_ > 1 ? " (replica " + std::to_string(replica_) + ")" : "");
   }
-  std::string rank_name(int k) const { return world_rank_name(rank_of(k, replica_)); }
+  // The pipeline rank (worker) that runs stage k: its own number, or the schedule's worker of
+  // it after a run with virtual stages.
+  int owner(int k) const {
+    return k < static_cast<int>(owner_.size()) ? owner_[static_cast<std::size_t>(k)] : k;
+  }
+  // "rank 1 (stage 2)": the rank of this replica that runs stage k.
+  std::string rank_name(int k) const {
+    return "rank " + std::to_string(rank_of(owner(k), replica_)) + " (stage " + std::to_string(k) +
+           ")";
+  }
+  // "rank 5 (stage 1)", or with virtual stages "rank 1 (stages 1, 2)".
   std::string world_rank_name(int r) const {
-    return "rank " + std::to_string(r) + " (stage " + std::to_string(r % stages_) + ")";
+    const int w = r % stages_;
+    std::string stages;
+    int count = 0;
+    for (int k = 0; k < static_cast<int>(std::max<std::size_t>(owner_.size(), 1)); ++k)
+      if (owner(k) == w) stages += (count++ ? ", " : "") + std::to_string(k);
+    if (count == 0) stages = std::to_string(w);
+    return "rank " + std::to_string(r) + (count > 1 ? " (stages " : " (stage ") + stages + ")";
   }
 
   // What a wait waits for: one rank (`rank`), or the ranks of a collective (first, first +
@@ -363,24 +398,49 @@ class MpiExecutor {
     return {std::move(what), -1, first, stride, count};
   }
 
+  // Wires this rank's ends of every boundary: a producer or consumer end towards the rank of
+  // the other stage, both ends (a ring in memory) between two stages of its own. Links joining
+  // the same two ranks the same way (virtual stages: worker 0 sends stage 0's and stage 2's
+  // outputs to worker 1) take lanes of the tag space, so their messages never match each other.
   template <class P>
   void connect(P& program, const Schedule& s) {
     auto& links = program.links();
     const int K = s.stages;
+    struct Wire {
+      int from, to, lane;
+    };
+    std::vector<Wire> wires;  // [2 b + direction]
+    int lanes = 1;
     for (int b = 0; b + 1 < K; ++b)
       for (Flow f : {Flow::Activations, Flow::Gradients}) {
-        const int from = f == Flow::Activations ? b : b + 1,
-                  to = f == Flow::Activations ? b + 1 : b;
+        const int from = owner(f == Flow::Activations ? b : b + 1),
+                  to = owner(f == Flow::Activations ? b + 1 : b);
+        int lane = 0;
+        for (std::size_t j = static_cast<std::size_t>(f == Flow::Gradients); j < wires.size();
+             j += 2)
+          lane += wires[j].from == from && wires[j].to == to;
+        wires.push_back({from, to, lane});
+        lanes = std::max(lanes, lane + 1);
+      }
+    for (int b = 0; b + 1 < K; ++b)
+      for (Flow f : {Flow::Activations, Flow::Gradients}) {
+        const int direction = f == Flow::Activations ? 0 : 1;
+        const Wire& w = wires[static_cast<std::size_t>(2 * b + direction)];
         MpiLinkEnd end;
         end.comm = pipeline_;
-        end.direction = f == Flow::Activations ? 0 : 1;
-        if (stage_ == from) {
+        end.direction = direction;
+        end.lane = w.lane;
+        end.lanes = lanes;
+        if (stage_ == w.from && stage_ == w.to) {
+          end.role = LinkRole::Both;
+        } else if (stage_ == w.from) {
           end.role = LinkRole::Producer;
-          end.peer = to;
-        } else if (stage_ == to) {
+          end.peer = w.to;
+        } else if (stage_ == w.to) {
           end.role = LinkRole::Consumer;
-          end.peer = from;
+          end.peer = w.from;
           // The consumer pops in the order of its own actions that read this channel.
+          const int to = f == Flow::Activations ? b + 1 : b;
           for (const Action& a : s.actions[static_cast<std::size_t>(to)])
             if (channels_of(K, to, a).in == Channel{b, f}) end.order.push_back(a.index);
         }
@@ -388,24 +448,26 @@ class MpiExecutor {
       }
   }
 
+  // Whether every message this rank's stages sent has been received (a link whose producer
+  // end is not this rank's says so at once).
   template <class P>
-  bool sends_done(P& program, const Schedule& s, int k) {
-    const Channel out[2] = {Channel{k, Flow::Activations}, Channel{k - 1, Flow::Gradients}};
-    for (const Channel& c : out)
-      if (c.boundary >= 0 && c.boundary + 1 < s.stages && !program.links().at(c).sends_done())
-        return false;
+  bool sends_done(P& program, const Schedule& s) {
+    for (int b = 0; b + 1 < s.stages; ++b)
+      for (Flow f : {Flow::Activations, Flow::Gradients})
+        if (!program.links().at(Channel{b, f}).sends_done()) return false;
     return true;
   }
 
-  // The first neighbour whose receive of this stage's last messages has not completed.
+  // The first neighbour whose receive of this rank's last messages has not completed.
   template <class P>
-  Awaited unfinished_send(P& program, const Schedule& s, int k) {
-    const Channel out[2] = {Channel{k, Flow::Activations}, Channel{k - 1, Flow::Gradients}};
-    for (const Channel& c : out)
-      if (c.boundary >= 0 && c.boundary + 1 < s.stages && !program.links().at(c).sends_done()) {
-        const int to = c.flow == Flow::Activations ? k + 1 : k - 1;
-        return {"its last messages to be received by " + rank_name(to), rank_of(to, replica_)};
-      }
+  Awaited unfinished_send(P& program, const Schedule& s) {
+    for (int b = 0; b + 1 < s.stages; ++b)
+      for (Flow f : {Flow::Activations, Flow::Gradients})
+        if (!program.links().at(Channel{b, f}).sends_done()) {
+          const int to = f == Flow::Activations ? b + 1 : b;
+          return {"its last messages to be received by " + rank_name(to),
+                  rank_of(owner(to), replica_)};
+        }
     return {"its last messages to be received by its neighbours"};
   }
 
@@ -424,11 +486,11 @@ class MpiExecutor {
                    input_missing = input_missing && !program.input_ready(k, a);
                  if (producer >= 0 && (input_missing || consumer < 0))
                    return {"the input of " + to_string(a) + " from " + rank_name(producer),
-                           rank_of(producer, replica_)};
+                           rank_of(owner(producer), replica_)};
                  if (consumer >= 0)
                    return {
                        "room to send the output of " + to_string(a) + " to " + rank_name(consumer),
-                       rank_of(consumer, replica_)};
+                       rank_of(owner(consumer), replica_)};
                  return {"the action to be ready"};
                });
   }
@@ -450,11 +512,12 @@ class MpiExecutor {
       throw Error("no gradient all-reduce was started for " + to_string(a) +
                   " (no backward before it)");
     std::string peers;
-    for (int r = 0; r < replicas_; ++r) peers += (r ? ", " : "") + std::to_string(rank_of(k, r));
+    for (int r = 0; r < replicas_; ++r)
+      peers += (r ? ", " : "") + std::to_string(rank_of(owner(k), r));
     wait_request(req, k, to_string(a),
                  collective("the gradient all-reduce with the replicas of stage " +
                                 std::to_string(k) + " (ranks " + peers + ")",
-                            k, stages_, replicas_));
+                            owner(k), stages_, replicas_));
     // The mean over replicas: each replica's loss is already scaled by 1 / its rows.
     if constexpr (has_gradients<P>) scale_gradient_sum(program.gradients(k), replicas_);
   }
@@ -462,46 +525,53 @@ class MpiExecutor {
   // Every rank gets every micro-batch's loss: the last stages' values summed over the world
   // and divided by R (each replica's mean over its equal share: the mean over the whole batch).
   template <class P>
-  void share_losses(P& program, int k) {
+  void share_losses(P& program, const Schedule& s) {
     if constexpr (requires { program.micro_losses(); }) {
       std::span<double> loss = program.micro_losses();
-      if (k + 1 != stages_)
+      const int last = s.stages - 1;
+      if (owner(last) != stage_)  // only the rank of the last stage computed them
         for (double& v : loss) v = 0;
       MPI_Request r = MPI_REQUEST_NULL;
       XPIPE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, loss.data(), static_cast<int>(loss.size()),
                                      MPI_DOUBLE, MPI_SUM, world_, &r));
-      wait_request(r, k, "end", collective("the other ranks' losses", 0, 1, size_));
+      wait_request(r, last, "end", collective("the other ranks' losses", 0, 1, size_));
       for (double& v : loss) v /= replicas_;
     }
   }
 
-  // World rank 0 collects the rows of replica 0's stages: (start, end) of every action.
+  // World rank 0 collects the rows of replica 0's stages: (start, end) of every action. Each
+  // rank sends the rows of its stages, in stage order.
   void gather_trace(const Schedule& s) {
     if (replica_ != 0) return;
     std::vector<double> mine;
-    for (const ActionTiming& t : trace_.stages[static_cast<std::size_t>(stage_)]) {
-      mine.push_back(t.start);
-      mine.push_back(t.end);
-    }
-    std::vector<int> counts(static_cast<std::size_t>(stages_)), offsets(counts.size());
+    for (int k = 0; k < s.stages; ++k)
+      if (owner(k) == stage_)
+        for (const ActionTiming& t : trace_.stages[static_cast<std::size_t>(k)]) {
+          mine.push_back(t.start);
+          mine.push_back(t.end);
+        }
+    std::vector<int> counts(static_cast<std::size_t>(stages_), 0), offsets(counts.size());
+    for (int k = 0; k < s.stages; ++k)
+      counts[static_cast<std::size_t>(owner(k))] +=
+          2 * static_cast<int>(s.actions[static_cast<std::size_t>(k)].size());
     int total = 0;
-    for (int j = 0; j < stages_; ++j) {
-      counts[static_cast<std::size_t>(j)] = 2 * static_cast<int>(s.actions[std::size_t(j)].size());
-      offsets[static_cast<std::size_t>(j)] = total;
-      total += counts[static_cast<std::size_t>(j)];
+    for (std::size_t w = 0; w < counts.size(); ++w) {
+      offsets[w] = total;
+      total += counts[w];
     }
     std::vector<double> all(stage_ == 0 ? static_cast<std::size_t>(total) : 0);
     MPI_Request r = MPI_REQUEST_NULL;
     XPIPE_MPI_CHECK(MPI_Igatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(),
                                  counts.data(), offsets.data(), MPI_DOUBLE, 0, pipeline_, &r));
-    wait_request(r, stage_, "end",
+    wait_request(r, s.stages - 1, "end",
                  collective("the trace of the other stages", rank_of(0, replica_), 1, stages_));
     if (stage_ != 0) return;
-    for (int j = 1; j < stages_; ++j) {
-      auto& row = trace_.stages[static_cast<std::size_t>(j)];
-      for (std::size_t p = 0; p < row.size(); ++p) {
-        row[p].start = all[static_cast<std::size_t>(offsets[std::size_t(j)]) + 2 * p];
-        row[p].end = all[static_cast<std::size_t>(offsets[std::size_t(j)]) + 2 * p + 1];
+    std::vector<std::size_t> at(offsets.begin(), offsets.end());  // next value of each rank's
+    for (int k = 0; k < s.stages; ++k) {
+      std::size_t& next = at[static_cast<std::size_t>(owner(k))];
+      for (ActionTiming& t : trace_.stages[static_cast<std::size_t>(k)]) {
+        t.start = all[next++];
+        t.end = all[next++];
       }
     }
   }
@@ -740,7 +810,10 @@ class MpiExecutor {
 
   MPI_Comm world_ = MPI_COMM_NULL, pipeline_ = MPI_COMM_NULL, replicas_of_stage_ = MPI_COMM_NULL,
            control_ = MPI_COMM_NULL;
+  // stages_: ranks per pipeline (its workers); stage_: this rank's worker in it. Without
+  // virtual stages, a worker is a stage.
   int rank_ = 0, size_ = 1, replicas_ = 1, stages_ = 1, stage_ = 0, replica_ = 0;
+  std::vector<int> owner_;  // the worker of each stage in the last run (empty: stage k's own)
   ExecutionTrace trace_;
   std::string notice_;
   std::atomic<long> list_size_{0}, done_{0};

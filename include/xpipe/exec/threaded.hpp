@@ -81,6 +81,9 @@ class ThreadedExecutor {
     positions_ = std::make_unique<Position[]>(static_cast<std::size_t>(s.stages));
     check_structure(s);  // any Program may hand one in: worker_steps needs it whole
     const std::vector<std::vector<WorkerStep>> steps = worker_steps(s);
+    owner_ = stage_workers(s);
+    worker_stage_ = std::make_unique<std::atomic<int>[]>(steps.size());
+    for (std::size_t w = 0; w < steps.size(); ++w) worker_stage_[w].store(-1);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     threads.reserve(steps.size());
@@ -151,6 +154,7 @@ class ThreadedExecutor {
         const auto [k, p] = mine[i];
         const Action& a = s.actions[static_cast<std::size_t>(k)][p];
         std::atomic<std::uint64_t>& at = positions_[static_cast<std::size_t>(k)].at;
+        worker_stage_[static_cast<std::size_t>(w)].store(k, std::memory_order_relaxed);
         if (!wait_ready(program, s, k, a)) return;  // another worker failed
         at.store(2 * p + 1, std::memory_order_relaxed);
         const double start = detail::seconds_since(t0);
@@ -242,12 +246,24 @@ class ThreadedExecutor {
     int late = awaited;
     std::string chain;  // "stage 2 waits on stage 1, stage 1 on stage 0; "
     for (int hops = 0;; ++hops) {
+      // Virtual stages: a stage whose worker is at another of its stages waits on that one (a
+      // worker runs one action at a time), whatever its own position says.
+      const int on =
+          worker_stage_[static_cast<std::size_t>(owner_[static_cast<std::size_t>(late)])].load(
+              std::memory_order_relaxed);
+      if (on >= 0 && on != late && on != k && hops < 2 * s.stages) {
+        chain += (chain.empty() ? "stage " : ", stage ") + std::to_string(late) +
+                 (chain.empty() ? " waits on stage " : " on stage ") + std::to_string(on) +
+                 " (its worker's)";
+        late = on;
+        continue;
+      }
       const Position& pos = positions_[static_cast<std::size_t>(late)];
       const std::uint64_t at = pos.at.load(std::memory_order_relaxed);
       const int next = pos.waits_on.load(std::memory_order_relaxed);
       const bool waiting = at % 2 == 0 && at / 2 < s.actions[static_cast<std::size_t>(late)].size();
       // Stop at a stage that is not waiting, or has not said on whom yet, or at a cycle.
-      if (!waiting || next < 0 || next == k || hops == s.stages) break;
+      if (!waiting || next < 0 || next == k || hops >= 2 * s.stages) break;
       chain += (chain.empty() ? "stage " : ", stage ") + std::to_string(late) +
                (chain.empty() ? " waits on stage " : " on stage ") + std::to_string(next);
       late = next;
@@ -275,6 +291,8 @@ class ThreadedExecutor {
 
   ExecutionTrace trace_;
   std::unique_ptr<Position[]> positions_;
+  std::vector<int> owner_;                            // the worker of each stage
+  std::unique_ptr<std::atomic<int>[]> worker_stage_;  // the stage each worker is at (-1: none yet)
   std::atomic<bool> stop_{false};
   std::mutex mutex_;  // taken only when a stage fails
   std::exception_ptr error_;

@@ -250,6 +250,13 @@ struct Stage {
     (std::make_index_sequence<layer_count>{});
     return found;
   }
+  //! The one text of a refused split: "layer i (name) has no split backward (backward_input and
+  //! backward_weight)", or "" when every layer has one.
+  template <class B>
+  static std::string no_split_reason() {
+    const std::string l = unsplit_layer<B>();
+    return l.empty() ? l : l + " has no split backward (backward_input and backward_weight)";
+  }
 
   static constexpr int max_width() {
     int m = 0;

@@ -389,11 +389,10 @@ class Pipeline {
         if (a.kind == ActionKind::InputGrad) splits[static_cast<std::size_t>(k)] = true;
       if (!splits[static_cast<std::size_t>(k)]) continue;
       detail::visit_stage(runtimes_, k, [&](auto&, auto I) {
-        if (const std::string l = stage<I>::template unsplit_layer<backend>(); !l.empty())
+        if (const std::string why = stage<I>::template no_split_reason<backend>(); !why.empty())
           throw ConfigError("xpipe: Pipeline::train: schedule '" + schedule.name +
                             "' splits backwards into I and W at stage " + std::to_string(k) +
-                            ", but its " + l +
-                            " has no split backward (backward_input and backward_weight)");
+                            ", but its " + why);
       });
     }
     schedule_ = &schedule;

@@ -175,10 +175,8 @@ struct StageProgram {
       backward_part(rt, run, g, /*whole=*/false);
     else
       throw ConfigError("xpipe: stage " + std::to_string(I) + ": " +
-                        RT::Stage::template unsplit_layer<typename RT::Backend>() +
-                        " has no split backward (backward_input and backward_weight), so the "
-                        "stage cannot run I" +
-                        std::to_string(g));
+                        RT::Stage::template no_split_reason<typename RT::Backend>() +
+                        ", so the stage cannot run I" + std::to_string(g));
   }
 
   //! W(g): B(g)'s weight half: the micro-batch's parameter gradient added (written after a
@@ -194,8 +192,8 @@ struct StageProgram {
       rt.slot_of[g] = -1;
     } else {
       throw ConfigError("xpipe: stage " + std::to_string(I) + ": " +
-                        S::template unsplit_layer<typename RT::Backend>() +
-                        " has no split backward, so the stage cannot run W" + std::to_string(g));
+                        S::template no_split_reason<typename RT::Backend>() +
+                        ", so the stage cannot run W" + std::to_string(g));
     }
   }
 

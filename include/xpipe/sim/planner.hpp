@@ -1,8 +1,9 @@
 // The planner: enumerates data-parallel x pipeline splits (dp x pp) of a cluster, balanced layer
-// partitions, micro-batch counts and schedules; simulates each plan's step; drops plans that do
-// not fit in memory; ranks by time to accuracy = E(B) x (dataset / B) x step time (Pal et al.'s
-// hybrid-parallelism argument) and by cost; and for transient (preemptible) devices adds
-// checkpoints at the Young/Daly interval and the expected work lost to revocations (CM-DARE).
+// partitions, micro-batch counts and schedules (one stage per device, or two: interleaved 1F1B,
+// ZB-V, DualPipeV); simulates each plan's step; drops plans whose fullest device does not fit;
+// ranks by time to accuracy = E(B) x (dataset / B) x step time (Pal et al.'s hybrid-parallelism
+// argument) and by cost; and for transient (preemptible) devices adds checkpoints at the
+// Young/Daly interval and the expected work lost to revocations (CM-DARE).
 #pragma once
 
 #include <algorithm>
@@ -103,7 +104,8 @@ struct PlanRequest {
 struct Plan {
   int devices = 0, dp = 1, pp = 1, micro_batches = 1, batch_per_replica = 0;
   std::string schedule = "gpipe", predictor = "latest";
-  std::vector<std::size_t> first_layer;  // first layer of each stage
+  std::vector<std::size_t> first_layer;  // first layer of each stage (2 pp of them on devices
+                                         // holding two: interleaved-1f1b, zb-v, dualpipev)
   double global_batch = 0, step_seconds = 0, epochs = 0, steps = 0;
   double allreduce_seconds = 0;  // per step, per stage (largest)
   double peak_memory_bytes = 0;  // the fullest device
@@ -266,6 +268,10 @@ inline PlanResult make_plans(PlanRequest r) {
       if (pp > 1) {
         schedules.push_back({"1f1b-flush", "latest", 1});
         schedules.push_back({"zb-h1", "latest", 1});
+        // Two stages per device (2 pp stages), where the model has the layers for them.
+        if (2 * pp <= static_cast<int>(r.layers.size()))
+          for (const char* v : {"interleaved-1f1b", "zb-v", "dualpipev"})
+            schedules.push_back({v, "latest", 1});
         for (const StalenessPenalty& s : r.penalties)
           if (s.stages == pp) schedules.push_back({s.schedule, s.predictor, s.epochs_factor});
       }
@@ -284,13 +290,15 @@ inline PlanResult make_plans(PlanRequest r) {
             const LayerTimes t = layer_times(l, rows, c.device);
             weight.push_back(t.forward + t.backward);
           }
-          const std::vector<std::size_t> first = balanced_partition(weight, pp);
           for (const Candidate& cand : schedules) {
+            // K = pp stages, or 2 pp on devices that hold two each.
+            const int K = pp * stages_per_worker(cand.schedule);
+            const std::vector<std::size_t> first = balanced_partition(weight, K);
             Plan p;
             p.devices = n, p.dp = dp, p.pp = pp, p.micro_batches = M, p.batch_per_replica = b;
             p.schedule = cand.schedule, p.predictor = cand.predictor, p.first_layer = first;
             p.global_batch = B;
-            auto make = [&](int N) { return make_schedule(cand.schedule, pp, M, N); };
+            auto make = [&](int N) { return make_schedule(cand.schedule, K, M, N); };
             Schedule s1, s2;
             try {
               s1 = make(2);
@@ -303,10 +311,10 @@ inline PlanResult make_plans(PlanRequest r) {
             m.cores = c.cores_per_replica;
             m.link = c.pipeline_link;
             m.source = "plan";
-            for (int k = 0; k < pp; ++k) {
+            for (int k = 0; k < K; ++k) {
               const std::size_t f = first[static_cast<std::size_t>(k)];
               const std::size_t l =
-                  k + 1 < pp ? first[static_cast<std::size_t>(k) + 1] : r.layers.size();
+                  k + 1 < K ? first[static_cast<std::size_t>(k) + 1] : r.layers.size();
               StageCost sc = stage_cost(r.layers, f, l, rows, c.device);
               const double ar = ring_allreduce_seconds(sc.weight_bytes, dp, c.allreduce_link);
               p.allreduce_seconds = std::max(p.allreduce_seconds, ar);
@@ -316,13 +324,18 @@ inline PlanResult make_plans(PlanRequest r) {
             }
             const SimResult r1 = simulate(s1, m), r2 = simulate(s2, m);
             p.step_seconds = (r2.seconds - r1.seconds) / (r.simulated_mini_batches - 2);
-            p.peak_memory_bytes =
-                *std::max_element(r2.peak_memory_bytes.begin(), r2.peak_memory_bytes.end());
-            // Idle share of a steady-state step: the busy time the extra mini-batches added.
+            p.peak_memory_bytes = *std::max_element(r2.worker_peak_memory_bytes.begin(),
+                                                    r2.worker_peak_memory_bytes.end());
+            // Idle share of a steady-state step per device: the busy time the extra
+            // mini-batches added to its stages.
+            const std::vector<int> device = stage_workers(s2);
+            std::vector<double> busy(static_cast<std::size_t>(pp), 0);
+            for (int k = 0; k < K; ++k)
+              busy[static_cast<std::size_t>(device[static_cast<std::size_t>(k)])] +=
+                  r2.busy[k] - r1.busy[k];
             double idle = 0;
-            for (int k = 0; k < pp; ++k)
-              idle += 1 - (r2.busy[k] - r1.busy[k]) / (r.simulated_mini_batches - 2) /
-                              std::max(p.step_seconds, 1e-300);
+            for (double d : busy)
+              idle += 1 - d / (r.simulated_mini_batches - 2) / std::max(p.step_seconds, 1e-300);
             p.bubble = std::max(0.0, idle / pp);
             out.smallest_memory_needed = std::min(out.smallest_memory_needed, p.peak_memory_bytes);
             if (p.peak_memory_bytes > c.device.memory_bytes) {

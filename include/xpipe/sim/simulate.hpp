@@ -34,8 +34,12 @@ struct SimResult {
   std::vector<double> busy;               // per stage: seconds computing
   std::vector<int> peak_in_flight;        // per stage: micro-batches forwarded, gradient not added
   std::vector<double> peak_memory_bytes;  // per stage: weights x copies + state + activations
-  double seconds = 0;                     // makespan
-  double per_mini_batch = 0;              // makespan / mini-batches
+  // Per worker (a device): its stages' weights x copies and state, and the most activation bytes
+  // its stages hold at once, walked in the order it runs them; = peak_memory_bytes with one
+  // stage per worker.
+  std::vector<double> worker_peak_memory_bytes;
+  double seconds = 0;         // makespan
+  double per_mini_batch = 0;  // makespan / mini-batches
   double bubble_fraction(int k) const { return trace.bubble_fraction(k); }
 };
 
@@ -203,11 +207,29 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   r.seconds = r.trace.seconds = now;
   r.per_mini_batch = now / s.mini_batches;
   const bool split = s.splits_backward();
+  std::vector<double> per_slot(static_cast<std::size_t>(K));
   for (int k = 0; k < K; ++k) {
     const StageCost& c = cost.stages[static_cast<std::size_t>(k)];
-    const double per_slot = c.activation_bytes + (split ? c.kept_gradient_bytes : 0);
+    per_slot[static_cast<std::size_t>(k)] =
+        c.activation_bytes + (split ? c.kept_gradient_bytes : 0);
     r.peak_memory_bytes.push_back(c.weight_bytes * c.weight_copies + c.state_bytes +
-                                  per_slot * r.peak_in_flight[k]);
+                                  per_slot[static_cast<std::size_t>(k)] * r.peak_in_flight[k]);
+  }
+  for (const auto& steps : worker_steps(s)) {
+    double fixed = 0, live = 0, most = 0;
+    std::vector<char> counted(static_cast<std::size_t>(K), 0);
+    for (const WorkerStep& w : steps) {
+      const auto k = static_cast<std::size_t>(w.stage);
+      if (!counted[k]) {
+        const StageCost& c = cost.stages[k];
+        fixed += c.weight_bytes * c.weight_copies + c.state_bytes;
+        counted[k] = 1;
+      }
+      const Action& a = s.actions[k][w.position];
+      if (a.kind == ActionKind::Forward) most = std::max(most, live += per_slot[k]);
+      if (info(a.kind).frees_slot) live -= per_slot[k];
+    }
+    r.worker_peak_memory_bytes.push_back(fixed + most);
   }
   return r;
 }
