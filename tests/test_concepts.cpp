@@ -301,5 +301,5 @@ TEST_CASE("Name lists: every listed schedule, predictor and optimizer is found b
   REQUIRE_THROWS_WITH(
       make_schedule("zb-h2", 2, 2, 2),
       Contains("gpipe, 1f1b-flush, async-1f1b, 2bw, zb-h1, async-zb, interleaved-1f1b, "
-               "looped-bfs, zb-v, dualpipev"));
+               "looped-bfs, async-interleaved, zb-v, dualpipev"));
 }

@@ -445,6 +445,40 @@ TEST_CASE("Looped BFS: interleaved 1F1B's bubble at GPipe's memory - worked by h
       }
 }
 
+TEST_CASE("Asynchronous interleaved 1F1B: one stream, no flush - order and s worked by hand",
+          "[schedule][workers][staleness]") {
+  // P = 2, v = 2, M = 1, N = 3: one full round (micro-batches 0, 1) and a short one (2), run
+  // breadth-first. Worker 0: warm-up (P - 1) 2 + (v - 1) P = 4 forwards (the full round, chunk 0
+  // then 1), the short round's two forwards, then the backwards, last chunk first, each stage
+  // stepping right after a mini-batch's last backward. Worker 1: 2 warm-up forwards, then one
+  // forward and one backward alternately through the full round.
+  const Schedule s = async_interleaved(2, 2, 1, 3);
+  REQUIRE(s.to_text() ==
+          "xpipe-schedule name=async-interleaved stages=4 workers=2 micro_batches=1 "
+          "mini_batches=3\n"
+          "0: F0@s0 F1@s0 F0@s2 F1@s2 F2@s0 F2@s2 B0@s2 S0@s2 B1@s2 S1@s2 B0@s0 S0@s0 B1@s0 S1@s0 "
+          "B2@s2 S2@s2 B2@s0 S2@s0\n"
+          "1: F0@s1 F1@s1 F0@s3 B0@s3 S0@s3 F1@s3 B1@s3 S1@s3 F2@s1 F2@s3 B0@s1 S0@s1 B1@s1 S1@s1 "
+          "B2@s3 S2@s3 B2@s1 S2@s1\n");
+  // Stages 0, 1, 2 run F0 F1 F2 before their first step: F2 (mini-batch 2) reads version 0,
+  // s = 2; stage 3 steps after every backward, s = 0.
+  const StalenessAnalysis a = analyze_staleness(s);
+  for (int k = 0; k < 3; ++k) {
+    INFO("stage " << k);
+    REQUIRE(a.forward(k, 1).apply_time == 1);
+    REQUIRE(a.forward(k, 2).apply_time == 2);
+  }
+  REQUIRE(a.max_forward_s(3) == 0);
+  // Any M N: short last rounds included (interleaved_1f1b needs M a multiple of P).
+  for (int P = 1; P <= 5; ++P)
+    for (int v = 1; v <= 3; ++v)
+      for (int M = 1; M <= 7; ++M)
+        for (int N : {1, 2, 5}) {
+          INFO("P=" << P << " v=" << v << " M=" << M << " N=" << N);
+          REQUIRE_NOTHROW(validate(async_interleaved(P, v, M, N)));
+        }
+}
+
 // ---- V-shaped schedules (ZB-V, DualPipeV) -------------------------------------------------------
 
 TEST_CASE("ZB-V and DualPipeV: the V placement, each worker's order worked by hand",
@@ -483,9 +517,9 @@ TEST_CASE("ZB-V and DualPipeV: the V placement, each worker's order worked by ha
         const StalenessAnalysis a = analyze_staleness(back);
         for (int k = 0; k < 2 * P; ++k) REQUIRE(a.max_forward_s(k) == 0);  // synchronous
       }
-  REQUIRE_THROWS_WITH(zb_v(2, 3, 1), Contains("zb-v: needs micro_batches >= 2 x workers (got "
+  REQUIRE_THROWS_WITH(zb_v(2, 3, 1), Contains("zb_v: needs micro_batches >= 2 x workers (got "
                                               "M=3, P=2)"));
-  REQUIRE_THROWS_WITH(dualpipe_v(3, 5, 1), Contains("dualpipev: needs micro_batches >= 2 x"));
+  REQUIRE_THROWS_WITH(dualpipe_v(3, 5, 1), Contains("dualpipe_v: needs micro_batches >= 2 x"));
   REQUIRE_THROWS_WITH(make_schedule("dualpipev", 5, 8, 1), Contains("even number of stages"));
   REQUIRE(make_schedule("zb-v", 6, 6, 2).actions == zb_v(3, 6, 2).actions);
 }

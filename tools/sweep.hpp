@@ -47,7 +47,8 @@ struct SweepPlan {
 };
 
 //! The asynchronous schedules --sweep-schedules may name.
-inline const std::vector<std::string> sweep_schedule_choices{"async-1f1b", "async-zb"};
+inline const std::vector<std::string> sweep_schedule_choices{"async-1f1b", "async-zb",
+                                                             "async-interleaved"};
 
 //! One remedy of the sweep: a predictor on a schedule.
 struct SweepRemedy {
@@ -65,7 +66,8 @@ std::vector<SweepRemedy> sweep_remedies(const SweepPlan& plan);
 std::vector<SweepPoint> sweep_points(const SweepPlan& plan);
 
 //! ok: every epoch trained. diverged: stopped by tools::divergence or a NaN loss. not_run: the
-//! configuration cannot run (a ConfigError before training: 2BW with M < K). failed: another
+//! configuration cannot run (a ConfigError before training: 2BW with M < K, async-interleaved
+//! at an odd K or K < 4). failed: another
 //! error. interrupted: a signal stopped the sweep during it.
 enum class SweepStatus { ok, diverged, not_run, failed, interrupted };
 const char* to_string(SweepStatus s);

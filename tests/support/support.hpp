@@ -131,8 +131,10 @@ struct HookedIdentity {
 //! The (schedule, M) pairs the every-predictor oracles run over 4 stages: async 1F1B at M = 1
 //! and 4, 2BW, the synchronous ones, the split backward and virtual stages.
 inline const std::vector<std::pair<const char*, int>> oracle_schedules{
-    {"async-1f1b", 1}, {"async-1f1b", 4},       {"2bw", 4},
-    {"gpipe", 2},      {"1f1b-flush", 4},       {"zb-h1", 4},
-    {"async-zb", 2},   {"interleaved-1f1b", 4}, {"dualpipev", 4}};
+    {"async-1f1b", 1}, {"async-1f1b", 4},
+    {"2bw", 4},        {"gpipe", 2},
+    {"1f1b-flush", 4}, {"zb-h1", 4},
+    {"async-zb", 2},   {"interleaved-1f1b", 4},
+    {"dualpipev", 4},  {"async-interleaved", 1}};
 
 }  // namespace xpipe::test

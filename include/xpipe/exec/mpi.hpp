@@ -176,13 +176,13 @@ class MpiExecutor {
     XPIPE_MPI_CHECK(MPI_Comm_rank(world_, &rank_));
     size_ = size;
     replicas_ = replicas;
-    stages_ = size / replicas;
-    stage_ = rank_ % stages_;
-    replica_ = rank_ / stages_;
-    XPIPE_MPI_CHECK(MPI_Comm_split(world_, replica_, stage_, &pipeline_));
-    XPIPE_MPI_CHECK(MPI_Comm_split(world_, stage_, replica_, &replicas_of_stage_));
+    workers_ = size / replicas;
+    worker_ = rank_ % workers_;
+    replica_ = rank_ / workers_;
+    XPIPE_MPI_CHECK(MPI_Comm_split(world_, replica_, worker_, &pipeline_));
+    XPIPE_MPI_CHECK(MPI_Comm_split(world_, worker_, replica_, &replicas_of_worker_));
     XPIPE_MPI_CHECK(MPI_Comm_dup(world_, &control_));
-    for (MPI_Comm c : {pipeline_, replicas_of_stage_, control_})
+    for (MPI_Comm c : {pipeline_, replicas_of_worker_, control_})
       XPIPE_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
     board_.connect(control_, report_tag);
     detail::mpi_report_rank.store(rank_, std::memory_order_relaxed);
@@ -194,7 +194,7 @@ class MpiExecutor {
     MPI_Finalized(&finalized);
     if (finalized) return;  // (an executor outliving MPI_Finalize has nothing left to free)
     board_.release();
-    for (MPI_Comm* c : {&pipeline_, &replicas_of_stage_, &control_, &world_})
+    for (MPI_Comm* c : {&pipeline_, &replicas_of_worker_, &control_, &world_})
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 
@@ -203,14 +203,14 @@ class MpiExecutor {
   int replicas() const { return replicas_; }
   //! The ranks of one pipeline (its workers: its stages, without virtual stages), and this
   //! rank's place among them (its worker: its stage, without virtual stages).
-  int stages() const { return stages_; }
-  int stage() const { return stage_; }
+  int workers() const { return workers_; }
+  int worker() const { return worker_; }
   int replica() const { return replica_; }
   //! The world rank of worker (stage) w of replica r.
-  int rank_of(int w, int r) const { return r * stages_ + w; }
+  int rank_of(int w, int r) const { return r * workers_ + w; }
   //! The ranks of this rank's pipeline (its stages, in order) and of its stage's replicas.
   MPI_Comm pipeline_comm() const { return pipeline_; }
-  MPI_Comm replicas_comm() const { return replicas_of_stage_; }
+  MPI_Comm replicas_comm() const { return replicas_of_worker_; }
 
   template <Program P>
   void run(P& program) {
@@ -220,23 +220,24 @@ class MpiExecutor {
         "Pipeline<..., MpiChannel>");
     const Schedule& s = program.schedule();
     check_structure(s);  // any Program may hand one in: worker_steps needs it whole
-    if (!s.has_virtual_stages() && s.stages != stages_)
+    if (!s.has_virtual_stages() && s.stages != workers_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' has " +
                         std::to_string(s.stages) + " stages, but " + std::to_string(size_) +
                         " ranks over " + std::to_string(replicas_) + " replica(s) make " +
-                        std::to_string(stages_) + " (launch replicas x stages ranks)");
-    if (s.has_virtual_stages() && s.workers() != stages_)
+                        std::to_string(workers_) + " (launch replicas x stages ranks)");
+    if (s.has_virtual_stages() && s.workers() != workers_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' runs " +
                         std::to_string(s.stages) + " stages on " + std::to_string(s.workers()) +
                         " workers, but " + std::to_string(size_) + " ranks over " +
-                        std::to_string(replicas_) + " replica(s) make " + std::to_string(stages_) +
+                        std::to_string(replicas_) + " replica(s) make " + std::to_string(workers_) +
                         " a pipeline (launch replicas x workers ranks)");
     if (replicas_ > 1 && !has_gradients<P>)
       throw ConfigError("xpipe: MpiExecutor: " + std::to_string(replicas_) +
                         " replicas need the Program's gradients(k) to average them");
     owner_ = stage_workers(s);
-    const std::vector<WorkerStep> mine = worker_steps(s)[static_cast<std::size_t>(stage_)];
-    const int k0 = mine.empty() ? stage_ : mine.front().stage;  // for the waits of the ends
+    const std::vector<WorkerStep> mine = worker_steps(s)[static_cast<std::size_t>(worker_)];
+    const int k0 = mine.empty() ? worker_ : mine.front().stage;  // for the waits of the ends
+    first_stage_ = k0;
     const auto action_at = [&](std::size_t i) -> const Action& {
       return s.actions[static_cast<std::size_t>(mine[i].stage)][mine[i].position];
     };
@@ -288,8 +289,8 @@ class MpiExecutor {
       wait_until([&] { return sends_done(program, s); }, k0, "end",
                  [&] { return unfinished_send(program, s); });
       trace_.seconds = detail::seconds_since(t0);
-      share_losses(program, s);
-      gather_trace(s);
+      share_losses(program, s, k0);
+      gather_trace(s, k0);
     } catch (const MpiAbortNotice&) {
       throw;
     } catch (const StageError& e) {
@@ -339,9 +340,9 @@ class MpiExecutor {
             MPI_Ibcast(opt.moment(m), n, MPI_FLOAT, root, pipeline_, &reqs[std::size_t(m) + 1]));
       XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, root, pipeline_, &reqs.back()));
       for (MPI_Request& r : reqs)
-        wait_request(r, stage_, "share",
+        wait_request(r, first_stage_, "share",
                      collective("stage " + std::to_string(k) + "'s trained state",
-                                rank_of(0, replica_), 1, stages_));
+                                rank_of(0, replica_), 1, workers_));
       opt.set_steps_taken(steps);
     });
     // The layers' non-trainable state (BatchNorm's running statistics) too: the rank that
@@ -349,9 +350,9 @@ class MpiExecutor {
     p.for_each_running_state_on([&](int k, float* state, index_t n, const auto&) {
       MPI_Request req = MPI_REQUEST_NULL;
       XPIPE_MPI_CHECK(MPI_Ibcast(state, static_cast<int>(n), MPI_FLOAT, owner(k), pipeline_, &req));
-      wait_request(req, stage_, "share",
+      wait_request(req, first_stage_, "share",
                    collective("stage " + std::to_string(k) + "'s layer state", rank_of(0, replica_),
-                              1, stages_));
+                              1, workers_));
     });
   }
 
@@ -378,7 +379,7 @@ class MpiExecutor {
   }
   // "rank 5 (stage 1)", or with virtual stages "rank 1 (stages 1, 2)".
   std::string world_rank_name(int r) const {
-    const int w = r % stages_;
+    const int w = r % workers_;
     std::string stages;
     int count = 0;
     for (int k = 0; k < static_cast<int>(std::max<std::size_t>(owner_.size(), 1)); ++k)
@@ -431,12 +432,12 @@ class MpiExecutor {
         end.direction = direction;
         end.lane = w.lane;
         end.lanes = lanes;
-        if (stage_ == w.from && stage_ == w.to) {
+        if (worker_ == w.from && worker_ == w.to) {
           end.role = LinkRole::Both;
-        } else if (stage_ == w.from) {
+        } else if (worker_ == w.from) {
           end.role = LinkRole::Producer;
           end.peer = w.to;
-        } else if (stage_ == w.to) {
+        } else if (worker_ == w.to) {
           end.role = LinkRole::Consumer;
           end.peer = w.from;
           // The consumer pops in the order of its own actions that read this channel.
@@ -503,7 +504,7 @@ class MpiExecutor {
   template <class P>
   void start_reduce(P& program, int k, MPI_Request& req) {
     if constexpr (has_gradients<P>)
-      start_gradient_sum(program.gradients(k), replicas_of_stage_, req);
+      start_gradient_sum(program.gradients(k), replicas_of_worker_, req);
   }
 
   template <class P>
@@ -517,40 +518,41 @@ class MpiExecutor {
     wait_request(req, k, to_string(a),
                  collective("the gradient all-reduce with the replicas of stage " +
                                 std::to_string(k) + " (ranks " + peers + ")",
-                            owner(k), stages_, replicas_));
+                            owner(k), workers_, replicas_));
     // The mean over replicas: each replica's loss is already scaled by 1 / its rows.
     if constexpr (has_gradients<P>) scale_gradient_sum(program.gradients(k), replicas_);
   }
 
   // Every rank gets every micro-batch's loss: the last stages' values summed over the world
   // and divided by R (each replica's mean over its equal share: the mean over the whole batch).
+  // (`k`: this rank's first stage, named by its waits.)
   template <class P>
-  void share_losses(P& program, const Schedule& s) {
+  void share_losses(P& program, const Schedule& s, int k) {
     if constexpr (requires { program.micro_losses(); }) {
       std::span<double> loss = program.micro_losses();
       const int last = s.stages - 1;
-      if (owner(last) != stage_)  // only the rank of the last stage computed them
+      if (owner(last) != worker_)  // only the rank of the last stage computed them
         for (double& v : loss) v = 0;
       MPI_Request r = MPI_REQUEST_NULL;
       XPIPE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, loss.data(), static_cast<int>(loss.size()),
                                      MPI_DOUBLE, MPI_SUM, world_, &r));
-      wait_request(r, last, "end", collective("the other ranks' losses", 0, 1, size_));
+      wait_request(r, k, "end", collective("the other ranks' losses", 0, 1, size_));
       for (double& v : loss) v /= replicas_;
     }
   }
 
   // World rank 0 collects the rows of replica 0's stages: (start, end) of every action. Each
   // rank sends the rows of its stages, in stage order.
-  void gather_trace(const Schedule& s) {
+  void gather_trace(const Schedule& s, int k) {
     if (replica_ != 0) return;
     std::vector<double> mine;
     for (int k = 0; k < s.stages; ++k)
-      if (owner(k) == stage_)
+      if (owner(k) == worker_)
         for (const ActionTiming& t : trace_.stages[static_cast<std::size_t>(k)]) {
           mine.push_back(t.start);
           mine.push_back(t.end);
         }
-    std::vector<int> counts(static_cast<std::size_t>(stages_), 0), offsets(counts.size());
+    std::vector<int> counts(static_cast<std::size_t>(workers_), 0), offsets(counts.size());
     for (int k = 0; k < s.stages; ++k)
       counts[static_cast<std::size_t>(owner(k))] +=
           2 * static_cast<int>(s.actions[static_cast<std::size_t>(k)].size());
@@ -559,13 +561,13 @@ class MpiExecutor {
       offsets[w] = total;
       total += counts[w];
     }
-    std::vector<double> all(stage_ == 0 ? static_cast<std::size_t>(total) : 0);
+    std::vector<double> all(worker_ == 0 ? static_cast<std::size_t>(total) : 0);
     MPI_Request r = MPI_REQUEST_NULL;
     XPIPE_MPI_CHECK(MPI_Igatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(),
                                  counts.data(), offsets.data(), MPI_DOUBLE, 0, pipeline_, &r));
-    wait_request(r, s.stages - 1, "end",
-                 collective("the trace of the other stages", rank_of(0, replica_), 1, stages_));
-    if (stage_ != 0) return;
+    wait_request(r, k, "end",
+                 collective("the trace of the other stages", rank_of(0, replica_), 1, workers_));
+    if (worker_ != 0) return;
     std::vector<std::size_t> at(offsets.begin(), offsets.end());  // next value of each rank's
     for (int k = 0; k < s.stages; ++k) {
       std::size_t& next = at[static_cast<std::size_t>(owner(k))];
@@ -808,12 +810,13 @@ class MpiExecutor {
     }
   }
 
-  MPI_Comm world_ = MPI_COMM_NULL, pipeline_ = MPI_COMM_NULL, replicas_of_stage_ = MPI_COMM_NULL,
+  MPI_Comm world_ = MPI_COMM_NULL, pipeline_ = MPI_COMM_NULL, replicas_of_worker_ = MPI_COMM_NULL,
            control_ = MPI_COMM_NULL;
-  // stages_: ranks per pipeline (its workers); stage_: this rank's worker in it. Without
-  // virtual stages, a worker is a stage.
-  int rank_ = 0, size_ = 1, replicas_ = 1, stages_ = 1, stage_ = 0, replica_ = 0;
+  // workers_: ranks per pipeline; worker_: this rank's place in it. Without virtual stages, a
+  // worker is a stage.
+  int rank_ = 0, size_ = 1, replicas_ = 1, workers_ = 1, worker_ = 0, replica_ = 0;
   std::vector<int> owner_;  // the worker of each stage in the last run (empty: stage k's own)
+  int first_stage_ = 0;     // this rank's first stage in the last run, named by its later waits
   ExecutionTrace trace_;
   std::string notice_;
   std::atomic<long> list_size_{0}, done_{0};

@@ -248,6 +248,58 @@ inline Schedule interleaved_1f1b(int P, int v, int M, int N) {
   return s;
 }
 
+//! Asynchronous interleaved 1F1B: the stages of interleaved_1f1b on its P workers, the micro-
+//! batches of all mini-batches one stream without a flush (as async_1f1b is to 1F1B), in rounds
+//! of P micro-batches per chunk (a last round of what is left runs breadth-first, so M N need
+//! not be a multiple of P); each stage steps right after its backward of a mini-batch's last
+//! micro-batch, while later ones are in flight. Its version differences are derived by the
+//! analysis, like every schedule's; they are not async 1F1B's on the same K stages
+//! (docs/design.md).
+inline Schedule async_interleaved(int P, int v, int M, int N) {
+  detail::check_virtual_shape("async_interleaved", P, v, M, N);
+  Schedule s = detail::empty_schedule("async-interleaved", P * v, M, N);
+  s.worker_order.assign(static_cast<std::size_t>(P), {});
+  const int total = M * N;
+  // The j-th chunk pass of a worker, forwards or backwards: rounds of (up to) P micro-batches,
+  // within a round each chunk in turn (forwards chunk 0 first, backwards the last first).
+  auto pass = [&](int j, bool forward) {
+    const int round = j / (P * v), in_round = j % (P * v);
+    const int size = std::min(P, total - round * P);  // the last round may be short
+    const int c = in_round / size, micro = round * P + in_round % size;
+    return std::pair{forward ? c : v - 1 - c, micro};
+  };
+  for (int w = 0; w < P; ++w) {
+    auto& order = s.worker_order[static_cast<std::size_t>(w)];
+    auto emit = [&](int stage, Action a) {
+      s.actions[static_cast<std::size_t>(stage)].push_back(a);
+      order.push_back(stage);
+    };
+    const int passes = total * v;
+    const int warm = std::min((P - w - 1) * 2 + (v - 1) * P, passes);
+    auto forward = [&](int j) {
+      const auto [c, g] = pass(j, true);
+      emit(c * P + w, fwd(g));
+    };
+    auto backward = [&](int j) {
+      const auto [c, g] = pass(j, false);
+      emit(c * P + w, bwd(g));
+      if (s.is_last_of_mini_batch(g)) emit(c * P + w, step(s.mini_batch_of(g)));
+    };
+    // A short last round runs breadth-first after the others: all its forwards, then every
+    // backward left (one forward and one backward alternately there can deadlock: P = 4, v = 3).
+    const int full = total / P * P * v;
+    int f = 0, b = 0;
+    for (; f < std::min(warm, full); ++f) forward(f);
+    while (f < full) {
+      forward(f++);
+      backward(b++);
+    }
+    while (f < passes) forward(f++);
+    while (b < passes) backward(b++);
+  }
+  return s;
+}
+
 //! Looped BFS (breadth-first pipelining, Lamy-Poirier 2022; PyTorch's ScheduleLoopedBFS): the
 //! stages of interleaved_1f1b on its P workers, but each worker runs the forwards of all M
 //! micro-batches of its first stage, then of its next, ..., then all backwards, last stage
@@ -324,10 +376,11 @@ class VWorker {
   std::vector<std::pair<int, int>> pending_;  // (chunk, micro-batch) of each W not yet run
 };
 
-inline Schedule v_schedule(const char* name, int P, int M, int N) {
-  check_virtual_shape(name, P, 2, M, N);
+// An empty schedule `name` of 2P stages on P workers; `what` (the generator) names errors.
+inline Schedule v_schedule(const char* what, const char* name, int P, int M, int N) {
+  check_virtual_shape(what, P, 2, M, N);
   if (M < 2 * P)
-    throw ConfigError(std::string("xpipe: ") + name +
+    throw ConfigError(std::string("xpipe: ") + what +
                       ": needs micro_batches >= 2 x workers (got M=" + std::to_string(M) + ", P=" +
                       std::to_string(P) + "): its warm-up runs 2P - 1 forwards on worker 0");
   Schedule s = empty_schedule(name, 2 * P, M, N);
@@ -339,14 +392,15 @@ inline Schedule v_schedule(const char* name, int P, int M, int N) {
 //! ZB-V (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, section 6): P workers, the V
 //! placement (worker w runs stages w and 2P - 1 - w), every backward split. Worker w warms up
 //! with 2(P - w) - 1 forwards of its first stage, then w pairs F(second) F(first), then P - w
-//! times F I W on its second stage; the steady state runs F I W on each stage in turn; the
-//! cool-down runs w pairs of input gradients, then P - w times I W on the first stage, then the
-//! W's left, second stage first. Each worker holds at most 2P micro-batches of its half-size
-//! stages, 1F1B's peak, and with T_F = T_I = T_W the steady state has no bubble: mini-batches
-//! follow each other every M(T_F + T_I + T_W) per stage (dry run, tests/test_schedule.cpp).
-//! Needs M >= 2P. Gradients add in micro-batch order per stage: trains bitwise like GPipe.
+//! times F I W on its second stage; the steady state runs F I W on each stage in turn (I W on
+//! the first stage once its forwards are done); the cool-down runs w pairs of input gradients, then
+//! P - w times I W on the first stage, then the W's left, second stage first. Each worker holds at
+//! most 2P micro-batches of its half-size stages, 1F1B's peak, and with T_F = T_I = T_W the steady
+//! state has no bubble: mini-batches follow each other every M(T_F + T_I + T_W) per stage (dry run,
+//! tests/test_schedule.cpp). Needs M >= 2P. Gradients add in micro-batch order per stage: trains
+//! bitwise like GPipe.
 inline Schedule zb_v(int P, int M, int N) {
-  Schedule s = detail::v_schedule("zb-v", P, M, N);
+  Schedule s = detail::v_schedule("zb_v", "zb-v", P, M, N);
   for (int w = 0; w < P; ++w)
     for (int t = 0; t < N; ++t) {
       detail::VWorker v(s, w, t * M);
@@ -395,7 +449,7 @@ inline Schedule zb_v(int P, int M, int N) {
 //! most that with F&B = F + B (dry run, tests/test_schedule.cpp). Needs M >= 2P. Gradients add
 //! in micro-batch order per stage: trains bitwise like GPipe.
 inline Schedule dualpipe_v(int P, int M, int N) {
-  Schedule s = detail::v_schedule("dualpipev", P, M, N);
+  Schedule s = detail::v_schedule("dualpipe_v", "dualpipev", P, M, N);
   for (int w = 0; w < P; ++w)
     for (int t = 0; t < N; ++t) {
       detail::VWorker v(s, w, t * M);
@@ -438,39 +492,56 @@ inline Schedule dualpipe_v(int P, int M, int N) {
   return s;
 }
 
-//! The names make_schedule knows, in the order tools list them.
-inline constexpr std::array<const char*, 10> schedule_names{
-    "gpipe",    "1f1b-flush",       "async-1f1b", "2bw",  "zb-h1",
-    "async-zb", "interleaved-1f1b", "looped-bfs", "zb-v", "dualpipev"};
+namespace detail {
+// One row per schedule make_schedule knows: its name, the stages each worker runs (2: K = 2P
+// stages on P workers), and its generator over K stages.
+struct NamedSchedule {
+  const char* name;
+  int stages_per_worker;
+  Schedule (*make)(int K, int M, int N);
+};
+inline constexpr std::array<NamedSchedule, 11> named_schedules{{
+    {"gpipe", 1, gpipe},
+    {"1f1b-flush", 1, one_f_one_b_flush},
+    {"async-1f1b", 1, [](int K, int M, int N) { return async_1f1b(K, M, N); }},
+    {"2bw", 1, pipedream_2bw},
+    {"zb-h1", 1, zb_h1},
+    {"async-zb", 1, async_zb},
+    {"interleaved-1f1b", 2, [](int K, int M, int N) { return interleaved_1f1b(K / 2, 2, M, N); }},
+    {"looped-bfs", 2, [](int K, int M, int N) { return looped_bfs(K / 2, 2, M, N); }},
+    {"async-interleaved", 2, [](int K, int M, int N) { return async_interleaved(K / 2, 2, M, N); }},
+    {"zb-v", 2, [](int K, int M, int N) { return zb_v(K / 2, M, N); }},
+    {"dualpipev", 2, [](int K, int M, int N) { return dualpipe_v(K / 2, M, N); }},
+}};
+}  // namespace detail
 
-//! Stages per worker of the schedule of that name (make_schedule): 2 for the interleaved, looped
-//! and V schedules (K = 2P stages on P workers), 1 for the others. Usage: a test that runs one
-//! stage per rank skips `stages_per_worker(name) > 1`.
+//! The names make_schedule knows, in the order tools list them.
+inline constexpr std::array<const char*, detail::named_schedules.size()> schedule_names = [] {
+  std::array<const char*, detail::named_schedules.size()> names{};
+  for (std::size_t i = 0; i < names.size(); ++i) names[i] = detail::named_schedules[i].name;
+  return names;
+}();
+
+//! Stages per worker of the schedule of that name (make_schedule): 2 for the interleaved (both),
+//! looped and V schedules (K = 2P stages on P workers), 1 for the others and unknown names.
+//! Usage: a test that runs one stage per rank skips `stages_per_worker(name) > 1`.
 inline int stages_per_worker(std::string_view name) {
-  for (const char* two : {"interleaved-1f1b", "looped-bfs", "zb-v", "dualpipev"})
-    if (name == two) return 2;
+  for (const detail::NamedSchedule& n : detail::named_schedules)
+    if (name == n.name) return n.stages_per_worker;
   return 1;
 }
 
 //! The generators by name (schedule_names); ConfigError naming the choices otherwise.
 inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
-  if (name == schedule_names[0]) return gpipe(K, M, N);
-  if (name == schedule_names[1]) return one_f_one_b_flush(K, M, N);
-  if (name == schedule_names[2]) return async_1f1b(K, M, N);
-  if (name == schedule_names[3]) return pipedream_2bw(K, M, N);
-  if (name == schedule_names[4]) return zb_h1(K, M, N);
-  if (name == schedule_names[5]) return async_zb(K, M, N);
-  if (stages_per_worker(name) == 2) {
+  for (const detail::NamedSchedule& n : detail::named_schedules) {
+    if (name != n.name) continue;
     // By name: two stages per worker (v = 2), so K must be even and at least 4.
-    if (K < 4 || K % 2 != 0)
+    if (n.stages_per_worker == 2 && (K < 4 || K % 2 != 0))
       throw ConfigError("xpipe: schedule '" + name +
                         "' runs two stages per worker: needs an even number of stages, at least "
                         "4 (got " +
                         std::to_string(K) + ")");
-    if (name == schedule_names[6]) return interleaved_1f1b(K / 2, 2, M, N);
-    if (name == schedule_names[7]) return looped_bfs(K / 2, 2, M, N);
-    if (name == schedule_names[8]) return zb_v(K / 2, M, N);
-    return dualpipe_v(K / 2, M, N);
+    return n.make(K, M, N);
   }
   throw ConfigError("xpipe: unknown schedule '" + name +
                     "' (available: " + join_names(schedule_names) + ")");

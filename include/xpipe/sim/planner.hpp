@@ -272,8 +272,10 @@ inline PlanResult make_plans(PlanRequest r) {
         if (2 * pp <= static_cast<int>(r.layers.size()))
           for (const char* v : {"interleaved-1f1b", "zb-v", "dualpipev"})
             schedules.push_back({v, "latest", 1});
+        // A penalty's stages are K: pp, or 2 pp for a schedule of two stages per device.
         for (const StalenessPenalty& s : r.penalties)
-          if (s.stages == pp) schedules.push_back({s.schedule, s.predictor, s.epochs_factor});
+          if (s.stages == pp * stages_per_worker(s.schedule))
+            schedules.push_back({s.schedule, s.predictor, s.epochs_factor});
       }
       for (int b : r.batch_per_replica) {
         const double B = static_cast<double>(dp) * b;
@@ -293,6 +295,7 @@ inline PlanResult make_plans(PlanRequest r) {
           for (const Candidate& cand : schedules) {
             // K = pp stages, or 2 pp on devices that hold two each.
             const int K = pp * stages_per_worker(cand.schedule);
+            if (K > static_cast<int>(r.layers.size())) continue;  // a layer per stage at least
             const std::vector<std::size_t> first = balanced_partition(weight, K);
             Plan p;
             p.devices = n, p.dp = dp, p.pp = pp, p.micro_batches = M, p.batch_per_replica = b;
