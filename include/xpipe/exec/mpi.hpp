@@ -208,7 +208,7 @@ class MpiExecutor {
   int replica() const { return replica_; }
   //! The world rank of worker (stage) w of replica r.
   int rank_of(int w, int r) const { return r * workers_ + w; }
-  //! The ranks of this rank's pipeline (its stages, in order) and of its stage's replicas.
+  //! The ranks of this rank's pipeline (its workers, in order) and of its worker's replicas.
   MPI_Comm pipeline_comm() const { return pipeline_; }
   MPI_Comm replicas_comm() const { return replicas_of_worker_; }
 
@@ -317,8 +317,8 @@ class MpiExecutor {
     return n > 0 ? static_cast<double>(done_.load(std::memory_order_relaxed)) / n : 0.0;
   }
 
-  //! After run(): on world rank 0, the rows of replica 0's stages (one row per rank, times
-  //! since the common start); on other ranks, their own stage's row.
+  //! After run(): on world rank 0, the rows of replica 0's stages (one row per stage, times
+  //! since the common start); on other ranks, the rows of their own stages.
   const ExecutionTrace& trace() const { return trace_; }
 
   //! Broadcasts each stage's optimizer state (weights, moments, step count) and its layers'
