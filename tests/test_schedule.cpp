@@ -17,6 +17,26 @@ Schedule from_lines(int K, int M, int N, std::vector<std::string> lines) {
   for (std::size_t k = 0; k < lines.size(); ++k) text += std::to_string(k) + ": " + lines[k] + "\n";
   return parse_schedule(text);
 }
+
+// The cost of each kind of action: forward f, input gradient i, weight gradient w, a whole
+// backward i + w, a step 0 (the published bubble formulas' T_F, T_B, T_W).
+ActionCost kind_costs(double f, double i, double w) {
+  return [f, i, w](int, const Action& a) {
+    switch (a.kind) {
+      case ActionKind::Forward:
+        return f;
+      case ActionKind::Backward:
+        return i + w;
+      case ActionKind::InputGrad:
+        return i;
+      case ActionKind::WeightGrad:
+        return w;
+      case ActionKind::Step:
+        break;
+    }
+    return 0.0;
+  };
+}
 }  // namespace
 
 TEST_CASE("Schedule text form prints and parses back", "[schedule]") {
@@ -292,10 +312,7 @@ TEST_CASE("ZB-H1's idle time is the published (K-1)(T_F + T_I - T_W), 1F1B's (K-
     for (int K : {2, 4, 8})
       for (int M : {K, 2 * K, 2 * K + 3}) {
         INFO("K=" << K << " M=" << M << " F=" << c.f << " I=" << c.i << " W=" << c.w);
-        const ActionCost cost = [c](int, const Action& a) {
-          const double by_kind[] = {c.f, c.i + c.w, 0.0, c.i, c.w};
-          return by_kind[static_cast<int>(a.kind)];
-        };
+        const ActionCost cost = kind_costs(c.f, c.i, c.w);
         const double work = M * (c.f + c.i + c.w);
         const ExecutionTrace zb = dry_run(zb_h1(K, M, 1), cost);
         const ExecutionTrace one = dry_run(one_f_one_b_flush(K, M, 1), cost);
@@ -405,12 +422,8 @@ TEST_CASE("Interleaved 1F1B's idle time is (P-1)(T_F + T_B), 1F1B's on v-fold st
     for (int v : {2, 3})
       for (int M : {P, 2 * P}) {
         INFO("P=" << P << " v=" << v << " M=" << M);
-        const auto chunk = [](int, const Action& a) {
-          return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 : 1.0;
-        };
-        const auto whole = [v](int, const Action& a) {
-          return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 * v : v;
-        };
+        const ActionCost chunk = kind_costs(1, 1, 1);  // B = 2
+        const ActionCost whole = kind_costs(v, v, v);
         const Schedule s = interleaved_1f1b(P, v, M, 1);
         const ExecutionTrace t = dry_run(s, chunk);
         REQUIRE(t.seconds == Approx(3.0 * M * v + 3.0 * (P - 1)));
@@ -429,9 +442,7 @@ TEST_CASE("Looped BFS: interleaved 1F1B's bubble at GPipe's memory - worked by h
           "xpipe-schedule name=looped-bfs stages=4 workers=2 micro_batches=2 mini_batches=1\n"
           "0: F0@s0 F1@s0 F0@s2 F1@s2 B0@s2 B1@s2 B0@s0 B1@s0 S0@s0 S0@s2\n"
           "1: F0@s1 F1@s1 F0@s3 F1@s3 B0@s3 B1@s3 B0@s1 B1@s1 S0@s1 S0@s3\n");
-  const auto chunk = [](int, const Action& a) {
-    return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 : 1.0;
-  };
+  const ActionCost chunk = kind_costs(1, 1, 1);  // B = 2
   for (int P : {2, 4})
     for (int v : {2, 3})
       for (int M : {P, 2 * P + 1}) {
@@ -530,12 +541,8 @@ TEST_CASE("ZB-V: no bubble between mini-batches at T_F = T_I = T_W, at 1F1B's me
   // 1F1B's peak activation memory. Without a step that waits for every stage (the IR has none),
   // mini-batches follow each other every M(T_F + T_I + T_W) per stage: exactly the work. 1F1B
   // on stages twice the size (F = I = W = 2) adds its bubble (P - 1)(T_F + T_B) = 6(P - 1).
-  const auto chunk = [](int, const Action& a) {
-    return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 2.0 : 1.0;
-  };
-  const auto whole = [](int, const Action& a) {
-    return a.kind == ActionKind::Step ? 0.0 : a.kind == ActionKind::Backward ? 4.0 : 2.0;
-  };
+  const ActionCost chunk = kind_costs(1, 1, 1);
+  const ActionCost whole = kind_costs(2, 2, 2);
   for (int P : {2, 3, 4})
     for (int M : {2 * P, 2 * P + 1, 3 * P}) {
       INFO("P=" << P << " M=" << M);
@@ -566,10 +573,7 @@ TEST_CASE("DualPipeV: idle within DeepSeek's (P-1)(F&B + B - 3W), at PP + 1 micr
     for (int P : {2, 3, 4})
       for (int M : {2 * P, 3 * P}) {
         INFO("P=" << P << " M=" << M << " F=" << c.f << " I=" << c.i << " W=" << c.w);
-        const ActionCost cost = [c](int, const Action& a) {
-          const double by_kind[] = {c.f, c.i + c.w, 0.0, c.i, c.w};
-          return by_kind[static_cast<int>(a.kind)];
-        };
+        const ActionCost cost = kind_costs(c.f, c.i, c.w);
         const Schedule s = dualpipe_v(P, M, 1);
         const ExecutionTrace t = dry_run(s, cost);
         const double b = c.i + c.w, bound = (P - 1) * ((c.f + b) + b - 3 * c.w);
