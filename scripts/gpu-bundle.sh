@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds every gpu-labelled test, the GPU benchmark and xpipe-train (for its --device cuda run)
-# for one GPU architecture and packs them, with the shared libraries a bare machine with only the
+# Builds every gpu-labelled test, the GPU benchmark, xpipe-train (for its --device cuda run) and
+# xpipe-plan (the schedules timed on the machine's many cores) for one GPU architecture and packs
+# them, with the shared libraries a bare machine with only the
 # CUDA toolkit lacks and the Fashion-MNIST files (when found), into gpu-bundle/ (ignored by git),
 # for scripts/gpu-check.sh to run on a lent GPU machine (docs/guide.md, "Checking on a GPU"). Runs here,
 # without a GPU.
@@ -88,9 +89,11 @@ if [[ -z "$targets" ]]; then
   echo "gpu-bundle.sh: CTest lists no gpu-labelled test in $build" >&2
   exit 1
 fi
-# xpipe-train, built with its --device cuda unit where CUDA is found (tools/CMakeLists.txt).
+# xpipe-train, built with its --device cuda unit where CUDA is found (tools/CMakeLists.txt), and
+# xpipe-plan (host only: gpu-check.sh's validate on a machine with a core per worker).
 targets="$targets
-xpipe-train"
+xpipe-train
+xpipe-plan"
 echo "gpu-bundle: building $(echo "$targets" | tr '\n' ' ')"
 # shellcheck disable=SC2086  # one target per word
 cmake --build "$build" -j"$(nproc)" --target $targets
@@ -120,8 +123,8 @@ open(os.path.join(stage, "tests.tsv"), "w").write("\n".join(rows) + "\n")
 ' "$(cd "$build" && pwd)" "$stage"
 # bench_gpu is a gpu test (bench.gpu, --short); gpu-check.sh also runs it in full from bin/.
 [[ -x "$stage/bin/bench_gpu" ]] || { echo "gpu-bundle.sh: bench_gpu not among the gpu tests" >&2; exit 1; }
-cp "$root/benchmarks/cuda/torch_step.py" "$stage/"
-cp "$build/tools/xpipe-train" "$stage/bin/"
+cp "$root/benchmarks/cuda/torch_step.py" "$root/benchmarks/torch_cnn.py" "$stage/"
+cp "$build/tools/xpipe-train" "$build/tools/xpipe-plan" "$stage/bin/"
 data_files=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz
   t10k-labels-idx1-ubyte.gz)
 data_note="none (gpu-check.sh skips the xpipe-train run)"

@@ -6,7 +6,11 @@
 # on a build machine) when present, else builds from source for this GPU's architecture. Then,
 # where Fashion-MNIST is at hand (the bundle's, or --data-dir), the study on the GPU:
 # xpipe-train --device cuda --compare --epochs N (its table in the report, its CSV/JSON in the
-# logs; N from --train-epochs, 1 by default), then the VGG and the ResNet over 4 stages.
+# logs; N from --train-epochs, 1 by default), then the VGG and the ResNet over 4 stages. Where
+# the machine has a core for each of 4 stage threads and more (8 or more cores), the schedules on
+# them: xpipe-plan validate at K = 4, M = 4 and 8 (1F1B-flush, ZB-H1, interleaved 1F1B, ZB-V,
+# DualPipeV; each stage thread pinned to a core), measured against the simulator, with each
+# worker's idle fraction; its traces go to the logs.
 #   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs | --logs gpu-logs.tar.gz]
 #                        [--data-dir DIR] [--train-epochs N]
 # --logs names a folder for every log, or a .tar.gz file that gets them all in one (for a tool
@@ -218,6 +222,26 @@ else
       "$logs/xpipe-train-$model.log")$'\n'
   done
 fi
+# ---- the schedules on this machine's cores: xpipe-plan validate -------------------------------
+validate_table=""
+validate_note=""
+cores=$(nproc)
+if [[ ! -x "$bundle/bin/xpipe-plan" ]]; then
+  validate_note="xpipe-plan is not in the bundle: no schedules timed"
+elif [[ $cores -lt 8 ]]; then
+  validate_note="$cores cores here, fewer than 8: the schedules are not timed (a core per stage thread, and more, is the point)"
+else
+  (cd "$work" && run_bundled timeout 420 "$bundle/bin/xpipe-plan" validate --stages 4 -M 4,8 \
+    --schedules 1f1b-flush,zb-h1,interleaved-1f1b,zb-v,dualpipev --mini-batches 16 --repeats 3 \
+    --out "$logs/validate") >"$logs/xpipe-plan-validate.log" 2>&1
+  validate_rc=$?
+  echo "gpu-check: xpipe-plan validate exit $validate_rc (log: $logs/xpipe-plan-validate.log)"
+  if [[ $validate_rc -ne 0 ]]; then
+    failed=1
+    validate_note="xpipe-plan validate FAILED (exit $validate_rc)"
+  fi
+  validate_table=$(grep -E '^\|' "$logs/xpipe-plan-validate.log")
+fi
 skipped=$(awk -F'\t' '$2 == "skip"' "$results" | wc -l)
 torch_json="$work/torch.json"
 torch_note=""
@@ -280,20 +304,24 @@ for r in bench["rows"]:
               f"| {r['ratio']:.3f} | {aim} |")
 val = {r["name"]: r["value"] for r in bench["rows"]}
 print()
-print("## training step, K = 1, batch 128, fp32: xpipe vs PyTorch (samples/s)")
+print("## training step, K = 1, batch 128, fp32 (TF32 off): xpipe vs PyTorch (samples/s)")
 print()
 torch = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else None
 fmt = lambda v: f"{v:,.0f}" if v else "not measured"
 print("| | xpipe | PyTorch | xpipe / PyTorch |")
 print("|---|---|---|---|")
-for label, tag, key in (("eager", "", "eager_samples_per_s"), ("CUDA graph", "", "graph_samples_per_s"),
-                        ("eager, Dense layers", "dense_", "eager_samples_per_s"),
-                        ("CUDA graph, Dense layers", "dense_", "graph_samples_per_s")):
-    x = val.get("train_step_" + tag + key)
+# (label, bench_gpu's row, torch_step.py's key)
+for label, tag, key in (("MLP, eager", "", "eager_samples_per_s"), ("MLP, CUDA graph", "", "graph_samples_per_s"),
+                        ("MLP, eager, Dense layers", "dense_", "eager_samples_per_s"),
+                        ("MLP, CUDA graph, Dense layers", "dense_", "graph_samples_per_s"),
+                        ("ResNet, eager", "resnet_", "resnet_eager_samples_per_s"),
+                        ("ResNet, CUDA graph", "resnet_", "resnet_graph_samples_per_s")):
+    x = val.get("train_step_" + tag + key.removeprefix("resnet_"))
     t = torch.get(key) if torch else None
     print(f"| {label} | {fmt(x)} | {fmt(t)} | {x / t:.3f} |" if x and t else f"| {label} | {fmt(x)} | {fmt(t)} | - |")
 if torch:
-    print(f"\nPyTorch {torch['torch']} (Adam fused=True, TF32 off; graph: capturable Adam).")
+    print(f"\nPyTorch {torch['torch']} (Adam fused=True, TF32 off; graph: capturable Adam; the ResNet "
+          "on cuDNN with cudnn.benchmark on, aim: xpipe's graph step >= PyTorch's).")
 EOF
   else
     echo '```'
@@ -324,6 +352,17 @@ EOF
     echo '```'
   fi
   [[ -n "$train_note" ]] && echo "$train_note"
+  echo
+  echo "## the schedules on this machine's $cores cores: xpipe-plan validate"
+  echo
+  if [[ -n "$validate_table" ]]; then
+    echo "The reference MLP over 4 stages, batch 128, 16 mini-batches, median of 3; each stage"
+    echo "thread pinned to a core of its own (the V and interleaved schedules run 2 workers of 2"
+    echo "stages each); idle: each worker's fraction of the run, measured (simulated)."
+    echo
+    echo "$validate_table"
+  fi
+  [[ -n "$validate_note" ]] && echo "$validate_note"
   echo
   echo "xpipe's graph row replays one captured step (Adam's bias corrections of that step);"
   echo "see benchmarks/cuda/bench_gpu.cu."

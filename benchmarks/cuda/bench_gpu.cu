@@ -4,7 +4,10 @@
 // layer code against its cuBLAS SGEMMs alone; and the whole K = 1 training step of the
 // 784-1024-1024-1024-10 MLP at batch 128 (samples/s, eager and replayed from a CUDA graph), with
 // Linear then ReLU and with Dense layers (bias and ReLU in one pass); and the Pipeline
-// (async 1F1B x XPipe) with K = 2 and K = 4 stages on streams of one GPU against K = 1.
+// (async 1F1B x XPipe) with K = 2 and K = 4 stages on streams of one GPU against K = 1. For the
+// CNNs: each convolution of the ResNet (models/resnet.hpp) at batch 128, forward + both
+// gradients through ConvPlans<Cuda>, against its im2col GEMMs alone (aim >= 0.8), and the
+// ResNet's whole K = 1 training step (samples/s, eager and from a CUDA graph).
 // A program of its own (the lent GPU machine has no Google Benchmark). Exits 77 without a device.
 //   bench_gpu [--short] [--gemm-detail] [--json PATH]
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "xpipe/models/mlp.hpp"
+#include "xpipe/models/resnet.hpp"
 #include "xpipe/xpipe_cuda.cuh"
 
 namespace {
@@ -456,7 +460,8 @@ void gemm_detail(const xpipe::CudaContext& ctx, const Options& o) {
 // SequentialTrainer's step composed from the same calls (Stage::forward, softmax cross-entropy,
 // Stage::backward, the optimizer step) with device inputs; the per-row losses stay on the device
 // (SequentialTrainer::train_step sums them on the host, which would synchronise every step).
-// Model: FashionMlp (Linear then ReLU) or FashionMlpFused (Dense: bias and ReLU in one pass).
+// Model: FashionMlp (Linear then ReLU), FashionMlpFused (Dense: bias and ReLU in one pass) or
+// the ResNet (its BatchNorm layers in training mode, updating their running statistics).
 template <class Model>
 struct Step {
   static constexpr index_t batch = 128;
@@ -464,7 +469,8 @@ struct Step {
                                                         Model::param_count};
   typename Model::template Activations<xpipe::Cuda> acts{batch};
   typename Model::template GradScratch<xpipe::Cuda> scratch{batch};
-  xpipe::DeviceBuffer<float> x{batch * 784}, dlogits{batch * 10}, row_loss{batch};
+  xpipe::DeviceBuffer<float> x{batch * Model::in_width}, dlogits{batch * 10}, row_loss{batch},
+      running{Model::state_count};
   xpipe::DeviceBuffer<std::int32_t> labels{batch};
 
   Step() {
@@ -472,14 +478,21 @@ struct Step {
     Model::init({w.data(), w.size()}, 1);
     XPIPE_CUDA_CHECK(
         cudaMemcpy(state.weights(), w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if constexpr (Model::state_count > 0) {
+      std::vector<float> r(static_cast<std::size_t>(Model::state_count));
+      Model::init_state({r.data(), r.size()});
+      XPIPE_CUDA_CHECK(
+          cudaMemcpy(running.data(), r.data(), r.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
     XPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    fill(x.data(), batch * 784, 0.f, 1.f, 8);
+    fill(x.data(), batch * Model::in_width, 0.f, 1.f, 8);
     std::vector<std::int32_t> y(batch);
     for (index_t r = 0; r < batch; ++r) y[r] = static_cast<std::int32_t>((r * 7) % 10);
     labels.copy_from_host(y.data(), batch);
   }
   void run(const xpipe::CudaContext& ctx) {
-    const auto logits = Model::forward(ctx, state.weights(), {x.data(), batch, 784}, acts);
+    const auto logits = Model::forward(ctx, state.weights(), {x.data(), batch, Model::in_width},
+                                       acts, xpipe::Running{running.data(), true});
     xpipe::SoftmaxCrossEntropy::forward_backward_unchecked(
         ctx, logits, labels.data(), 1.f / batch, {dlogits.data(), batch, 10}, row_loss.data());
     Model::backward(ctx, state.weights(), state.grads(), false, acts, {dlogits.data(), batch, 10},
@@ -527,6 +540,84 @@ void training_steps(const xpipe::CudaContext& ctx, const Options& o) {
   if (graph > 0 && fused_graph > 0)
     add({"MLP train step K=1: Dense, graph", fused_graph, "samples/s", graph,
          "Linear then ReLU, graph", 0});
+  // The ResNet's step; gpu-check.sh sets it beside PyTorch's (torch_step.py, cuDNN).
+  training_step<xpipe::models::resnet::K1>(ctx, o, "ResNet train step K=1, batch 128", "resnet_");
+}
+
+// ---- 3b. the ResNet's convolutions against their im2col GEMMs ---------------------------------
+// Each distinct convolution of models/resnet.hpp at batch 128 (no bias; `count` of them in the
+// network): ConvPlans<Cuda> forward, backward_data and backward_weights (im2col, the GEMMs, the
+// layout passes, col2im) against the same three GEMMs per chunk of images alone, called on the
+// same buffers (what an im2col convolution cannot go below). From CUDA graphs (the device's
+// work), aim >= 0.8 each; then the network's convolutions together, each geometry weighted by
+// its count.
+struct ConvCase {
+  const char* name;
+  xpipe::ConvGeometry g;
+  int count;
+};
+
+void convolutions(const xpipe::CudaContext& ctx, const Options& o) {
+  constexpr index_t batch = 128;
+  using xpipe::make_conv_geometry;
+  const ConvCase cases[] = {
+      {"stem 1->16 28x28 3x3", make_conv_geometry(batch, 1, 28, 28, 16, 3, 1, 1, false), 1},
+      {"16->16 28x28 3x3", make_conv_geometry(batch, 16, 28, 28, 16, 3, 1, 1, false), 6},
+      {"16->32 28x28 3x3 stride 2", make_conv_geometry(batch, 16, 28, 28, 32, 3, 2, 1, false), 1},
+      {"16->32 28x28 1x1 stride 2", make_conv_geometry(batch, 16, 28, 28, 32, 1, 2, 0, false), 1},
+      {"32->32 14x14 3x3", make_conv_geometry(batch, 32, 14, 14, 32, 3, 1, 1, false), 5},
+      {"32->64 14x14 3x3 stride 2", make_conv_geometry(batch, 32, 14, 14, 64, 3, 2, 1, false), 1},
+      {"32->64 14x14 1x1 stride 2", make_conv_geometry(batch, 32, 14, 14, 64, 1, 2, 0, false), 1},
+      {"64->64 7x7 3x3", make_conv_geometry(batch, 64, 7, 7, 64, 3, 1, 1, false), 5},
+  };
+  const int reps = o.quick ? 5 : 21;
+  double conv_total = 0, gemm_total = 0;
+  bool all = true;
+  for (const ConvCase& c : cases) {
+    const xpipe::ConvGeometry& g = c.g;
+    xpipe::ConvPlans<xpipe::Cuda> plans(g);
+    xpipe::DeviceBuffer<float> x(g.rows * g.in_floats()), w(g.weight_floats()),
+        y(g.rows * g.out_floats()), dy(g.rows * g.out_floats()), dx(g.rows * g.in_floats()),
+        dw(g.weight_floats());
+    fill(x.data(), g.rows * g.in_floats(), -1.f, 1.f, 11);
+    fill(w.data(), g.weight_floats(), -0.1f, 0.1f, 12);
+    fill(dy.data(), g.rows * g.out_floats(), -0.1f, 0.1f, 13);
+    const double conv = graph_median_ms(ctx.stream, reps, 5, 5, [&] {
+      plans.forward(ctx, g, x.data(), w.data(), nullptr, y.data());
+      plans.backward_data(ctx, g, w.data(), dy.data(), dx.data());
+      plans.backward_weights(ctx, g, x.data(), dy.data(), dw.data(), nullptr, false);
+    });
+    // The GEMMs alone, on buffers of the workspace's sizes, chunk by chunk as the plans call them.
+    const index_t chunk = plans.chunk(), kk = static_cast<index_t>(g.c) * g.k * g.k,
+                  pixels = static_cast<index_t>(g.oh) * g.ow;
+    const xpipe::ConvWorkspaceFloats sizes = xpipe::conv_workspace_floats(g, chunk);
+    xpipe::DeviceBuffer<float> cols(sizes.cols), channels(sizes.channels);
+    fill(cols.data(), sizes.cols, -1.f, 1.f, 14);
+    fill(channels.data(), sizes.channels, -0.1f, 0.1f, 15);
+    const double gemms = graph_median_ms(ctx.stream, reps, 5, 5, [&] {
+      using xpipe::Trans;
+      for (index_t first = 0; first < g.rows; first += chunk) {
+        const index_t n = std::min(chunk, g.rows - first), nc = n * pixels;
+        xpipe::gemm(ctx, Trans::No, Trans::No, g.oc, nc, kk, 1.f, w.data(), kk, cols.data(), nc,
+                    0.f, channels.data(), nc);
+        xpipe::gemm(ctx, Trans::Yes, Trans::No, kk, nc, g.oc, 1.f, w.data(), kk, channels.data(),
+                    nc, 0.f, cols.data(), nc);
+        xpipe::gemm(ctx, Trans::No, Trans::Yes, g.oc, kk, nc, 1.f, channels.data(), nc,
+                    cols.data(), nc, first == 0 ? 0.f : 1.f, dw.data(), kk);
+      }
+    });
+    if (conv == 0 || gemms == 0) {  // graph_median_ms said why
+      all = false;
+      continue;
+    }
+    add({std::string("conv ") + c.name + " fwd+bwd, graph", 1.0 / conv, "calls/ms", 1.0 / gemms,
+         "its im2col GEMMs alone, graph", 0.8});
+    conv_total += c.count * conv;
+    gemm_total += c.count * gemms;
+  }
+  if (all)
+    add({"ResNet's 21 convolutions fwd+bwd, graph", 1.0 / conv_total, "steps/ms", 1.0 / gemm_total,
+         "their im2col GEMMs alone, graph", 0});
 }
 
 // ---- 4. the pipeline on one GPU's streams (and on two GPUs) ----------------------------------
@@ -672,6 +763,7 @@ int main(int argc, char** argv) {
     linear_layers(ctx, o);
     if (o.gemm_detail) gemm_detail(ctx, o);
     training_steps(ctx, o);
+    convolutions(ctx, o);
     stream.synchronize();
     pipelines(o, devices, two_gpus_with_peer_access(devices));
     if (!o.json.empty()) write_json(o.json, prop);

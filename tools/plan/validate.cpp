@@ -57,7 +57,8 @@ int run(const Options& o) {
               ring.latency * 1e6);
   std::printf(
       "| K | schedule | M | measured ms | simulated ms | error | cores free | "
-      "simulated quiet ms | error if quiet |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|\n");
+      "simulated quiet ms | error if quiet | idle per worker, measured (simulated) |\n"
+      "|--:|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
   json cells = json::array();
   std::string csv =
       "stages,schedule,predictor,micro_batches,measured_ms,simulated_ms,error,available_cores,"
@@ -67,13 +68,13 @@ int run(const Options& o) {
     for (const std::string& s : o.schedules)
       for (int M : Ms) {
         if (s == "2bw" && M < K) {
-          std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | |\n", K, s.c_str(), M);
+          std::printf("| %d | %s | %d | n/a (2BW needs M >= K) | | | | | | |\n", K, s.c_str(), M);
           continue;
         }
         try {
           (void)make_schedule(s, K, M, 1);  // a shape the generator refuses is no cell
         } catch (const ConfigError& e) {
-          std::printf("| %d | %s | %d | n/a (%s) | | | | | |\n", K, s.c_str(), M, e.what());
+          std::printf("| %d | %s | %d | n/a (%s) | | | | | | |\n", K, s.c_str(), M, e.what());
           continue;
         }
         const Cell c = validation_cell(o.model, K, s, M, 128, N, repeats, cores, ring.latency, pin);
@@ -85,9 +86,22 @@ int run(const Options& o) {
           free += b;
         }
         const double quiet_error = c.simulated_quiet / c.measured - 1;
-        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% |\n", K,
-                    s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(),
-                    free.c_str(), c.simulated_quiet * 1e3, 100 * quiet_error);
+        // Each worker's idle fraction over the whole run (the bubble): measured, then simulated.
+        std::vector<double> idle_measured, idle_simulated;
+        std::string measured_idle, simulated_idle;
+        for (int w = 0; w < c.plan.workers(); ++w) {
+          idle_measured.push_back(worker_bubble_fraction(c.measured_trace, c.plan, w));
+          idle_simulated.push_back(worker_bubble_fraction(c.simulated_trace, c.plan, w));
+          char b[32];
+          std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * idle_measured.back());
+          measured_idle += b;
+          std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * idle_simulated.back());
+          simulated_idle += b;
+        }
+        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% | %s%% (%s%%) |\n",
+                    K, s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(),
+                    free.c_str(), c.simulated_quiet * 1e3, 100 * quiet_error,
+                    measured_idle.c_str(), simulated_idle.c_str());
         std::fflush(stdout);
         char line[320];
         std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.6f\n", K,
@@ -104,7 +118,9 @@ int run(const Options& o) {
                   {"available_cores", c.available_cores},
                   {"cores_with", c.model.cores_with},
                   {"core_speed", c.model.core_speed},
-                  {"simulated_quiet_ms", c.simulated_quiet * 1e3}};
+                  {"simulated_quiet_ms", c.simulated_quiet * 1e3},
+                  {"idle_per_worker_measured", idle_measured},
+                  {"idle_per_worker_simulated", idle_simulated}};
         for (const auto& st : c.model.stages) {
           json costs{{"forward", st.forward * 1e3},
                      {"backward", st.backward * 1e3},
