@@ -507,3 +507,39 @@ TEST_CASE("A stage of convolutions and BatchNorms around a residual block trains
   REQUIRE(differs);
   REQUIRE(state == after_one);
 }
+
+TEST_CASE("BatchNorm2d's channel sums go level by level and equal a plain sum",
+          "[layers][batchnorm]") {
+  using xpipe::math::channel_sum_levels;
+  using xpipe::math::channel_sum_partials;
+  // Worked by hand with chunks of 128 terms of a plane: 128 rows of 28 x 28 give 7 chunks a
+  // plane (6 of 128, one of 16), 896 sums, then ceil(896 / 128) = 7, then 1.
+  STATIC_REQUIRE(xpipe::math::reduce_chunk == 128);
+  CHECK(channel_sum_partials(128, 784, 1) == 896);
+  CHECK(channel_sum_partials(128, 784, 2) == 7);
+  CHECK(channel_sum_levels(128, 784) == 3);
+  CHECK(channel_sum_levels(32, 49) == 2);  // 32 chunks of 49, then one
+  CHECK(channel_sum_levels(1, 100) == 1);  // one chunk is the sum
+  CHECK(channel_sum_levels(1, 1) == 0);    // one term
+  CHECK(channel_sum_levels(300, 1) == 3);  // 300 one-term chunks, then 3, then 1
+  // Against a sum in long double, term by term, for shapes of 0, 1, 2 and 3 levels.
+  for (const auto& [rows, channels, plane] : std::vector<std::array<int, 3>>{
+           {1, 2, 1}, {1, 2, 100}, {3, 2, 49}, {5, 3, 300}, {130, 2, 784}}) {
+    const xpipe::NormGeometry g{rows, channels, plane};
+    std::vector<float> x(static_cast<std::size_t>(rows) * channels * plane);
+    xpipe::Rng rng{static_cast<std::uint64_t>(rows + plane)};
+    for (float& v : x) v = rng.uniform(-1.f, 3.f);
+    std::vector<double> scratch(static_cast<std::size_t>(xpipe::batch_norm_scratch_doubles(g)));
+    std::vector<double> out(static_cast<std::size_t>(channels));
+    const ConstMatrix m{x.data(), rows, static_cast<index_t>(channels) * plane};
+    xpipe::channel_sums(HostContext{}, g, xpipe::ops::ValueTerm{m}, scratch.data(), out.data());
+    for (int c = 0; c < channels; ++c) {
+      long double expected = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < plane; ++i) expected += m(r, static_cast<index_t>(c) * plane + i);
+      INFO("rows " << rows << ", plane " << plane << ", channel " << c);
+      CHECK(out[static_cast<std::size_t>(c)] ==
+            Approx(static_cast<double>(expected)).epsilon(1e-12).margin(1e-9));
+    }
+  }
+}

@@ -1,6 +1,9 @@
 // ConvPlans<Cuda> (im2col + cuBLAS) against the same im2col passes on a HostContext (checked
 // against a direct convolution in tests/test_im2col.cpp), within tol + |ref| * eps, and against
-// itself bitwise run to run. Exits 77 (CTest: skipped) when no CUDA device is present.
+// itself bitwise run to run. Then stages of the ResNet (models/resnet.hpp: convolutions,
+// BatchNorm with its running statistics, residual blocks, the head) trained one forward and
+// backward on the GPU against the host the same way. Exits 77 (CTest: skipped) when no CUDA
+// device is present.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include "xpipe/core/random.hpp"
 #include "xpipe/kernels/cuda/conv.cuh"
 #include "xpipe/kernels/im2col.hpp"
+#include "xpipe/models/resnet.hpp"
 
 namespace {
 
@@ -172,6 +176,71 @@ void shape_errors(const xpipe::CudaContext& ctx) {
   }
 }
 
+// One training forward (BatchNorm on the micro-batch's statistics, its running ones updated)
+// and backward of stage S over `rows` random rows: y, dx, the parameter gradient and the running
+// statistics on the GPU against the host within tolerance, and two GPU runs bitwise. BatchNorm's
+// channel sums run in the same order on both backends; the convolutions' GEMMs do not.
+struct StageResults {
+  std::vector<float> y, dx, grads, state;
+};
+
+template <class S>
+StageResults stage_pass(const xpipe::HostContext* host, const xpipe::CudaContext* cuda,
+                        index_t rows, const std::vector<float>& params,
+                        const std::vector<float>& state, const std::vector<float>& x,
+                        const std::vector<float>& dy) {
+  StageResults r{std::vector<float>(static_cast<std::size_t>(rows * S::out_width)),
+                 std::vector<float>(x.size()), std::vector<float>(params.size()), state};
+  if (host != nullptr) {
+    typename S::template Activations<xpipe::Host> acts(rows);
+    typename S::template GradScratch<xpipe::Host> scratch(rows);
+    const xpipe::ConstMatrix y = S::forward(*host, params.data(), {x.data(), rows, S::in_width},
+                                            acts, xpipe::Running{r.state.data(), true});
+    for (index_t i = 0; i < rows; ++i)
+      std::memcpy(r.y.data() + i * S::out_width, y.row(i), S::out_width * sizeof(float));
+    S::backward(*host, params.data(), r.grads.data(), false, acts, {dy.data(), rows, S::out_width},
+                {r.dx.data(), rows, S::in_width}, scratch);
+    return r;
+  }
+  auto p = to_device(params), st = to_device(state), dx_in = to_device(x), d = to_device(dy);
+  xpipe::DeviceBuffer<float> grads(p.size()), dx(dx_in.size());
+  typename S::template Activations<xpipe::Cuda> acts(rows);
+  typename S::template GradScratch<xpipe::Cuda> scratch(rows);
+  const xpipe::ConstMatrix y = S::forward(*cuda, p.data(), {dx_in.data(), rows, S::in_width}, acts,
+                                          xpipe::Running{st.data(), true});
+  S::backward(*cuda, p.data(), grads.data(), false, acts, {d.data(), rows, S::out_width},
+              {dx.data(), rows, S::in_width}, scratch);
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cuda->stream));
+  XPIPE_CUDA_CHECK(
+      cudaMemcpy(r.y.data(), y.data, r.y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  r.dx = to_host(dx), r.grads = to_host(grads), r.state = to_host(st);
+  return r;
+}
+
+template <class S>
+void stage_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::string& name) {
+  std::vector<float> params(static_cast<std::size_t>(S::param_count)),
+      state(static_cast<std::size_t>(S::state_count));
+  S::init({params.data(), params.size()}, 3);
+  S::init_state({state.data(), state.size()});
+  const std::vector<float> x = random_vector(rows * S::in_width, 21),
+                           dy = random_vector(rows * S::out_width, 22);
+  const xpipe::HostContext host{};
+  const StageResults ref = stage_pass<S>(&host, nullptr, rows, params, state, x, dy);
+  const StageResults a = stage_pass<S>(nullptr, &ctx, rows, params, state, x, dy),
+                     b = stage_pass<S>(nullptr, &ctx, rows, params, state, x, dy);
+  // BatchNorm divides by the batch's standard deviation: the GEMMs' last-bit differences grow
+  // through it, hence tolerances above the convolution's own.
+  check(name + " y", ref.y, a.y, 1e-4f, 1e-3f);
+  check(name + " dx", ref.dx, a.dx, 1e-4f, 1e-3f);
+  check(name + " gradients", ref.grads, a.grads, 1e-3f, 1e-3f);
+  check(name + " running statistics", ref.state, a.state, 1e-5f, 1e-4f);
+  check_bitwise(name + " y run to run", a.y, b.y);
+  check_bitwise(name + " dx run to run", a.dx, b.dx);
+  check_bitwise(name + " gradients run to run", a.grads, b.grads);
+  check_bitwise(name + " running statistics run to run", a.state, b.state);
+}
+
 }  // namespace
 
 int main() {
@@ -194,6 +263,11 @@ int main() {
     compare(ctx, geometry(4, 4, 8, 4, 3, 2, 0, false), 4, whole);  // no bias, last row unread
     compare(ctx, geometry(3, 64, 4, 64, 3, 1, 1), 3, whole);       // many channels, small image
     shape_errors(ctx);
+    namespace resnet = xpipe::models::resnet;
+    // 8 rows of 28 x 28: a channel's 6,272 terms take BatchNorm's reduction three levels deep.
+    stage_matches_host<resnet::E0>(ctx, 8, "resnet stem + 16-channel block, 8 rows");
+    stage_matches_host<resnet::E2>(ctx, 5, "resnet strided block 16->32, 5 rows");
+    stage_matches_host<resnet::Head>(ctx, 3, "resnet pooling head, 3 rows");
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

@@ -24,42 +24,47 @@ struct NormGeometry {
 
 namespace math {
 
-//! Lanes of a channel reduction: pixel i of a plane adds into partial sum i % lanes, and the
-//! partial sums are added in lane order at the end. A fixed order (the same bits on every
-//! backend and thread count) that is not one chain of dependent additions: the host compiler
-//! vectorises the lanes, where a single double accumulator ran at one add per 4 cycles and made
-//! BatchNorm slower than the convolution before it.
+//! Lanes of a sum: term t of a run adds into partial sum t % lanes, and the partial sums are
+//! added in lane order at the end. A fixed order (the same bits on every backend and thread
+//! count) that is not one chain of dependent additions: the host compiler vectorises the lanes,
+//! where a single double accumulator ran at one add per 4 cycles and made BatchNorm slower than
+//! the convolution before it.
 inline constexpr int reduce_lanes = 8;
 
-//! sum over rows r and pixels i of f(r, at + i), summed in lanes (reduce_lanes) in double.
+//! Terms one partial sum of a channel reduction covers, at every level (channel_sum_levels).
+inline constexpr index_t reduce_chunk = 128;
+
+//! f(0) + f(1) + ... + f(n - 1) in reduce_lanes lanes, in double.
 template <class F>
-XPIPE_HOST_DEVICE double channel_sum(const NormGeometry& g, index_t at, const F& f) {
+XPIPE_HOST_DEVICE double lane_sum(index_t n, const F& f) {
   double lane[reduce_lanes] = {};
-  const int whole = g.plane / reduce_lanes * reduce_lanes;
-  for (index_t r = 0; r < g.rows; ++r) {
-    for (int i = 0; i < whole; i += reduce_lanes)
-      for (int j = 0; j < reduce_lanes; ++j) lane[j] += f(r, at + i + j);
-    for (int i = whole; i < g.plane; ++i) lane[i - whole] += f(r, at + i);
-  }
+  const index_t whole = n / reduce_lanes * reduce_lanes;
+  for (index_t t = 0; t < whole; t += reduce_lanes)
+    for (int j = 0; j < reduce_lanes; ++j) lane[j] += f(t + j);
+  for (index_t t = whole; t < n; ++t) lane[t - whole] += f(t);
   double s = 0;
   for (int j = 0; j < reduce_lanes; ++j) s += lane[j];
   return s;
 }
 
-//! Mean and biased variance of channel c over every row and pixel (two passes: the variance
-//! from the deviations, not E[x^2] - E[x]^2).
-XPIPE_HOST_DEVICE void channel_moments(ConstMatrix x, const NormGeometry& g, int c, double& mean,
-                                       double& var) {
-  const double n = static_cast<double>(g.rows) * g.plane;
-  const index_t at = static_cast<index_t>(c) * g.plane;
-  mean = channel_sum(g, at, [x](index_t r, index_t i) { return static_cast<double>(x(r, i)); }) / n;
-  const double m = mean;
-  var = channel_sum(g, at,
-                    [x, m](index_t r, index_t i) {
-                      const double d = x(r, i) - m;
-                      return d * d;
-                    }) /
-        n;
+//! How a channel's terms, `rows` planes of `plane`, are summed: each plane in chunks of
+//! reduce_chunk (the last one shorter), each chunk in lanes (level 1: rows ceil(plane /
+//! reduce_chunk) partial sums per channel, in row then chunk order), then those partial sums in
+//! chunks again, and so on until one is left. Many short independent sums at each level: what a
+//! GPU runs in parallel (one thread per channel and chunk) and a CPU vectorises; one fixed order
+//! for a shape, so every backend gets the same bits.
+//! channel_sum_partials(rows, plane, level): the partial sums per channel after `level` levels.
+XPIPE_HOST_DEVICE constexpr index_t channel_sum_partials(index_t rows, index_t plane, int level) {
+  if (level == 0) return rows * plane;
+  index_t n = rows * ((plane + reduce_chunk - 1) / reduce_chunk);
+  for (int l = 1; l < level; ++l) n = (n + reduce_chunk - 1) / reduce_chunk;
+  return n;
+}
+//! The levels that bring a channel's terms to one sum (0 when it has one term).
+XPIPE_HOST_DEVICE constexpr int channel_sum_levels(index_t rows, index_t plane) {
+  int levels = 0;
+  while (channel_sum_partials(rows, plane, levels) > 1) ++levels;
+  return levels;
 }
 
 //! y = gamma (x - mean) invstd + beta.
@@ -80,21 +85,92 @@ XPIPE_HOST_DEVICE float normalize_input_grad(float x, float dy, float mean, floa
 
 namespace ops {
 
-//! Per channel c: the micro-batch's mean and 1 / sqrt(var + eps) into stats[c], stats[C + c];
-//! when `running` is set and both are finite, the running mean and unbiased variance updated by
-//! momentum.
-struct BatchNormStatistics {
+// The terms of the channel reductions. Each says at(c): the function of (row, column) that
+// gives channel c's term there as a double, with what it needs of c loaded once.
+
+//! x itself: the channel sums of x (the mean).
+struct ValueTerm {
   ConstMatrix x;
+  XPIPE_HOST_DEVICE ValueTerm at(index_t /*c*/) const { return *this; }
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col) const { return x(r, col); }
+};
+
+//! (x - mean)^2, mean = sums[c] / n in double: the channel sums of the squared deviations (the
+//! biased variance times n).
+struct SquaredDeviationTerm {
+  ConstMatrix x;
+  const double* sums;
+  double n, mean = 0;
+  XPIPE_HOST_DEVICE SquaredDeviationTerm at(index_t c) const { return {x, sums, n, sums[c] / n}; }
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col) const {
+    const double d = x(r, col) - mean;
+    return d * d;
+  }
+};
+
+//! dy xhat, xhat = (x - mean) invstd in float with the batch's statistics (stats: mean, invstd):
+//! the channel sums that are dgamma.
+struct GradientXhatTerm {
+  ConstMatrix x, dy;
+  const float* stats;
+  int channels;
+  float mean = 0, invstd = 0;
+  XPIPE_HOST_DEVICE GradientXhatTerm at(index_t c) const {
+    return {x, dy, stats, channels, stats[c], stats[channels + c]};
+  }
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col) const {
+    return static_cast<double>(dy(r, col)) * ((x(r, col) - mean) * invstd);
+  }
+};
+
+//! Level 1 of a channel reduction (math::channel_sum_levels): partial sum s of channel c, chunk j
+//! of row r's plane (s = r chunks + j), its terms in lanes, into out[c * rows * chunks + s]. Term
+//! i of row r's plane of channel c lies at row r, column c plane + i.
+template <class Term>
+struct ChannelChunkSums {
+  NormGeometry g;
+  Term term;
+  index_t chunks;  // per plane: ceil(plane / reduce_chunk)
+  double* out;
+  XPIPE_HOST_DEVICE void operator()(index_t c, index_t s) const {
+    const index_t r = s / chunks, first = (s - r * chunks) * math::reduce_chunk,
+                  count =
+                      g.plane - first < math::reduce_chunk ? g.plane - first : math::reduce_chunk;
+    const auto f = term.at(c);
+    const index_t col = c * g.plane + first;
+    out[c * g.rows * chunks + s] = math::lane_sum(count, [&](index_t t) { return f(r, col + t); });
+  }
+};
+
+//! A later level: partial sum s of channel c over the previous level's `in_partials` per channel,
+//! reduce_chunk of them at a time, in lanes.
+struct PartialChunkSums {
+  const double* in;
+  index_t in_partials, partials;
+  double* out;
+  XPIPE_HOST_DEVICE void operator()(index_t c, index_t s) const {
+    const index_t first = s * math::reduce_chunk, count = in_partials - first < math::reduce_chunk
+                                                              ? in_partials - first
+                                                              : math::reduce_chunk;
+    const double* p = in + c * in_partials + first;
+    out[c * partials + s] = math::lane_sum(count, [p](index_t t) { return p[t]; });
+  }
+};
+
+//! Per channel c: the micro-batch's mean and 1 / sqrt(var + eps) into stats[c], stats[C + c],
+//! from the channel sums of x and of (x - mean)^2 (moments: C each); when `running` is set and
+//! both are finite, the running mean and unbiased variance updated by momentum.
+struct BatchNormStatistics {
+  const double* moments;
   NormGeometry g;
   float* stats;
   float* running;
   XPIPE_HOST_DEVICE void operator()(index_t c) const {
-    double mean = 0, var = 0;
-    math::channel_moments(x, g, static_cast<int>(c), mean, var);
+    const double n = static_cast<double>(g.rows) * g.plane;
+    const double mean = moments[c] / n, var = moments[g.channels + c] / n;
     stats[c] = static_cast<float>(mean);
     stats[g.channels + c] = static_cast<float>(1.0 / sqrt(var + g.eps));
     if (running == nullptr) return;
-    const double n = static_cast<double>(g.rows) * g.plane;
     const float m = static_cast<float>(mean),
                 u = static_cast<float>(n > 1 ? var * n / (n - 1) : var);
     // Statistics that are not finite as stored (NaN, an infinity, past FLT_MAX) leave the running
@@ -118,11 +194,13 @@ struct BatchNormRunningStatistics {
   }
 };
 
-// The element passes below take one (row, channel) plane per call and walk its pixels: a
-// division per element to find its channel cost more than the normalisation itself (0.7 ms
-// against 0.1 for a 32 x 16 x 28 x 28 batch on the host).
+// The element passes below run over (plane, pixel) pairs: plane rc = r C + c of the rows, pixel i
+// of it. Each plane's channel comes from one division, outside the pixel loop on the host (a
+// division per element cost more than the normalisation itself: 0.7 ms against 0.1 for a 32 x
+// 16 x 28 x 28 batch), and on a GPU consecutive threads take consecutive pixels, so their loads
+// coalesce.
 
-//! Plane (r, c): y = gamma[c] (x - mean[c]) invstd[c] + beta[c] over its pixels.
+//! Element (rc, i): y = gamma[c] (x - mean[c]) invstd[c] + beta[c].
 struct BatchNormForward {
   ConstMatrix x;
   Matrix y;
@@ -130,17 +208,15 @@ struct BatchNormForward {
   const float* beta;
   const float* stats;
   int channels, plane;
-  XPIPE_HOST_DEVICE void operator()(index_t r, index_t c) const {
-    const float mean = stats[c], invstd = stats[channels + c], ga = gamma[c], be = beta[c];
-    const float* in = x.row(r) + c * plane;
-    float* out = y.row(r) + c * plane;
-    for (int i = 0; i < plane; ++i) out[i] = math::normalize(in[i], mean, invstd, ga, be);
+  XPIPE_HOST_DEVICE void operator()(index_t rc, index_t i) const {
+    const index_t r = rc / channels, c = rc - r * channels, col = c * plane + i;
+    y(r, col) = math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]);
   }
 };
 
 //! Per channel c: dgamma (+)= sums[C + c], dbeta (+)= sums[c], the channel sums of dy xhat and
-//! of dy that BatchNormBackwardSums leaves: the weight part of a split backward, and the last
-//! step of the whole one.
+//! of dy that the backward's sums leave: the weight part of a split backward, and the last step
+//! of the whole one.
 struct BatchNormParamGrads {
   const float* sums;
   int channels;
@@ -154,33 +230,24 @@ struct BatchNormParamGrads {
   }
 };
 
-//! Per channel c: sum(dy) and sum(dy xhat) into sums[c], sums[C + c], and dgamma (+)=
-//! sum(dy xhat), dbeta (+)= sum(dy) unless dgamma is null (a split backward's input part, whose
-//! weight part is BatchNormParamGrads); summed in double in row, then pixel order.
+//! Per channel c: sum(dy) and sum(dy xhat) (the reductions' doubles, C each) into sums[c],
+//! sums[C + c] as floats, and dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy) unless dgamma is null
+//! (a split backward's input part, whose weight part is BatchNormParamGrads).
 struct BatchNormBackwardSums {
-  ConstMatrix x, dy;
-  NormGeometry g;
-  const float* stats;
+  const double* reduced;
+  int channels;
   float* sums;
   float* dgamma;
   float* dbeta;
   bool accumulate;
   XPIPE_HOST_DEVICE void operator()(index_t c) const {
-    const float mean = stats[c], invstd = stats[g.channels + c];
-    const index_t at = c * g.plane;
-    const ConstMatrix xs = x, ds = dy;
-    const double s = math::channel_sum(
-        g, at, [ds](index_t r, index_t i) { return static_cast<double>(ds(r, i)); });
-    const double sx = math::channel_sum(g, at, [xs, ds, mean, invstd](index_t r, index_t i) {
-      return static_cast<double>(ds(r, i)) * ((xs(r, i) - mean) * invstd);
-    });
-    sums[c] = static_cast<float>(s);
-    sums[g.channels + c] = static_cast<float>(sx);
-    if (dgamma != nullptr) BatchNormParamGrads{sums, g.channels, dgamma, dbeta, accumulate}(c);
+    sums[c] = static_cast<float>(reduced[c]);
+    sums[channels + c] = static_cast<float>(reduced[channels + c]);
+    if (dgamma != nullptr) BatchNormParamGrads{sums, channels, dgamma, dbeta, accumulate}(c);
   }
 };
 
-//! Plane (r, c): dx from the channel sums (math::normalize_input_grad) over its pixels.
+//! Element (rc, i): dx from the channel sums (math::normalize_input_grad).
 struct BatchNormBackwardInput {
   ConstMatrix x, dy;
   Matrix dx;
@@ -189,25 +256,58 @@ struct BatchNormBackwardInput {
   const float* sums;
   int channels, plane;
   float n;
-  XPIPE_HOST_DEVICE void operator()(index_t r, index_t c) const {
-    const float mean = stats[c], invstd = stats[channels + c], ga = gamma[c];
-    const float s = sums[c], sx = sums[channels + c];
-    const float* in = x.row(r) + c * plane;
-    const float* d = dy.row(r) + c * plane;
-    float* out = dx.row(r) + c * plane;
-    for (int i = 0; i < plane; ++i)
-      out[i] = math::normalize_input_grad(in[i], d[i], mean, invstd, ga, s, sx, n);
+  XPIPE_HOST_DEVICE void operator()(index_t rc, index_t i) const {
+    const index_t r = rc / channels, c = rc - r * channels, col = c * plane + i;
+    dx(r, col) = math::normalize_input_grad(x(r, col), dy(r, col), stats[c], stats[channels + c],
+                                            gamma[c], sums[c], sums[channels + c], n);
   }
 };
 
 }  // namespace ops
 
+//! Doubles of the scratch a channel reduction of g takes (every level's partial sums) plus its
+//! two results of C doubles each (batch_norm_statistics: the sums of x and of the squared
+//! deviations; the backward: of dy and of dy xhat). Usage: `Buffer<double>
+//! scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
+constexpr index_t batch_norm_scratch_doubles(const NormGeometry& g) {
+  index_t levels = 0;
+  for (int l = 1; l < math::channel_sum_levels(g.rows, g.plane); ++l)
+    levels += math::channel_sum_partials(g.rows, g.plane, l);
+  return g.channels * (levels + 2);
+}
+
+//! out[c] = the sum over rows and pixels of channel c's terms (ops::ValueTerm and the others),
+//! in the fixed order of math::channel_sum_levels: a launch per level, every channel's chunks at
+//! once. `scratch`: the levels' partial sums (batch_norm_scratch_doubles less the results).
+template <class Ctx, class Term>
+void channel_sums(const Ctx& ctx, const NormGeometry& g, const Term& term, double* scratch,
+                  double* out) {
+  const int levels = math::channel_sum_levels(g.rows, g.plane);
+  const index_t chunks = (g.plane + math::reduce_chunk - 1) / math::reduce_chunk;
+  // Level 1 (also when one term or one chunk is all: then its partial sum is the sum).
+  double* level = levels <= 1 ? out : scratch;
+  index_t partials = g.rows * chunks;
+  for_each_element(ctx, g.channels, partials, ops::ChannelChunkSums<Term>{g, term, chunks, level});
+  for (int l = 2; l <= levels; ++l) {
+    const index_t next = l == levels ? 1 : math::channel_sum_partials(g.rows, g.plane, l);
+    double* into = l == levels ? out : level + g.channels * partials;
+    for_each_element(ctx, g.channels, next, ops::PartialChunkSums{level, partials, next, into});
+    level = into;
+    partials = next;
+  }
+}
+
 //! Training statistics of x (mean, invstd into stats: 2 C floats), updating `running` (mean,
-//! variance: 2 C floats) unless it is null. One channel per index: the reduction order is fixed.
+//! variance: 2 C floats) unless it is null: the channel sums of x, then of (x - mean)^2 (two
+//! passes, not E[x^2] - E[x]^2). `scratch`: batch_norm_scratch_doubles(g) doubles.
 template <class Ctx>
 void batch_norm_statistics(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, float* stats,
-                           float* running) {
-  for_each_index(ctx, g.channels, x.rows * x.cols, ops::BatchNormStatistics{x, g, stats, running});
+                           float* running, double* scratch) {
+  double* moments = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
+  const double n = static_cast<double>(g.rows) * g.plane;
+  channel_sums(ctx, g, ops::ValueTerm{x}, scratch, moments);
+  channel_sums(ctx, g, ops::SquaredDeviationTerm{x, moments, n}, scratch, moments + g.channels);
+  for_each_index(ctx, g.channels, ops::BatchNormStatistics{moments, g, stats, running});
 }
 
 //! Evaluation statistics from the running ones (stats: mean, invstd).
@@ -221,7 +321,7 @@ void batch_norm_running_statistics(const Ctx& ctx, const NormGeometry& g, const 
 template <class Ctx>
 void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Matrix y,
                         const float* gamma, const float* beta, const float* stats) {
-  for_each_element(ctx, x.rows, g.channels,
+  for_each_element(ctx, x.rows * g.channels, g.plane,
                    ops::BatchNormForward{x, y, gamma, beta, stats, g.channels, g.plane});
 }
 
@@ -232,29 +332,42 @@ void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x,
                            Matrix dx, const float* gamma, const float* stats, const float* sums) {
   const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
   for_each_element(
-      ctx, x.rows, g.channels,
+      ctx, x.rows * g.channels, g.plane,
       ops::BatchNormBackwardInput{x, dy, dx, gamma, stats, sums, g.channels, g.plane, n});
 }
 
+//! The channel sums of dy and of dy xhat into `sums` (2 C floats), and dgamma, dbeta (+)= them
+//! unless dgamma is null.
+template <class Ctx>
+void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                              const float* stats, float* sums, float* dgamma, float* dbeta,
+                              bool accumulate, double* scratch) {
+  double* reduced = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
+  channel_sums(ctx, g, ops::ValueTerm{dy}, scratch, reduced);
+  channel_sums(ctx, g, ops::GradientXhatTerm{x, dy, stats, g.channels}, scratch,
+               reduced + g.channels);
+  for_each_index(ctx, g.channels,
+                 ops::BatchNormBackwardSums{reduced, g.channels, sums, dgamma, dbeta, accumulate});
+}
+
 //! The backward: channel sums into `sums` (2 C floats), dgamma and dbeta (+)=, then dx unless
-//! dx is empty.
+//! dx is empty. `scratch`: batch_norm_scratch_doubles(g) doubles.
 template <class Ctx>
 void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
                          Matrix dx, const float* gamma, const float* stats, float* sums,
-                         float* dgamma, float* dbeta, bool accumulate) {
-  for_each_index(ctx, g.channels, x.rows * x.cols,
-                 ops::BatchNormBackwardSums{x, dy, g, stats, sums, dgamma, dbeta, accumulate});
+                         float* dgamma, float* dbeta, bool accumulate, double* scratch) {
+  batch_norm_backward_sums(ctx, g, x, dy, stats, sums, dgamma, dbeta, accumulate, scratch);
   if (!dx.empty()) batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, sums);
 }
 
 //! The input part of a split backward: the channel sums of dy and dy xhat into `sums` (2 C
 //! floats, which the weight part reads), then dx unless dx is empty. No parameter gradient.
-//! Usage: `batch_norm_backward_input(ctx, g, x, dy, dx, gamma, stats, sums);`
+//! Usage: `batch_norm_backward_input(ctx, g, x, dy, dx, gamma, stats, sums, scratch);`
 template <class Ctx>
 void batch_norm_backward_input(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
-                               Matrix dx, const float* gamma, const float* stats, float* sums) {
-  for_each_index(ctx, g.channels, x.rows * x.cols,
-                 ops::BatchNormBackwardSums{x, dy, g, stats, sums, nullptr, nullptr, false});
+                               Matrix dx, const float* gamma, const float* stats, float* sums,
+                               double* scratch) {
+  batch_norm_backward_sums(ctx, g, x, dy, stats, sums, nullptr, nullptr, false, scratch);
   if (!dx.empty()) batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, sums);
 }
 

@@ -55,16 +55,24 @@ struct BatchNorm2d {
   static constexpr NormGeometry geometry(index_t rows) {
     return {rows, channels, S::height * S::width, Options.eps, Options.momentum};
   }
+  //! Doubles of the channel reductions' partial sums for up to `rows` rows.
+  static constexpr index_t scratch_doubles(index_t rows) {
+    return batch_norm_scratch_doubles(geometry(rows));
+  }
 
-  //! Per activation slot: the micro-batch's mean and 1/std (2 C), and the backward's channel
-  //! sums (2 C), on backend B.
+  //! Per activation slot: the micro-batch's mean and 1/std (2 C), the backward's channel sums
+  //! (2 C), and the channel reductions' partial sums (batch_norm_scratch_doubles), on backend B.
   template <class B>
   struct Saved {
-    explicit Saved(index_t /*max_rows*/) : stats(2 * channels), sums(2 * channels) {}
+    explicit Saved(index_t max_rows)
+        : stats(2 * channels), sums(2 * channels), scratch(scratch_doubles(max_rows)) {}
     typename B::template Buffer<float> stats, sums;
+    typename B::template Buffer<double> scratch;
   };
 
-  static constexpr index_t saved_floats(index_t /*rows*/) { return 4 * channels; }
+  static constexpr index_t saved_floats(index_t rows) {
+    return 4 * channels + 2 * scratch_doubles(rows);
+  }
 
   //! gamma = 1, beta = 0.
   static void init(std::span<float> params, std::uint64_t /*seed*/) {
@@ -88,7 +96,7 @@ struct BatchNorm2d {
     detail::check_image_views<BatchNorm2d>(x, y, "forward");
     const NormGeometry g = geometry(x.rows);
     if (run.training) {
-      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state);
+      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state, saved.scratch.data());
       if constexpr (detail::reads_host_memory<Ctx>) check_finite(x, saved.stats.data());
     } else {
       if (run.state == nullptr)
@@ -108,7 +116,8 @@ struct BatchNorm2d {
     detail::check_image_views<BatchNorm2d>(x, dy, "backward");
     if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward");
     batch_norm_backward(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
-                        saved.sums.data(), grads, grads + channels, accumulate);
+                        saved.sums.data(), grads, grads + channels, accumulate,
+                        saved.scratch.data());
   }
 
   //! The input part of the split backward (zero-bubble schedules): the channel sums of dy and
@@ -120,7 +129,7 @@ struct BatchNorm2d {
     detail::check_image_views<BatchNorm2d>(x, dy, "backward_input");
     if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward_input");
     batch_norm_backward_input(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
-                              saved.sums.data());
+                              saved.sums.data(), saved.scratch.data());
   }
 
   //! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), the sums backward_input

@@ -36,13 +36,15 @@ __global__ void for_each_index_kernel(index_t n, F f) {
 }
 
 // One thread per element, in row-major order: consecutive threads of a warp read consecutive
-// columns, so loads coalesce.
-template <class F>
-__global__ void for_each_element_kernel(index_t rows, index_t cols, F f) {
-  const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// columns, so loads coalesce. The row comes from one division per thread; `Index` is 32-bit
+// where rows x cols allows, since a 64-bit division costs the GPU several times a 32-bit one and
+// the element passes are otherwise bound by memory.
+template <class Index, class F>
+__global__ void for_each_element_kernel(Index rows, Index cols, F f) {
+  const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * cols) {
-    const index_t r = i / cols;
-    f(r, i - r * cols);
+    const Index r = i / cols;
+    f(static_cast<index_t>(r), static_cast<index_t>(i - r * cols));
   }
 }
 }  // namespace cuda_detail
@@ -166,9 +168,14 @@ void for_each_element(const CudaContext& ctx, index_t rows, index_t cols, const 
                 "xpipe: for_each_element on CUDA needs a trivially copyable function object (the "
                 "kernel takes it by value)");
   if (rows <= 0 || cols <= 0) return;
-  cuda_detail::for_each_element_kernel<<<cuda_detail::grid_for(rows * cols),
-                                         cuda_detail::block_threads, 0, ctx.stream>>>(rows, cols,
-                                                                                      f);
+  const unsigned grid = cuda_detail::grid_for(rows * cols);
+  // 32-bit while every thread index of the grid fits (rows x cols plus the last block's spare).
+  if (rows * cols <= index_t{0x7fffffff} - cuda_detail::block_threads)
+    cuda_detail::for_each_element_kernel<<<grid, cuda_detail::block_threads, 0, ctx.stream>>>(
+        static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(cols), f);
+  else
+    cuda_detail::for_each_element_kernel<<<grid, cuda_detail::block_threads, 0, ctx.stream>>>(
+        rows, cols, f);
   XPIPE_CUDA_CHECK(cudaGetLastError());
 }
 
