@@ -173,10 +173,11 @@ done <"$bundle/tests.tsv"
 
 # ---- the benchmark (full run) and PyTorch's baseline ----------------------------------------
 bench_json="$work/bench.json"
-(cd "$work" && run_bundled "$bundle/bin/bench_gpu" --gemm-detail --json "$bench_json") \
+# Bounded, as every step here: a benchmark that runs away must not take the lent machine's time.
+(cd "$work" && run_bundled timeout 420 "$bundle/bin/bench_gpu" --gemm-detail --json "$bench_json") \
   >"$logs/bench_gpu.log" 2>&1
 bench_rc=$?
-echo "gpu-check: bench_gpu exit $bench_rc (log: $logs/bench_gpu.log)"
+echo "gpu-check: bench_gpu exit $bench_rc$([[ $bench_rc -eq 124 ]] && echo ", timed out after 420 s") (log: $logs/bench_gpu.log)"
 [[ $bench_rc -eq 0 || $bench_rc -eq 77 ]] || failed=1
 # ---- the study on the GPU: xpipe-train --device cuda --compare -----------------------------
 train_note=""
@@ -248,7 +249,7 @@ torch_note=""
 if python3 -c "import torch" >/dev/null 2>&1; then
   torch_py="$bundle/torch_step.py"
   [[ -f "$torch_py" ]] || torch_py="$root/benchmarks/cuda/torch_step.py"
-  python3 "$torch_py" --json "$torch_json" >"$logs/torch_step.log" 2>&1
+  timeout 300 python3 "$torch_py" --json "$torch_json" >"$logs/torch_step.log" 2>&1
   torch_rc=$?
   echo "gpu-check: torch_step.py exit $torch_rc (log: $logs/torch_step.log)"
   [[ $torch_rc -eq 0 ]] || torch_note="torch_step.py exited $torch_rc: see torch_step.log"

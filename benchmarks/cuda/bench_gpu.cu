@@ -507,7 +507,12 @@ template <class Model>
 std::pair<double, double> training_step(const xpipe::CudaContext& ctx, const Options& o,
                                         const std::string& label, const std::string& tag) {
   Step<Model> step;
-  const int reps = o.quick ? 5 : 21, iters = o.quick ? 5 : 100;
+  // Steps per timing: about 50 ms of them, from 2 to 100 (5 with --short), so that a model whose
+  // step takes long (the ResNet: 204 ms on an H100 at 8f926d1) does not hold the check for minutes.
+  const double probe = median_ms(ctx.stream, 1, 2, [&] { step.run(ctx); });
+  const int reps = o.quick ? 5 : 21,
+            iters =
+                std::clamp(static_cast<int>(50.0 / std::max(probe, 1e-3)), 2, o.quick ? 5 : 100);
   const double eager = median_ms(ctx.stream, reps, iters, [&] { step.run(ctx); });
   const double b = Step<Model>::batch;
   std::printf("%-44s %12.1f samples/s (%.1f us/step)\n", (label + ": eager").c_str(),
@@ -602,8 +607,8 @@ void convolutions(const xpipe::CudaContext& ctx, const Options& o) {
                     0.f, channels.data(), nc);
         xpipe::gemm(ctx, Trans::Yes, Trans::No, kk, nc, g.oc, 1.f, w.data(), kk, channels.data(),
                     nc, 0.f, cols.data(), nc);
-        xpipe::gemm(ctx, Trans::No, Trans::Yes, g.oc, kk, nc, 1.f, channels.data(), nc,
-                    cols.data(), nc, first == 0 ? 0.f : 1.f, dw.data(), kk);
+        xpipe::gemm(ctx, Trans::No, Trans::Yes, g.oc, kk, nc, 1.f, channels.data(), nc, cols.data(),
+                    nc, first == 0 ? 0.f : 1.f, dw.data(), kk);
       }
     });
     if (conv == 0 || gemms == 0) {  // graph_median_ms said why

@@ -98,10 +98,11 @@ int run(const Options& o) {
           std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * idle_simulated.back());
           simulated_idle += b;
         }
-        std::printf("| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% | %s%% (%s%%) |\n",
-                    K, s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(),
-                    free.c_str(), c.simulated_quiet * 1e3, 100 * quiet_error,
-                    measured_idle.c_str(), simulated_idle.c_str());
+        std::printf(
+            "| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% | %s%% (%s%%) |\n", K,
+            s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(), free.c_str(),
+            c.simulated_quiet * 1e3, 100 * quiet_error, measured_idle.c_str(),
+            simulated_idle.c_str());
         std::fflush(stdout);
         char line[320];
         std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.6f\n", K,
