@@ -59,6 +59,48 @@ TEST_CASE("NAdam: Dozat's update with constant beta1, worked by hand", "[optim][
   REQUIRE(upd == Approx(-0.0058408).epsilon(1e-3));  // the hand arithmetic above
 }
 
+TEST_CASE("NAdam with PyTorch's momentum schedule (momentum_decay), worked by hand",
+          "[optim][remedies]") {
+  // torch.optim.NAdam's documented update with psi = 0.004: mu_t = beta1 (1 - 0.5 * 0.96^(t psi)),
+  // P_t = mu_1 ... mu_t, w -= lr (1 - mu_t) / (1 - P_t) g / d + lr mu_(t+1) / (1 - P_t mu_(t+1))
+  // m / d, d = sqrt(v / (1 - beta2^t)) + eps; m and v averaged with beta1 and beta2.
+  // Step 1 (w = 1, g = 0.5, lr = 0.1, beta1 = 0.9): mu_1 = 0.9 (1 - 0.5 * 0.96^0.004) = 0.45007347,
+  // mu_2 = 0.9 (1 - 0.5 * 0.96^0.008) = 0.45014694; c_g = (1 - mu_1) / (1 - mu_1) = 1, c_m =
+  // mu_2 / (1 - mu_1 mu_2) = 0.45014694 / 0.79740081 = 0.56452538; m = 0.05, d = 0.5:
+  // w = 1 - 0.1 (0.5 + 0.56452538 * 0.05) / 0.5 = 0.89435482.
+  // Steps 2 and 3 (g = -0.2, then 0.3) the same way, in double: 0.92732557, 0.86939269.
+  // (torch 1.13, Debian's, multiplies an extra mu_t into P_(t+1); later releases follow the
+  // documented rule above.)
+  auto st = state(NAdam{.lr = 0.1f, .momentum_decay = 0.004f}, {1.f});
+  const double expected[3] = {0.8943548242773647, 0.9273255700702376, 0.8693926926829394};
+  const float grads[3] = {0.5f, -0.2f, 0.3f};
+  for (int t = 0; t < 3; ++t) {
+    set_grads(st, {grads[t]});
+    st.step(ctx);
+    INFO("step " << t + 1);
+    REQUIRE(st.weights()[0] == Approx(expected[t]).epsilon(2e-6));
+  }
+  // The momenta are near beta1 / 2 early on: what psi = 0.004 gives the first thousand steps.
+  REQUIRE(math::nadam_mu(0.99, 0.004, 1000) == Approx(0.99 * (1 - 0.5 * std::pow(0.96, 4.0))));
+  REQUIRE(math::nadam_mu(0.9, 0.0, 7) == 0.9);  // no schedule
+  // The product does not depend on the order steps were asked for (the memo restarts and
+  // advances): the same bits as multiplying mu_1 ... mu_5 in order.
+  double product = 1;
+  for (int t = 1; t <= 5; ++t) product *= math::nadam_mu(0.9, 0.004, t);
+  const double first = math::nadam_mu_product(0.9, 0.004, 5);
+  (void)math::nadam_mu_product(0.9, 0.004, 2);
+  (void)math::nadam_mu_product(0.99, 0.004, 9);
+  REQUIRE(first == product);
+  REQUIRE(math::nadam_mu_product(0.9, 0.004, 5) == product);
+  REQUIRE(math::nadam_mu_product(0.9, 0.004, 0) == 1.0);
+  // Bad input.
+  REQUIRE_THROWS_WITH(NAdam{.momentum_decay = -1.f}.scalars(1),
+                      Catch::Contains("momentum_decay must be a finite number >= 0"));
+  REQUIRE_THROWS_WITH(with_momentum_decay(SGD{}, 0.004f),
+                      Catch::Contains("SGD's Nesterov form has none"));
+  REQUIRE(with_momentum_decay(NAdamW{}, 0.004f).momentum_decay == 0.004f);
+}
+
 TEST_CASE("Nesterov forms: NAdam for Adam, Nesterov SGD at the same steady-state step",
           "[optim][remedies]") {
   const NAdam n = nesterov_form(Adam{.lr = 2e-3f, .beta2 = 0.99f}, 0.99f);
@@ -459,17 +501,19 @@ TEST_CASE("Hyper-parameters by name: set, listed, and refused with what they acc
           "[predict][any]") {
   AnyPredictor p = make_predictor("pipenag");
   REQUIRE(std::string(p.chosen_name()) == "pipenag");
-  REQUIRE(p.hyper_text() == "momentum=0.99");
+  REQUIRE(p.hyper_text() == "momentum=0.99,momentum_decay=0");
   p.set("momentum", 0.5);
   REQUIRE(std::get<PipeNAG>(p.impl).momentum == 0.5f);
-  REQUIRE(p.hyper_text() == "momentum=0.5");
+  REQUIRE(p.hyper_text() == "momentum=0.5,momentum_decay=0");
   REQUIRE_THROWS_WITH(p.set("momentum", 1.0),
                       "xpipe: predictor 'pipenag': momentum must be in [0, 1) (got 1)");
   REQUIRE_THROWS_WITH(p.set("momentum", std::nan("")), Catch::Contains("must be in [0, 1)"));
   REQUIRE_THROWS_WITH(p.set("momentum", -1e300), Catch::Contains("(got -1e+300)"));
   REQUIRE_THROWS_WITH(p.set("gamma", 1.0),
                       "xpipe: predictor 'pipenag' has no hyper-parameter 'gamma' (it has: "
-                      "momentum)");
+                      "momentum, momentum_decay)");
+  REQUIRE_THROWS_WITH(p.set("momentum_decay", -0.004),
+                      Catch::Contains("momentum_decay must be in [0, 1e+06)"));
   REQUIRE(std::get<PipeNAG>(p.impl).momentum == 0.5f);  // a refused value changes nothing
   AnyPredictor m = make_predictor("multistep");
   REQUIRE_THROWS_WITH(m.set("max_steps", 1.5), Catch::Contains("an integer"));

@@ -349,16 +349,24 @@ case $case in
   predictor_param_recorded)  # --predictor-param reaches the run, runs.json and its checkpoint
     run 0 "${small[@]}" --predictor pipenag --predictor-param momentum=0.9 --checkpoint-dir ck \
       --out out
-    grep -Eq '"predictor_params": ?"momentum=0.9"' out/runs.json || fail "runs.json lacks momentum=0.9"
+    grep -Eq '"predictor_params": ?"momentum=0.9,momentum_decay=0"' out/runs.json ||
+      fail "runs.json lacks momentum=0.9"
     cp out/runs.csv with.csv
     run 0 "${small[@]}" --predictor pipenag --out def
-    grep -Eq '"predictor_params": ?"momentum=0.99"' def/runs.json || fail "the default is not 0.99"
+    grep -Eq '"predictor_params": ?"momentum=0.99,momentum_decay=0"' def/runs.json ||
+      fail "the defaults are not momentum 0.99, no momentum decay"
     # The same run but for the momentum: another loss.
     [ "$(cut -d, -f10 with.csv | tail -1)" != "$(cut -d, -f10 def/runs.csv | tail -1)" ] ||
       fail "momentum 0.9 and 0.99 trained the same loss"
+    # PyTorch's momentum schedule (psi = 0.004) reaches the NAdam steps: another loss again.
+    run 0 "${small[@]}" --predictor pipenag --predictor-param momentum_decay=0.004 --out psi
+    grep -Eq '"predictor_params": ?"momentum=0.99,momentum_decay=0.004"' psi/runs.json ||
+      fail "runs.json lacks momentum_decay=0.004"
+    [ "$(cut -d, -f10 psi/runs.csv | tail -1)" != "$(cut -d, -f10 def/runs.csv | tail -1)" ] ||
+      fail "momentum_decay 0.004 and 0 trained the same loss"
     run 1 "${tiny[@]}" --epochs 2 --predictor pipenag --predictor-param momentum=0.95 \
       --checkpoint-dir ck --resume --out out2
-    says "cannot resume .*: it was run with run.predictor_params = momentum=0.9, this run has momentum=0.95"
+    says "cannot resume .*: it was run with run.predictor_params = momentum=0.9,momentum_decay=0, this run has momentum=0.95,momentum_decay=0"
     ;;
   kill_then_resume)  # kill -9 mid-study; --resume finishes it with every run whole
     ck=(--compare --train-samples 1024 --test-samples 100 --epochs 2 --checkpoint-dir ck)

@@ -97,10 +97,36 @@ XPIPE_HOST_DEVICE float adam_predict(float w, float m, float v, float s_lr, cons
   return w - s_lr * adam_direction(m, v, s);
 }
 
-//! Scalars of one NAdam step (Dozat 2016, with a constant beta1: no momentum-decay schedule), the
-//! bias corrections precomputed for step t (1-based): c_m = beta1 / (1 - beta1^(t+1)) weighs the
-//! new momentum, c_g = (1 - beta1) / (1 - beta1^t) the current gradient (Nesterov's look-ahead),
-//! inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+//! NAdam's momentum at step t (1-based) under the momentum-decay schedule of Dozat (2016) as
+//! torch.optim.NAdam defines it: mu_t = beta1 (1 - 0.5 * 0.96^(t psi)), psi the momentum decay
+//! (PyTorch's default 0.004). psi = 0 means no schedule here: mu_t = beta1 at every step (where
+//! PyTorch's formula would give beta1 / 2).
+inline double nadam_mu(double beta1, double psi, long t) {
+  return psi > 0 ? beta1 * (1.0 - 0.5 * std::pow(0.96, static_cast<double>(t) * psi)) : beta1;
+}
+
+//! mu_1 mu_2 ... mu_t (nadam_mu, t >= 0), multiplied in that order in double, so the bits do not
+//! depend on how a run got to step t (a resume included). A memo per thread of the last product
+//! asked for makes the steps of a run one multiplication each, not t.
+inline double nadam_mu_product(double beta1, double psi, long t) {
+  struct Memo {
+    double beta1 = -1, psi = -1;
+    long t = 0;
+    double product = 1;
+  };
+  thread_local Memo memo;
+  if (memo.beta1 != beta1 || memo.psi != psi || memo.t > t) memo = {beta1, psi, 0, 1.0};
+  for (; memo.t < t; ++memo.t) memo.product *= nadam_mu(beta1, psi, memo.t + 1);
+  return memo.product;
+}
+
+//! Scalars of one NAdam step (Dozat 2016), the bias corrections precomputed for step t (1-based),
+//! with the momenta mu_t of nadam_mu and their running product P_t = mu_1 ... mu_t:
+//! c_m = mu_(t+1) / (1 - P_t mu_(t+1)) weighs the new momentum, c_g = (1 - mu_t) / (1 - P_t) the
+//! current gradient (Nesterov's look-ahead), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t). The momentum
+//! itself averages with beta1 (m = beta1 m + (1 - beta1) g), as PyTorch's does. With psi = 0
+//! (mu_t = beta1, P_t = beta1^t): c_m = beta1 / (1 - beta1^(t+1)), c_g = (1 - beta1) /
+//! (1 - beta1^t), the constant-momentum rule.
 struct NadamScalars {
   float lr;
   float beta1;
@@ -113,19 +139,29 @@ struct NadamScalars {
   bool decoupled;  // NAdamW: decay the weight directly
 };
 
-//! NAdam's scalars for step t >= 1, in double like adam_scalars.
+//! NAdam's scalars for step t >= 1 with momentum decay psi (nadam_mu), in double like
+//! adam_scalars.
 inline NadamScalars nadam_scalars(float lr, float beta1, float beta2, float eps, float weight_decay,
-                                  bool decoupled, long t) {
+                                  bool decoupled, long t, float psi = 0.f) {
   const double b1 = beta1, b2 = beta2, td = static_cast<double>(t);
-  const double bc1_next = 1.0 - std::pow(b1, td + 1.0), bc1 = 1.0 - std::pow(b1, td);
   const double bc2 = 1.0 - std::pow(b2, td);
+  double c_m = 0, c_g = 0;
+  if (psi > 0.f) {
+    const double mu = nadam_mu(b1, psi, t), mu_next = nadam_mu(b1, psi, t + 1),
+                 product = nadam_mu_product(b1, psi, t);
+    c_m = mu_next / (1.0 - product * mu_next);
+    c_g = (1.0 - mu) / (1.0 - product);
+  } else {  // mu_t = beta1: the powers directly
+    c_m = b1 / (1.0 - std::pow(b1, td + 1.0));
+    c_g = (1.0 - b1) / (1.0 - std::pow(b1, td));
+  }
   return {lr,
           beta1,
           beta2,
           eps,
           weight_decay,
-          static_cast<float>(b1 / bc1_next),
-          static_cast<float>((1.0 - b1) / bc1),
+          static_cast<float>(c_m),
+          static_cast<float>(c_g),
           static_cast<float>(1.0 / std::sqrt(bc2)),
           decoupled};
 }

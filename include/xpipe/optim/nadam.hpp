@@ -2,16 +2,21 @@
 // weight stashing, usually with a high beta1.
 #pragma once
 
+#include <string>
+
 #include "xpipe/core/error.hpp"
 #include "xpipe/kernels/ops.hpp"
 #include "xpipe/optim/optimizer.hpp"
 
 namespace xpipe {
 
-//! NAdam (Decoupled = false: L2 weight decay added to the gradient) or NAdamW (decoupled), with
-//! a constant beta1 (no momentum-decay schedule): the update reads the momentum one step ahead,
-//! w -= lr (beta1 m_t / (1 - beta1^(t+1)) + (1 - beta1) g_t / (1 - beta1^t)) / (sqrt(v_hat) + eps).
-//! Use the aliases NAdam and NAdamW. Usage: `NAdam{.lr = 1e-3f, .beta1 = 0.99f}`.
+//! NAdam (Decoupled = false: L2 weight decay added to the gradient) or NAdamW (decoupled): the
+//! update reads the momentum one step ahead, w -= lr (c_m m_t + c_g g_t) / (sqrt(v_hat) + eps)
+//! (math::nadam_scalars). `momentum_decay` psi sets the momentum schedule mu_t = beta1 (1 - 0.5 *
+//! 0.96^(t psi)) of torch.optim.NAdam (whose default is 0.004); 0, the default here, keeps
+//! mu_t = beta1 (c_m = beta1 / (1 - beta1^(t+1)), c_g = (1 - beta1) / (1 - beta1^t)).
+//! Use the aliases NAdam and NAdamW. Usage: `NAdam{.lr = 1e-3f, .beta1 = 0.99f}`,
+//! `NAdam{.lr = 1e-3f, .momentum_decay = 0.004f}` (PyTorch's NAdam).
 template <bool Decoupled>
 struct BasicNAdam {
   static constexpr int moment_count = 2;
@@ -21,6 +26,7 @@ struct BasicNAdam {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = Decoupled ? 1e-2f : 0.f;
+  float momentum_decay = 0.f;  //!< psi of the momentum schedule; 0: constant beta1
 
   float learning_rate() const { return lr; }
 
@@ -28,7 +34,10 @@ struct BasicNAdam {
     if (!(lr > 0.f)) throw ConfigError("xpipe: NAdam: learning rate must be > 0");
     if (!(beta1 >= 0.f && beta1 < 1.f && beta2 >= 0.f && beta2 < 1.f))
       throw ConfigError("xpipe: NAdam: betas must lie in [0, 1)");
-    return math::nadam_scalars(lr, beta1, beta2, eps, weight_decay, Decoupled, t);
+    if (!(momentum_decay >= 0.f && momentum_decay < 1e6f))
+      throw ConfigError("xpipe: NAdam: momentum_decay must be a finite number >= 0, got " +
+                        std::to_string(momentum_decay));
+    return math::nadam_scalars(lr, beta1, beta2, eps, weight_decay, Decoupled, t, momentum_decay);
   }
 
   template <class Ctx>

@@ -83,4 +83,31 @@ inline AnyOptimizer nesterov_form(const AnyOptimizer& o, float beta) {
                     o.impl);
 }
 
+//! o with NAdam's momentum decay psi (math::nadam_mu) set: the Adam family's Nesterov form has the
+//! schedule; SGD's has none, so psi must be 0 there.
+inline SGD with_momentum_decay(const SGD& o, float psi) {
+  if (psi != 0.f)
+    throw ConfigError("xpipe: momentum_decay " + std::to_string(psi) +
+                      " is NAdam's momentum schedule; SGD's Nesterov form has none (use 0, or an "
+                      "Adam-family optimizer)");
+  return o;
+}
+template <bool D>
+BasicNAdam<D> with_momentum_decay(BasicNAdam<D> o, float psi) {
+  o.momentum_decay = psi;
+  return o;
+}
+inline AnyOptimizer with_momentum_decay(const AnyOptimizer& o, float psi) {
+  return std::visit(
+      [&](const auto& alt) -> AnyOptimizer {
+        if constexpr (requires { with_momentum_decay(alt, psi); })
+          return AnyOptimizer{with_momentum_decay(alt, psi)};
+        else
+          throw ConfigError(std::string("xpipe: momentum_decay applies to NAdam and SGD's "
+                                        "Nesterov form, not to ") +
+                            alt.name);
+      },
+      o.impl);
+}
+
 }  // namespace xpipe
