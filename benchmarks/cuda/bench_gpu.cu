@@ -508,7 +508,7 @@ std::pair<double, double> training_step(const xpipe::CudaContext& ctx, const Opt
                                         const std::string& label, const std::string& tag) {
   Step<Model> step;
   // Steps per timing: about 50 ms of them, from 2 to 100 (5 with --short), so that a model whose
-  // step takes long (the ResNet: 204 ms on an H100 at 8f926d1) does not hold the check for minutes.
+  // step takes hundreds of milliseconds does not hold the check for minutes.
   const double probe = median_ms(ctx.stream, 1, 2, [&] { step.run(ctx); });
   const int reps = o.quick ? 5 : 21,
             iters =

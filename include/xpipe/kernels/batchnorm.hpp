@@ -25,8 +25,8 @@ struct NormGeometry {
 namespace math {
 
 //! Lanes of a sum: term t of a run adds into partial sum t % lanes, and the partial sums are
-//! added in lane order at the end. A fixed order (the same bits on every backend and thread
-//! count) that is not one chain of dependent additions: the host compiler vectorises the lanes,
+//! added in lane order at the end. A fixed order (the same bits for any thread count) that is
+//! not one chain of dependent additions: the host compiler vectorises the lanes,
 //! where a single double accumulator ran at one add per 4 cycles and made BatchNorm slower than
 //! the convolution before it.
 inline constexpr int reduce_lanes = 8;
@@ -52,12 +52,21 @@ XPIPE_HOST_DEVICE double lane_sum(index_t n, const F& f) {
 //! reduce_chunk) partial sums per channel, in row then chunk order), then those partial sums in
 //! chunks again, and so on until one is left. Many short independent sums at each level: what a
 //! GPU runs in parallel (one thread per channel and chunk) and a CPU vectorises; one fixed order
-//! for a shape, so every backend gets the same bits.
+//! for a shape on every backend (the bits still differ where a compiler fuses a multiply and an
+//! add that the other does not).
+//! chunks_of(n): ceil(n / reduce_chunk), the chunks of n terms (or partial sums).
+XPIPE_HOST_DEVICE constexpr index_t chunks_of(index_t n) {
+  return (n + reduce_chunk - 1) / reduce_chunk;
+}
+//! The terms of the chunk that starts at term `first` of a run of n: reduce_chunk, or the rest.
+XPIPE_HOST_DEVICE constexpr index_t chunk_count(index_t n, index_t first) {
+  return n - first < reduce_chunk ? n - first : reduce_chunk;
+}
 //! channel_sum_partials(rows, plane, level): the partial sums per channel after `level` levels.
 XPIPE_HOST_DEVICE constexpr index_t channel_sum_partials(index_t rows, index_t plane, int level) {
   if (level == 0) return rows * plane;
-  index_t n = rows * ((plane + reduce_chunk - 1) / reduce_chunk);
-  for (int l = 1; l < level; ++l) n = (n + reduce_chunk - 1) / reduce_chunk;
+  index_t n = rows * chunks_of(plane);
+  for (int l = 1; l < level; ++l) n = chunks_of(n);
   return n;
 }
 //! The levels that bring a channel's terms to one sum (0 when it has one term).
@@ -123,22 +132,23 @@ struct GradientXhatTerm {
   }
 };
 
-//! Level 1 of a channel reduction (math::channel_sum_levels): partial sum s of channel c, chunk j
-//! of row r's plane (s = r chunks + j), its terms in lanes, into out[c * rows * chunks + s]. Term
-//! i of row r's plane of channel c lies at row r, column c plane + i.
+//! Level 1 of a channel reduction (math::channel_sum_levels), index i = c partials + s: partial
+//! sum s of channel c, chunk j of row r's plane (s = r chunks + j), its terms in lanes, into
+//! out[i]. Term k of row r's plane of channel c lies at row r, column c plane + k.
 template <class Term>
 struct ChannelChunkSums {
   NormGeometry g;
   Term term;
-  index_t chunks;  // per plane: ceil(plane / reduce_chunk)
+  index_t chunks;    // per plane: math::chunks_of(plane)
+  index_t partials;  // per channel: rows chunks
   double* out;
-  XPIPE_HOST_DEVICE void operator()(index_t c, index_t s) const {
-    const index_t r = s / chunks, first = (s - r * chunks) * math::reduce_chunk,
-                  count =
-                      g.plane - first < math::reduce_chunk ? g.plane - first : math::reduce_chunk;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    const index_t c = i / partials, s = i - c * partials, r = s / chunks,
+                  first = (s - r * chunks) * math::reduce_chunk;
     const auto f = term.at(c);
     const index_t col = c * g.plane + first;
-    out[c * g.rows * chunks + s] = math::lane_sum(count, [&](index_t t) { return f(r, col + t); });
+    out[i] =
+        math::lane_sum(math::chunk_count(g.plane, first), [&](index_t t) { return f(r, col + t); });
   }
 };
 
@@ -149,11 +159,10 @@ struct PartialChunkSums {
   index_t in_partials, partials;
   double* out;
   XPIPE_HOST_DEVICE void operator()(index_t c, index_t s) const {
-    const index_t first = s * math::reduce_chunk, count = in_partials - first < math::reduce_chunk
-                                                              ? in_partials - first
-                                                              : math::reduce_chunk;
+    const index_t first = s * math::reduce_chunk;
     const double* p = in + c * in_partials + first;
-    out[c * partials + s] = math::lane_sum(count, [p](index_t t) { return p[t]; });
+    out[c * partials + s] =
+        math::lane_sum(math::chunk_count(in_partials, first), [p](index_t t) { return p[t]; });
   }
 };
 
@@ -270,10 +279,10 @@ struct BatchNormBackwardInput {
 //! deviations; the backward: of dy and of dy xhat). Usage: `Buffer<double>
 //! scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
 constexpr index_t batch_norm_scratch_doubles(const NormGeometry& g) {
-  index_t levels = 0;
+  index_t partial_sums = 0;  // per channel, of the levels before the last
   for (int l = 1; l < math::channel_sum_levels(g.rows, g.plane); ++l)
-    levels += math::channel_sum_partials(g.rows, g.plane, l);
-  return g.channels * (levels + 2);
+    partial_sums += math::channel_sum_partials(g.rows, g.plane, l);
+  return g.channels * (partial_sums + 2);
 }
 
 //! out[c] = the sum over rows and pixels of channel c's terms (ops::ValueTerm and the others),
@@ -283,11 +292,13 @@ template <class Ctx, class Term>
 void channel_sums(const Ctx& ctx, const NormGeometry& g, const Term& term, double* scratch,
                   double* out) {
   const int levels = math::channel_sum_levels(g.rows, g.plane);
-  const index_t chunks = (g.plane + math::reduce_chunk - 1) / math::reduce_chunk;
-  // Level 1 (also when one term or one chunk is all: then its partial sum is the sum).
+  const index_t chunks = math::chunks_of(g.plane);
+  // Level 1 (also when one term or one chunk is all: then its partial sum is the sum). The work
+  // hint counts the terms, so the host forks its threads where the pass is large.
   double* level = levels <= 1 ? out : scratch;
   index_t partials = g.rows * chunks;
-  for_each_element(ctx, g.channels, partials, ops::ChannelChunkSums<Term>{g, term, chunks, level});
+  for_each_index(ctx, g.channels * partials, g.channels * g.rows * g.plane,
+                 ops::ChannelChunkSums<Term>{g, term, chunks, partials, level});
   for (int l = 2; l <= levels; ++l) {
     const index_t next = l == levels ? 1 : math::channel_sum_partials(g.rows, g.plane, l);
     double* into = l == levels ? out : level + g.channels * partials;

@@ -106,18 +106,33 @@ inline double nadam_mu(double beta1, double psi, long t) {
 }
 
 //! mu_1 mu_2 ... mu_t (nadam_mu, t >= 0), multiplied in that order in double, so the bits do not
-//! depend on how a run got to step t (a resume included). A memo per thread of the last product
-//! asked for makes the steps of a run one multiplication each, not t.
+//! depend on how a run got to step t (a resume included). Memos per thread, one per (beta1, psi)
+//! for up to 8 of them (a thread may run stages of several momenta: PipeNAG-k), each holding
+//! the products at its last t and t - 1 (a step asks for t + 1 where a prediction asks for t):
+//! a run's steps then cost a multiplication each, not t.
 inline double nadam_mu_product(double beta1, double psi, long t) {
   struct Memo {
     double beta1 = -1, psi = -1;
     long t = 0;
-    double product = 1;
+    double product = 1, previous = 1;  // at t and at t - 1
   };
-  thread_local Memo memo;
-  if (memo.beta1 != beta1 || memo.psi != psi || memo.t > t) memo = {beta1, psi, 0, 1.0};
-  for (; memo.t < t; ++memo.t) memo.product *= nadam_mu(beta1, psi, memo.t + 1);
-  return memo.product;
+  thread_local Memo memos[8];
+  thread_local int next = 0;
+  Memo* m = nullptr;
+  for (Memo& candidate : memos)
+    if (candidate.beta1 == beta1 && candidate.psi == psi) m = &candidate;
+  if (m == nullptr) {
+    m = &memos[next];
+    next = (next + 1) % 8;
+    *m = {beta1, psi, 0, 1.0, 1.0};
+  }
+  if (t == m->t - 1) return m->previous;
+  if (t < m->t) *m = {beta1, psi, 0, 1.0, 1.0};
+  for (; m->t < t; ++m->t) {
+    m->previous = m->product;
+    m->product *= nadam_mu(beta1, psi, m->t + 1);
+  }
+  return m->product;
 }
 
 //! Scalars of one NAdam step (Dozat 2016), the bias corrections precomputed for step t (1-based),

@@ -35,7 +35,7 @@ struct BasicNAdam {
     if (!(beta1 >= 0.f && beta1 < 1.f && beta2 >= 0.f && beta2 < 1.f))
       throw ConfigError("xpipe: NAdam: betas must lie in [0, 1)");
     if (!(momentum_decay >= 0.f && momentum_decay < 1e6f))
-      throw ConfigError("xpipe: NAdam: momentum_decay must be a finite number >= 0, got " +
+      throw ConfigError("xpipe: NAdam: momentum_decay must lie in [0, 1e6), got " +
                         std::to_string(momentum_decay));
     return math::nadam_scalars(lr, beta1, beta2, eps, weight_decay, Decoupled, t, momentum_decay);
   }

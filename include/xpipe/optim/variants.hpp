@@ -103,9 +103,8 @@ inline AnyOptimizer with_momentum_decay(const AnyOptimizer& o, float psi) {
         if constexpr (requires { with_momentum_decay(alt, psi); })
           return AnyOptimizer{with_momentum_decay(alt, psi)};
         else
-          throw ConfigError(std::string("xpipe: momentum_decay applies to NAdam and SGD's "
-                                        "Nesterov form, not to ") +
-                            alt.name);
+          throw ConfigError(std::string("xpipe: momentum_decay is NAdam's momentum schedule; ") +
+                            alt.name + " has none (the Adam family's Nesterov form is NAdam)");
       },
       o.impl);
 }

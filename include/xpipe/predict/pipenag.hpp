@@ -39,7 +39,17 @@ class PipeNAGState : public StashState<O, B> {
   template <class Ctx>
   bool apply_step(const Ctx& ctx, OptimizerState<O, B>& opt) {
     const auto form = nesterov_form(opt.optimizer(), momentum(momentum_of(opt.optimizer())));
-    opt.step_with(ctx, momentum_decay_ > 0.f ? with_momentum_decay(form, momentum_decay_) : form);
+    if constexpr (requires { with_momentum_decay(form, momentum_decay_); }) {
+      if (momentum_decay_ > 0.f) {
+        opt.step_with(ctx, with_momentum_decay(form, momentum_decay_));
+        return true;
+      }
+    } else if (momentum_decay_ > 0.f) {
+      throw ConfigError(
+          "xpipe: pipenag: momentum_decay is NAdam's momentum schedule; this "
+          "optimizer's Nesterov form takes none");
+    }
+    opt.step_with(ctx, form);
     return true;
   }
 
