@@ -148,6 +148,16 @@ done
 mkdir -p "$logs"
 results="$work/results.tsv"
 : >"$results"
+# With --logs *.tar.gz the archive is rewritten after each step, so a check stopped from outside
+# (a device tool's time limit, which gives no chance to clean up) leaves the logs of every step
+# it finished, and the tests' results so far (results.tsv).
+save_logs() {
+  [[ -n "$logs_archive" ]] || return 0
+  cp "$results" "$logs/results.tsv" 2>/dev/null
+  mkdir -p "$(dirname "$logs_archive")" &&
+    tar -C "$(dirname "$logs")" -czf "$logs_archive.part" "$(basename "$logs")" &&
+    mv -f "$logs_archive.part" "$logs_archive"
+}
 failed=0
 while IFS=$'\t' read -r -a row; do
   [[ ${#row[@]} -ge 4 ]] || continue
@@ -169,6 +179,7 @@ while IFS=$'\t' read -r -a row; do
   why=$(grep -m1 -iE '^(SKIP|FAIL)|error while loading shared libraries' "$logs/$name.log" | cut -c1-160)
   printf '%s\t%s\t%s\t%s\n' "$name" "$verdict" "$secs" "$why" >>"$results"
   printf 'gpu-check: %-32s %s (%s s)\n' "$name" "$verdict" "$secs"
+  save_logs
 done <"$bundle/tests.tsv"
 
 # ---- the benchmark (full run) and PyTorch's baseline ----------------------------------------
@@ -179,6 +190,7 @@ bench_json="$work/bench.json"
 bench_rc=$?
 echo "gpu-check: bench_gpu exit $bench_rc$([[ $bench_rc -eq 124 ]] && echo ", timed out after 420 s") (log: $logs/bench_gpu.log)"
 [[ $bench_rc -eq 0 || $bench_rc -eq 77 ]] || failed=1
+save_logs
 # ---- the study on the GPU: xpipe-train --device cuda --compare -----------------------------
 train_note=""
 train_table=""
@@ -205,6 +217,7 @@ else
   for f in runs.csv runs.json accuracy.csv; do
     [[ -f "$train_out/$f" ]] && cp "$train_out/$f" "$logs/xpipe-train-$f"
   done
+  save_logs
   # The CNNs over 4 stages (GPipe, M = 4), a run each on the first 8,192 training and 2,000
   # test images: their CUDA layers trained end to end, samples/s and test accuracy reported.
   for model in vgg resnet; do
@@ -221,6 +234,7 @@ else
     fi
     cnn_rows+=$(awk -v m="$model" '/samples\/s/ && /%/ && !/^run/ {print m ": " $0}' \
       "$logs/xpipe-train-$model.log")$'\n'
+    save_logs
   done
 fi
 # ---- the schedules on this machine's cores: xpipe-plan validate -------------------------------
@@ -242,6 +256,7 @@ else
     validate_note="xpipe-plan validate FAILED (exit $validate_rc)"
   fi
   validate_table=$(grep -E '^\|' "$logs/xpipe-plan-validate.log")
+  save_logs
 fi
 skipped=$(awk -F'\t' '$2 == "skip"' "$results" | wc -l)
 torch_json="$work/torch.json"
