@@ -185,35 +185,40 @@ struct StageResults {
 };
 
 template <class S>
-StageResults stage_pass(const xpipe::HostContext* host, const xpipe::CudaContext* cuda,
-                        index_t rows, const std::vector<float>& params,
-                        const std::vector<float>& state, const std::vector<float>& x,
-                        const std::vector<float>& dy) {
+StageResults host_stage_pass(index_t rows, const std::vector<float>& params,
+                             const std::vector<float>& state, const std::vector<float>& x,
+                             const std::vector<float>& dy) {
   StageResults r{std::vector<float>(static_cast<std::size_t>(rows * S::out_width)),
                  std::vector<float>(x.size()), std::vector<float>(params.size()), state};
-  if (host != nullptr) {
-    typename S::template Activations<xpipe::Host> acts(rows);
-    typename S::template GradScratch<xpipe::Host> scratch(rows);
-    const xpipe::ConstMatrix y = S::forward(*host, params.data(), {x.data(), rows, S::in_width},
-                                            acts, xpipe::Running{r.state.data(), true});
-    for (index_t i = 0; i < rows; ++i)
-      std::memcpy(r.y.data() + i * S::out_width, y.row(i), S::out_width * sizeof(float));
-    S::backward(*host, params.data(), r.grads.data(), false, acts, {dy.data(), rows, S::out_width},
-                {r.dx.data(), rows, S::in_width}, scratch);
-    return r;
-  }
-  auto p = to_device(params), st = to_device(state), dx_in = to_device(x), d = to_device(dy);
-  xpipe::DeviceBuffer<float> grads(p.size()), dx(dx_in.size());
+  const xpipe::HostContext host{};
+  typename S::template Activations<xpipe::Host> acts(rows);
+  typename S::template GradScratch<xpipe::Host> scratch(rows);
+  const xpipe::ConstMatrix y = S::forward(host, params.data(), {x.data(), rows, S::in_width}, acts,
+                                          xpipe::Running{r.state.data(), true});
+  for (index_t i = 0; i < rows; ++i)
+    std::memcpy(r.y.data() + i * S::out_width, y.row(i), S::out_width * sizeof(float));
+  S::backward(host, params.data(), r.grads.data(), false, acts, {dy.data(), rows, S::out_width},
+              {r.dx.data(), rows, S::in_width}, scratch);
+  return r;
+}
+
+template <class S>
+StageResults device_stage_pass(const xpipe::CudaContext& ctx, index_t rows,
+                               const std::vector<float>& params, const std::vector<float>& state,
+                               const std::vector<float>& x, const std::vector<float>& dy) {
+  auto p = to_device(params), st = to_device(state), xs = to_device(x), d = to_device(dy);
+  xpipe::DeviceBuffer<float> grads(p.size()), dx(xs.size());
   typename S::template Activations<xpipe::Cuda> acts(rows);
   typename S::template GradScratch<xpipe::Cuda> scratch(rows);
-  const xpipe::ConstMatrix y = S::forward(*cuda, p.data(), {dx_in.data(), rows, S::in_width}, acts,
+  const xpipe::ConstMatrix y = S::forward(ctx, p.data(), {xs.data(), rows, S::in_width}, acts,
                                           xpipe::Running{st.data(), true});
-  S::backward(*cuda, p.data(), grads.data(), false, acts, {d.data(), rows, S::out_width},
+  S::backward(ctx, p.data(), grads.data(), false, acts, {d.data(), rows, S::out_width},
               {dx.data(), rows, S::in_width}, scratch);
-  XPIPE_CUDA_CHECK(cudaStreamSynchronize(cuda->stream));
+  XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  StageResults r{std::vector<float>(static_cast<std::size_t>(rows * S::out_width)), to_host(dx),
+                 to_host(grads), to_host(st)};
   XPIPE_CUDA_CHECK(
       cudaMemcpy(r.y.data(), y.data, r.y.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  r.dx = to_host(dx), r.grads = to_host(grads), r.state = to_host(st);
   return r;
 }
 
@@ -225,10 +230,9 @@ void stage_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::
   S::init_state({state.data(), state.size()});
   const std::vector<float> x = random_vector(rows * S::in_width, 21),
                            dy = random_vector(rows * S::out_width, 22);
-  const xpipe::HostContext host{};
-  const StageResults ref = stage_pass<S>(&host, nullptr, rows, params, state, x, dy);
-  const StageResults a = stage_pass<S>(nullptr, &ctx, rows, params, state, x, dy),
-                     b = stage_pass<S>(nullptr, &ctx, rows, params, state, x, dy);
+  const StageResults ref = host_stage_pass<S>(rows, params, state, x, dy);
+  const StageResults a = device_stage_pass<S>(ctx, rows, params, state, x, dy),
+                     b = device_stage_pass<S>(ctx, rows, params, state, x, dy);
   // BatchNorm divides by the batch's standard deviation: the GEMMs' last-bit differences grow
   // through it, hence tolerances above the convolution's own.
   check(name + " y", ref.y, a.y, 1e-4f, 1e-3f);
