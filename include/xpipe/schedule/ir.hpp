@@ -39,22 +39,23 @@ struct ActionKindInfo {
   bool reads_weights;   // runs on the weights the predictor chooses (counts in staleness)
   bool sends_gradient;  // computes the input gradient: ends what the forward's weights serve
   bool adds_gradient;   // adds the micro-batch's parameter gradient (a step must follow it)
+  bool takes_slot;      // the micro-batch takes an activation slot on its stage
   bool frees_slot;      // the micro-batch's activation slot is free after it
   ActionKind needs;     // the action of the same micro-batch that must come first on its stage
                         // (itself for Forward and Step: none)
 };
 
 inline constexpr std::array<ActionKindInfo, 5> action_kinds{{
-    {ActionKind::Forward, 'F', "forward", true, Travel::Down, true, false, false, false,
+    {ActionKind::Forward, 'F', "forward", true, Travel::Down, true, false, false, true, false,
      ActionKind::Forward},
-    {ActionKind::Backward, 'B', "backward", true, Travel::Up, true, true, true, true,
+    {ActionKind::Backward, 'B', "backward", true, Travel::Up, true, true, true, false, true,
      ActionKind::Forward},
-    {ActionKind::Step, 'S', "step", false, Travel::None, false, false, false, false,
+    {ActionKind::Step, 'S', "step", false, Travel::None, false, false, false, false, false,
      ActionKind::Step},
-    {ActionKind::InputGrad, 'I', "input-grad", true, Travel::Up, true, true, false, false,
+    {ActionKind::InputGrad, 'I', "input-grad", true, Travel::Up, true, true, false, false, false,
      ActionKind::Forward},
-    {ActionKind::WeightGrad, 'W', "weight-grad", true, Travel::None, false, false, true, true,
-     ActionKind::InputGrad},
+    {ActionKind::WeightGrad, 'W', "weight-grad", true, Travel::None, false, false, true, false,
+     true, ActionKind::InputGrad},
 }};
 
 //! The table row of `kind`.

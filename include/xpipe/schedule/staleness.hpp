@@ -119,9 +119,9 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
         for (std::size_t i = static_cast<std::size_t>(version); i < step_time.size(); ++i)
           if (step_pos[i] > p && step_time[i] <= home[g] && static_cast<int>(i) != t)
             ++v.round_trip;
-        (a.kind == ActionKind::Forward ? r.forward_of : r.backward_of)[k][g] = v;
+        (kind.travel == Travel::Down ? r.forward_of : r.backward_of)[k][g] = v;
       }
-      if (a.kind == ActionKind::Forward) {
+      if (kind.takes_slot) {
         fwd_version[g] = version;
         ++users[version];
         ++live;
@@ -139,18 +139,9 @@ inline StalenessAnalysis analyze_staleness(const Schedule& s) {
           r.mini_batches_in_flight[k], live_mini + (kind.frees_slot && backwards_done[t] == M));
     }
   }
-  // A worker's slots depend on its own order alone (forwards take one, the freeing half gives it
-  // back): counted as per stage, over the actions of all its stages in the order it runs them.
-  for (const auto& steps : worker_steps(s)) {
-    int live = 0, most = 0;
-    for (const WorkerStep& w : steps) {
-      const auto& kind = info(s.actions[w.stage][w.position].kind);
-      live += s.actions[w.stage][w.position].kind == ActionKind::Forward;
-      live -= kind.frees_slot;
-      most = std::max(most, live + kind.frees_slot);
-    }
-    r.worker_max_in_flight.push_back(most);
-  }
+  // A worker's slots depend on its own order alone: counted as per stage, over the actions of all
+  // its stages in the order it runs them.
+  r.worker_max_in_flight = worker_slot_peaks(s, [](int) { return 1; });
   return r;
 }
 

@@ -167,6 +167,28 @@ inline std::vector<std::vector<WorkerStep>> worker_steps(const Schedule& s) {
   return out;
 }
 
+//! Each worker's peak of what its stages' slots hold at once, walking its actions in the order it
+//! runs them: an action that takes a slot on stage k adds `per_slot(k)`, one that frees it gives
+//! that back afterwards. With `per_slot` returning 1 it is the most micro-batches a worker holds;
+//! with a stage's bytes per slot, its peak activation memory. Structure checked.
+template <class PerSlot>
+auto worker_slot_peaks(const Schedule& s, PerSlot per_slot) {
+  using Amount = decltype(per_slot(0));
+  std::vector<Amount> out;
+  out.reserve(static_cast<std::size_t>(s.workers()));
+  for (const auto& steps : worker_steps(s)) {
+    Amount live{}, most{};
+    for (const WorkerStep& w : steps) {
+      const ActionKindInfo& kind =
+          info(s.actions[static_cast<std::size_t>(w.stage)][w.position].kind);
+      if (kind.takes_slot) most = std::max(most, live += per_slot(w.stage));
+      if (kind.frees_slot) live -= per_slot(w.stage);
+    }
+    out.push_back(most);
+  }
+  return out;
+}
+
 //! The worker that runs each stage (stage k's own without a worker_order). Structure checked.
 inline std::vector<int> stage_workers(const Schedule& s) {
   std::vector<int> out(static_cast<std::size_t>(s.stages));

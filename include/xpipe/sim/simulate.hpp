@@ -127,8 +127,9 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
         if (info(a.kind).travel == Travel::Down) {
           const Channel in = channels_of(K, k, a).in;
           if (in.exists()) queue(in).pop_front();
-          r.peak_in_flight[k] = std::max(r.peak_in_flight[k], ++in_flight[k]);
         }
+        if (info(a.kind).takes_slot)
+          r.peak_in_flight[k] = std::max(r.peak_in_flight[k], ++in_flight[k]);
         started = true;
       }
     }
@@ -212,24 +213,17 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
     const StageCost& c = cost.stages[static_cast<std::size_t>(k)];
     per_slot[static_cast<std::size_t>(k)] =
         c.activation_bytes + (split ? c.kept_gradient_bytes : 0);
-    r.peak_memory_bytes.push_back(c.weight_bytes * c.weight_copies + c.state_bytes +
-                                  per_slot[static_cast<std::size_t>(k)] * r.peak_in_flight[k]);
   }
-  for (const auto& steps : worker_steps(s)) {
-    double fixed = 0, live = 0, most = 0;
-    std::vector<char> counted(static_cast<std::size_t>(K), 0);
-    for (const WorkerStep& w : steps) {
-      const auto k = static_cast<std::size_t>(w.stage);
-      if (!counted[k]) {
-        const StageCost& c = cost.stages[k];
-        fixed += c.weight_bytes * c.weight_copies + c.state_bytes;
-        counted[k] = 1;
-      }
-      const Action& a = s.actions[k][w.position];
-      if (a.kind == ActionKind::Forward) most = std::max(most, live += per_slot[k]);
-      if (info(a.kind).frees_slot) live -= per_slot[k];
-    }
-    r.worker_peak_memory_bytes.push_back(fixed + most);
+  // A worker holds its stages' weights and state throughout, and its slots as its order has them.
+  r.worker_peak_memory_bytes =
+      worker_slot_peaks(s, [&](int k) { return per_slot[static_cast<std::size_t>(k)]; });
+  for (int k = 0; k < K; ++k) {
+    const StageCost& c = cost.stages[static_cast<std::size_t>(k)];
+    const double fixed = c.weight_bytes * c.weight_copies + c.state_bytes;
+    r.peak_memory_bytes.push_back(fixed +
+                                  per_slot[static_cast<std::size_t>(k)] * r.peak_in_flight[k]);
+    r.worker_peak_memory_bytes[static_cast<std::size_t>(owner[static_cast<std::size_t>(k)])] +=
+        fixed;
   }
   return r;
 }
