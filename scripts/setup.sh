@@ -12,6 +12,7 @@ packages=(
   libdnnl-dev               # host GEMM (oneDNN; found by cmake/FindOneDNN.cmake, no OpenCL headers)
   zlib1g-dev                # gzip'd IDX files
   dataset-fashion-mnist     # the data, under /usr/share/datasets/fashion-mnist
+  fortunes                  # the text corpus (plain text), under /usr/share/games/fortunes
   libcli11-dev              # command-line flags of the examples and tools
   nlohmann-json3-dev        # JSON output of xpipe-train
   gnuplot-nox               # xpipe-train's accuracy plots

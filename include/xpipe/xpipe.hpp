@@ -17,6 +17,7 @@
 #include "xpipe/data/augment.hpp"
 #include "xpipe/data/dataset.hpp"
 #include "xpipe/data/idx.hpp"
+#include "xpipe/data/text.hpp"
 #include "xpipe/schedule/dependencies.hpp"
 #include "xpipe/schedule/dry_run.hpp"
 #include "xpipe/schedule/generators.hpp"
@@ -27,8 +28,10 @@
 #include "xpipe/schedule/validate.hpp"
 
 #include "xpipe/kernels/activation.hpp"
+#include "xpipe/kernels/attention.hpp"
 #include "xpipe/kernels/batchnorm.hpp"
 #include "xpipe/kernels/column_sums.hpp"
+#include "xpipe/kernels/embedding.hpp"
 #include "xpipe/kernels/im2col.hpp"
 #include "xpipe/kernels/layernorm.hpp"
 #include "xpipe/kernels/ops.hpp"
@@ -38,9 +41,11 @@
 #include "xpipe/kernels/softmax_xent.hpp"
 
 #include "xpipe/layers/activation.hpp"
+#include "xpipe/layers/attention.hpp"
 #include "xpipe/layers/batchnorm.hpp"
 #include "xpipe/layers/conv.hpp"
 #include "xpipe/layers/dense.hpp"
+#include "xpipe/layers/embedding.hpp"
 #include "xpipe/layers/flatten.hpp"
 #include "xpipe/layers/init.hpp"
 #include "xpipe/layers/layer.hpp"
@@ -95,4 +100,5 @@
 #include "xpipe/pipeline/stage_runtime.hpp"
 
 #include "xpipe/models/deep.hpp"
+#include "xpipe/models/gpt.hpp"
 #include "xpipe/models/mlp.hpp"

@@ -16,13 +16,16 @@
 
 namespace xpipe {
 
-//! A labelled set of flat float samples on the host.
+//! A labelled set of flat float samples on the host. Rows come in groups of `group` that stay
+//! together and in order wherever rows are shuffled or split (a text sequence: one row per token,
+//! `group` = its length); count is a multiple of group.
 struct Dataset {
   HostBuffer<float> features;  // count x width, row-major
   std::vector<std::int32_t> labels;
   index_t count = 0;
   index_t width = 0;
   int classes = 0;
+  index_t group = 1;
   ConstMatrix matrix() const { return {features.data(), count, width}; }
 };
 
@@ -32,12 +35,14 @@ struct DatasetPair {
   Dataset test;
 };
 
-//! A copy of the first n samples of d (all of them if n >= d.count).
+//! A copy of the first n rows of d (all of them if n >= d.count), in whole groups: n is
+//! rounded down to a multiple of d.group.
 inline Dataset head(const Dataset& d, index_t n) {
   Dataset out;
-  out.count = std::min(n, d.count);
+  out.count = std::min(n, d.count) / d.group * d.group;
   out.width = d.width;
   out.classes = d.classes;
+  out.group = d.group;
   out.features = HostBuffer<float>(out.count * out.width);
   std::copy_n(d.features.data(), out.count * out.width, out.features.data());
   out.labels.assign(d.labels.begin(), d.labels.begin() + out.count);
@@ -118,13 +123,22 @@ inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_m
 }
 
 //! Seeded shuffled mini-batches of a dataset, gathered into caller-owned buffers: no allocation
-//! after construction. The last batch of an epoch may be short (nothing is dropped).
+//! after construction. The last batch of an epoch may be short (nothing is dropped). A dataset
+//! in groups of rows (Dataset::group) is shuffled group by group, each group's rows kept in
+//! order, and batched in whole groups.
 //! Usage: `Batcher b(ds, 128, seed); b.start_epoch(e); while (index_t n = b.next(x, y)) ...`
 class Batcher {
  public:
   Batcher(const Dataset& data, index_t batch, std::uint64_t seed, bool shuffle = true)
       : data_(&data), batch_(batch), seed_(seed), shuffle_(shuffle), order_(data.count) {
     if (batch <= 0) throw ConfigError("xpipe: Batcher: batch size must be positive");
+    if (data.group < 1 || data.count % data.group != 0)
+      throw ConfigError("xpipe: Batcher: the data set's " + std::to_string(data.count) +
+                        " rows are not whole groups of " + std::to_string(data.group));
+    if (batch % data.group != 0)
+      throw ConfigError("xpipe: Batcher: batch size " + std::to_string(batch) +
+                        " is not a whole number of the data set's groups of " +
+                        std::to_string(data.group) + " rows (one sequence each)");
     std::iota(order_.begin(), order_.end(), 0);
   }
 
@@ -138,9 +152,12 @@ class Batcher {
     std::iota(order_.begin(), order_.end(), 0);
     if (!shuffle_) return;
     Rng rng{derive_seed(seed_, epoch)};
-    for (index_t i = data_->count - 1; i > 0; --i)
-      std::swap(order_[i],
-                order_[static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1))]);
+    const index_t g = data_->group, groups = data_->count / g;
+    for (index_t i = groups - 1; i > 0; --i) {
+      const auto j = static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
+      std::swap_ranges(order_.begin() + i * g, order_.begin() + (i + 1) * g,
+                       order_.begin() + j * g);
+    }
   }
 
   //! The whole epoch in its shuffled order, rows into x (count x width) and labels: what a

@@ -142,6 +142,19 @@ consteval index_t state_count_of() {
     return 0;
 }
 
+//! Rows layer L needs kept together, in order, in every micro-batch it runs on (L::row_group:
+//! causal attention's sequence length, whose rows are one sequence's tokens; 1 for the others).
+//! A micro-batch's rows must be a whole number of groups.
+template <class L>
+consteval index_t row_group_of() {
+  if constexpr (requires { L::row_group; }) {
+    static_assert(L::row_group >= 1, "xpipe: Layer: row_group must be at least 1");
+    return static_cast<index_t>(L::row_group);
+  } else {
+    return 1;
+  }
+}
+
 //! Multiply-adds of layer L's forward per row (L::macs, declared by the layers that multiply:
 //! Linear, Conv2d, blocks and stages summing theirs; 0 for the others). The planner's flops.
 template <class L>
@@ -182,6 +195,9 @@ inline constexpr bool takes_running = detail::HasStateForward<L, B>;
 //! Optional:
 //!   - `static constexpr std::size_t init_streams` (default 1), how many of the model's layer
 //!     numbers, and so seed sub-streams, the layer takes (Dense: 2, as `Linear, ReLU`);
+//!   - `static constexpr index_t row_group` (default 1): rows that must stay together and in
+//!     order in every micro-batch (CausalSelfAttention: its sequence length); Stage, Pipeline
+//!     and SequentialTrainer split batches in whole groups;
 //!   - `using in_shape = Shape<C, H, W>;` and `using out_shape = ...;` (core/shape.hpp): the
 //!     image a layer takes or gives, checked against its neighbours' by Stage and Pipeline;
 //!   - `template <class B> struct Saved`, constructible from the slot's row capacity: what the

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/error.hpp"
@@ -147,5 +148,54 @@ inline double sum_row_losses(const float* row_loss, index_t rows, const LossSour
   }
   return total;
 }
+
+//! What an evaluation measured over a data set: the fraction of rows whose largest logit is their
+//! label's, and the mean cross-entropy -log softmax(logits)[label] (nats per row: for a language
+//! model, whose rows are tokens, nats per token; exp(loss) is its perplexity).
+struct Evaluation {
+  double accuracy = 0;
+  double loss = 0;
+  double perplexity() const { return std::exp(loss); }
+};
+
+//! Running sums of an evaluation over chunks of host logits, in row order: rows classified
+//! correctly and their cross-entropies (in double; a loss that is not finite is summed as it is,
+//! so the mean says so). Buffers sized once for `max_rows` x `classes`; labels are checked first
+//! (DataError naming the row). Usage: `EvaluationSums s(chunk, 10); s.add(ctx, logits, y + first);
+//! ... s.result(count)`.
+class EvaluationSums {
+ public:
+  EvaluationSums(index_t max_rows, int classes)
+      : classes_(classes),
+        predicted_(static_cast<std::size_t>(max_rows)),
+        grad_(static_cast<std::size_t>(max_rows * classes)),
+        row_loss_(static_cast<std::size_t>(max_rows)) {}
+
+  //! Adds `logits` (host memory, rows <= max_rows) labelled `labels`.
+  void add(const HostContext& ctx, ConstMatrix logits, const std::int32_t* labels) {
+    check_labels(labels, logits.rows, classes_, "xpipe: evaluate");
+    argmax_rows(ctx, logits, predicted_.data());
+    softmax_xent(ctx, logits, labels, 0.f, Matrix{grad_.data(), logits.rows, logits.cols},
+                 row_loss_.data());
+    for (index_t r = 0; r < logits.rows; ++r) {
+      correct_ += predicted_[static_cast<std::size_t>(r)] == labels[r];
+      loss_ += row_loss_[static_cast<std::size_t>(r)];
+    }
+    rows_ += logits.rows;
+  }
+  //! The evaluation of the rows added so far (zeros before any).
+  Evaluation result() const {
+    if (rows_ == 0) return {};
+    const double n = static_cast<double>(rows_);
+    return {static_cast<double>(correct_) / n, loss_ / n};
+  }
+
+ private:
+  int classes_;
+  std::vector<std::int32_t> predicted_;
+  std::vector<float> grad_, row_loss_;
+  index_t correct_ = 0, rows_ = 0;
+  double loss_ = 0;
+};
 
 }  // namespace xpipe

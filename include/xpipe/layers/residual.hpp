@@ -22,6 +22,8 @@ namespace xpipe {
 
 //! The identity shortcut of a residual block (Residual<...>).
 struct IdentityShortcut {};
+//! No shortcut at all: y = f(x), the block's layers as one layer (Chain<...>).
+struct NoShortcut {};
 
 namespace detail {
 
@@ -40,36 +42,57 @@ template <class B, int InWidth>
 struct ShortcutSlot<IdentityShortcut, B, InWidth> {
   ShortcutSlot(index_t, bool) {}
 };
+template <class B, int InWidth>
+struct ShortcutSlot<NoShortcut, B, InWidth> {
+  ShortcutSlot(index_t, bool) {}
+};
+
+// A block's in_shape and out_shape: f's images, or none where f takes or gives flat rows (a
+// Transformer block's tokens).
+template <Dims In>
+struct InShapeOf {};
+template <Dims In>
+requires(In.known()) struct InShapeOf<In> {
+  using in_shape = Shape<In.c, In.h, In.w>;
+};
+template <Dims Out>
+struct OutShapeOf {};
+template <Dims Out>
+requires(Out.known()) struct OutShapeOf<Out> {
+  using out_shape = Shape<Out.c, Out.h, Out.w>;
+};
 
 }  // namespace detail
 
 //! A residual block: y = f(x) + shortcut(x), f the stage Stage<Ls...> and shortcut the identity
 //! (Shortcut = IdentityShortcut) or a stage of its own (a strided 1x1 convolution and its
-//! BatchNorm, where f changes the shape). Both paths must take and give images: f's first and
-//! last boundaries name a Shape. Parameters: f's flat block, then the shortcut's (16-float
-//! aligned); state (BatchNorm running statistics): f's, then the shortcut's. Per activation slot
-//! it keeps f's and the shortcut's activations (its Saved), so a block is one layer to Stage and
-//! the pipeline; each slot's inner layers keep their own Saved too (convolution plans, batch
-//! statistics). The activation after the sum (ResNet's ReLU) is the next layer of the stage.
-//! Its backward also runs split for zero-bubble schedules (backward_input, then backward_weight
-//! on the same slot) where every inner layer with parameters has a split (splits_backward); a
-//! slot made for it (Saved(rows, true)) then keeps each such layer's output gradient too
-//! (kept_gradient_floats).
-//! Usage: `ResidualBlock<IdentityShortcut, Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`;
-//! mostly through Residual<...> and ProjectedResidual<P, ...>.
+//! BatchNorm, where f changes the shape). f takes and gives images (its first and last
+//! boundaries name a Shape) or flat rows (a Transformer block: `Residual<LayerNorm<D>, ...>`).
+//! Parameters: f's flat block, then the shortcut's (16-float aligned); state (BatchNorm running
+//! statistics): f's, then the shortcut's. Per activation slot it keeps f's and the shortcut's
+//! activations (its Saved), so a block is one layer to Stage and the pipeline; each slot's inner
+//! layers keep their own Saved too (convolution plans, batch statistics). The activation after the
+//! sum (ResNet's ReLU) is the next layer of the stage. Its backward also runs split for zero-bubble
+//! schedules (backward_input, then backward_weight on the same slot) where every inner layer with
+//! parameters has a split (splits_backward); a slot made for it (Saved(rows, true)) then keeps each
+//! such layer's output gradient too (kept_gradient_floats). Usage: `ResidualBlock<IdentityShortcut,
+//! Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`; mostly through Residual<...> and
+//! ProjectedResidual<P, ...>.
 template <class Shortcut, class... Ls>
-struct ResidualBlock {
+struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
+                       detail::OutShapeOf<Stage<Ls...>::out_shape> {
   using inner = Stage<Ls...>;
-  static constexpr bool projected = !std::is_same_v<Shortcut, IdentityShortcut>;
-  static_assert(inner::in_shape.known() && inner::out_shape.known(),
-                "xpipe: Residual: the block's first layer must take, and its last give, an "
-                "image (a Shape): a residual sum is over images");
-  static_assert(projected || inner::in_shape == inner::out_shape,
-                "xpipe: Residual: with the identity shortcut the block must give the shape it "
-                "takes; for a change of shape use ProjectedResidual<Stage<...>, ...>");
-
-  using in_shape = Shape<inner::in_shape.c, inner::in_shape.h, inner::in_shape.w>;
-  using out_shape = Shape<inner::out_shape.c, inner::out_shape.h, inner::out_shape.w>;
+  //! Whether y adds a shortcut to f(x) (every block but a Chain), and whether that shortcut
+  //! is a path of its own.
+  static constexpr bool summed = !std::is_same_v<Shortcut, NoShortcut>;
+  static constexpr bool projected = summed && !std::is_same_v<Shortcut, IdentityShortcut>;
+  static_assert(!summed || inner::in_shape.known() == inner::out_shape.known(),
+                "xpipe: Residual: the block's first layer and its last must both name an image "
+                "(a Shape) or both be flat rows: a residual sum adds like to like");
+  static_assert(projected || !summed ||
+                    (inner::in_shape == inner::out_shape && inner::in_width == inner::out_width),
+                "xpipe: Residual: with the identity shortcut the block must give the shape (or "
+                "width) it takes; for a change of shape use ProjectedResidual<Stage<...>, ...>");
   static constexpr int in_width = inner::in_width;
   static constexpr int out_width = inner::out_width;
   //! Where the shortcut's parameters start: right after f's block, which Stage already ends on
@@ -95,6 +118,8 @@ struct ResidualBlock {
   static constexpr index_t state_count = inner::state_count + shortcut_state;
   //! Multiply-adds of the forward per image: f's and the shortcut's.
   static constexpr double macs = inner::macs + (projected ? macs_of<Shortcut>() : 0.0);
+  //! Rows kept together: those of f's layers (a projection is per row).
+  static constexpr index_t row_group = inner::row_group;
   static_assert(
       [] {
         if constexpr (projected)
@@ -162,8 +187,10 @@ struct ResidualBlock {
       const ConstMatrix s =
           Shortcut::forward(ctx, params + shortcut_offset, x, saved.shortcut.acts, r);
       add_views(ctx, f, s, y);
-    } else {
+    } else if constexpr (summed) {
       add_views(ctx, f, x, y);
+    } else {
+      copy_view(ctx, f, y);
     }
   }
 
@@ -178,7 +205,7 @@ struct ResidualBlock {
       Shortcut::backward(ctx, params + shortcut_offset, grads + shortcut_offset, accumulate,
                          saved.shortcut.acts, dy, ds, saved.shortcut.scratch);
       if (!dx.empty()) add_views(ctx, dx, ds, dx);
-    } else {
+    } else if constexpr (summed) {
       if (!dx.empty()) add_views(ctx, dx, dy, dx);
     }
   }
@@ -197,7 +224,7 @@ struct ResidualBlock {
       Shortcut::backward_input(ctx, params + shortcut_offset, saved.shortcut.acts, dy, ds,
                                saved.shortcut.scratch);
       if (!dx.empty()) add_views(ctx, dx, ds, dx);
-    } else {
+    } else if constexpr (summed) {
       if (!dx.empty()) add_views(ctx, dx, dy, dx);
     }
   }
@@ -218,6 +245,12 @@ struct ResidualBlock {
 //! Usage: `Stage<Residual<Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>, ReLU>`.
 template <class... Ls>
 using Residual = ResidualBlock<IdentityShortcut, Ls...>;
+
+//! y = f(x), f = Stage<Ls...>: several layers as one (a Transformer block of two residuals), so
+//! a model names its blocks as it draws them; its output is copied out of f's last activation.
+//! Usage: `using Block = Chain<Residual<LayerNorm<D>, ...>, Residual<LayerNorm<D>, ...>>;`
+template <class... Ls>
+using Chain = ResidualBlock<NoShortcut, Ls...>;
 
 //! y = f(x) + P(x), P a Stage<...> (e.g. a 1x1 stride-2 convolution and its BatchNorm) taking
 //! f's input shape to f's output shape.

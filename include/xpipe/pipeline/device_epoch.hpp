@@ -127,20 +127,17 @@ class DeviceEpoch {
     }
   }
 
-  //! Pipeline::evaluate on the devices: each chunk of `chunk` rows uploaded to stage 0's device,
-  //! `forward_stages(x)` runs every stage's forward (each on its own stream, waited for before
-  //! the next stage reads its output: evaluation is not the hot path) and returns the logits,
-  //! the predictions computed on the last stage's device and read back.
+  //! Pipeline::evaluation on the devices: each chunk of `chunk` rows uploaded to stage 0's
+  //! device, `forward_stages(x)` runs every stage's forward (each on its own stream, waited for
+  //! before the next stage reads its output: evaluation is not the hot path) and returns the
+  //! logits, which are copied to the host and added to `sums`.
   template <class ForwardStages>
-  double evaluate(const Context& first, const Context& last, const Dataset& data, index_t chunk,
-                  index_t in_width, ForwardStages&& forward_stages) {
-    index_t correct = 0;
-    eval_predicted_.resize(static_cast<std::size_t>(chunk));
+  void evaluate(const Context& first, const Context& last, const Dataset& data, index_t chunk,
+                index_t in_width, EvaluationSums& sums, ForwardStages&& forward_stages) {
     detail::activate_context(first);
     if (eval_inputs_.size() < chunk * in_width) eval_inputs_ = Buffer<float>(chunk * in_width);
-    detail::activate_context(last);
-    if (predicted_.size() < chunk) predicted_ = Buffer<std::int32_t>(chunk);
     std::vector<float> rows_in(static_cast<std::size_t>(chunk * in_width));
+    std::vector<float> logits;
     for (index_t first_row = 0; first_row < data.count; first_row += chunk) {
       const index_t rows = std::min(chunk, data.count - first_row);
       const ConstMatrix host = data.matrix().slice_rows(first_row, rows);
@@ -151,21 +148,23 @@ class DeviceEpoch {
       copy_from_host(first, rows_in.data(), eval_inputs_.data(), rows * in_width);
       const ConstMatrix x = forward_stages(ConstMatrix{eval_inputs_.data(), rows, in_width});
       detail::activate_context(last);
-      argmax_rows(last, x, predicted_.data());
-      copy_to_host(last, predicted_.data(), eval_predicted_.data(), rows);
-      for (index_t r = 0; r < rows; ++r)
-        correct += eval_predicted_[r] == data.labels[first_row + r];
+      logits.resize(static_cast<std::size_t>(rows * x.cols));
+      if (x.ld == x.cols)
+        copy_to_host(last, x.data, logits.data(), rows * x.cols);
+      else
+        for (index_t r = 0; r < rows; ++r)
+          copy_to_host(last, x.row(r), logits.data() + r * x.cols, x.cols);
+      sums.add(HostContext{}, ConstMatrix{logits.data(), rows, x.cols},
+               data.labels.data() + first_row);
     }
-    return static_cast<double>(correct) / static_cast<double>(data.count);
   }
 
  private:
   typename B::template PinnedBuffer<float> staging_;
   Buffer<float> inputs_, eval_inputs_;
-  Buffer<std::int32_t> labels_, predicted_;
+  Buffer<std::int32_t> labels_;
   Buffer<MicroBatchLoss> losses_;
   std::vector<MicroBatchLoss> host_losses_;
-  std::vector<std::int32_t> eval_predicted_;
 };
 
 }  // namespace xpipe

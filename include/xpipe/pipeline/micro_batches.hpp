@@ -20,26 +20,30 @@ struct EpochData {
 //! Rows [first, first + rows) of a larger range.
 struct RowRange {
   index_t first = 0, rows = 0;
+  friend constexpr bool operator==(const RowRange&, const RowRange&) = default;
 };
 
-//! Part j of `total` rows split into `parts` parts as evenly as possible, the first
-//! total % parts parts one row larger.
-constexpr RowRange split_rows(index_t total, int parts, int j) {
-  const index_t base = total / parts, extra = total % parts;
-  return {j * base + std::min<index_t>(j, extra), base + (j < extra ? 1 : 0)};
+//! Part j of `total` rows split into `parts` parts as evenly as possible in whole groups of
+//! `group` rows (total a multiple of it), the first (total / group) % parts parts one group
+//! larger. Usage: `split_rows(10, 3, 0)` is rows [0, 4); `split_rows(12, 2, 1, 4)` is [8, 12).
+constexpr RowRange split_rows(index_t total, int parts, int j, index_t group = 1) {
+  const index_t units = total / group, base = units / parts, extra = units % parts;
+  return {(j * base + std::min<index_t>(j, extra)) * group, (base + (j < extra ? 1 : 0)) * group};
 }
 
 //! An epoch of `rows` rows in mini-batches of `batch` rows, each split into M micro-batches;
-//! micro-batch g = t * M + j is part j of mini-batch t. A last mini-batch of fewer than M rows
-//! is dropped (it cannot be split into M non-empty parts).
+//! micro-batch g = t * M + j is part j of mini-batch t. Rows come in groups of `group` that a
+//! split never cuts (a sequence's tokens: batch and rows are multiples of it). A last mini-batch
+//! of fewer than M groups is dropped (it cannot be split into M non-empty parts).
 struct MicroBatching {
   index_t batch = 1;
   int micro_batches = 1;
   index_t rows = 0;
+  index_t group = 1;
 
   index_t mini_batches() const {
     const index_t full = rows / batch, tail = rows % batch;
-    return full + (tail >= micro_batches ? 1 : 0);
+    return full + (tail / group >= micro_batches ? 1 : 0);
   }
   //! Rows of the mini-batch micro-batch g belongs to (the last one may be short).
   index_t mini_batch_rows(int g) const {
@@ -49,11 +53,13 @@ struct MicroBatching {
   //! The epoch's rows micro-batch g covers.
   RowRange micro_batch(int g) const {
     const index_t first = (g / micro_batches) * batch;
-    const RowRange part = split_rows(mini_batch_rows(g), micro_batches, g % micro_batches);
+    const RowRange part = split_rows(mini_batch_rows(g), micro_batches, g % micro_batches, group);
     return {first + part.first, part.rows};
   }
   //! The most rows any micro-batch has: what every activation slot and queue slot holds.
-  index_t max_micro_rows() const { return (batch + micro_batches - 1) / micro_batches; }
+  index_t max_micro_rows() const {
+    return (batch / group + micro_batches - 1) / micro_batches * group;
+  }
 };
 
 }  // namespace xpipe

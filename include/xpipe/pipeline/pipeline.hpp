@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <tuple>
@@ -81,6 +82,16 @@ class Pipeline {
   using stage = typename Args::template stage<K>;
   static constexpr int in_width = stage<0>::in_width;
   static constexpr int out_width = stage<stage_count - 1>::out_width;
+  //! Rows every micro-batch keeps together (a sequence's tokens, for causal attention): the
+  //! least common multiple of the stages' row groups; batches split in whole groups.
+  static constexpr index_t row_group = [] {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      index_t g = 1;
+      for (index_t n : {stage<I>::row_group...}) g = std::lcm(g, n);
+      return g;
+    }
+    (std::make_index_sequence<stage_count>{});
+  }();
 
   explicit Pipeline(optimizer opt = {}, PipelineOptions options = {}, predictor pred = {})
       : options_(options),
@@ -90,6 +101,12 @@ class Pipeline {
       throw ConfigError("xpipe: Pipeline: need 1 <= micro_batches <= batch (got " +
                         std::to_string(options.micro_batches) + " and " +
                         std::to_string(options.batch) + ")");
+    if (options.batch % row_group != 0 || options.batch / row_group < options.micro_batches)
+      throw ConfigError("xpipe: Pipeline: the model keeps rows together in groups of " +
+                        std::to_string(row_group) + " (one sequence each): batch " +
+                        std::to_string(options.batch) + " must be a multiple of it, with at " +
+                        "least micro_batches = " + std::to_string(options.micro_batches) +
+                        " groups");
     // Adjacent stages on different devices read and write each other's queue slots.
     if constexpr (on_device)
       for (int k = 0; k + 1 < stage_count; ++k) connect(ctx_of(k), ctx_of(k + 1));
@@ -160,34 +177,36 @@ class Pipeline {
     return r;
   }
 
-  //! Fraction of `data` the live weights classify correctly (stages run one after another;
-  //! predictions are read in host memory). Throws DataError naming the first row of `data`
-  //! holding NaN or an infinity (one pass over it first), which would pass for a prediction.
-  double evaluate(const Dataset& data) {
+  //! Fraction of `data` the live weights classify correctly (evaluation().accuracy).
+  double evaluate(const Dataset& data) { return evaluation(data).accuracy; }
+
+  //! The live weights' accuracy and mean cross-entropy (nats per row) on `data`, stages run one
+  //! after another in chunks of options().batch rows, the logits read in host memory (copied
+  //! back from a device). Throws DataError naming the first row of `data` holding NaN or an
+  //! infinity (one pass over it first), which would pass for a prediction, or a bad label.
+  Evaluation evaluation(const Dataset& data) {
     check_finite_inputs(data.matrix(), "xpipe: Pipeline::evaluate");
+    const index_t chunk = options_.batch;
+    EvaluationSums sums(chunk, out_width);
     if constexpr (on_device) {
-      return device_.evaluate(ctx_of(0), ctx_of(stage_count - 1), data, options_.batch, in_width,
-                              [&](ConstMatrix x) {
-                                for_each_stage([&](auto& rt) {
-                                  detail::activate_context(rt.ctx());
-                                  x = rt.eval_forward(x);
-                                  synchronize(rt.ctx());  // the next stage's stream reads x
-                                });
-                                return x;
-                              });
+      device_.evaluate(ctx_of(0), ctx_of(stage_count - 1), data, chunk, in_width, sums,
+                       [&](ConstMatrix x) {
+                         for_each_stage([&](auto& rt) {
+                           detail::activate_context(rt.ctx());
+                           x = rt.eval_forward(x);
+                           synchronize(rt.ctx());  // the next stage's stream reads x
+                         });
+                         return x;
+                       });
     } else {
-      index_t correct = 0;
-      const index_t chunk = options_.batch;
-      eval_predicted_.resize(static_cast<std::size_t>(chunk));
       for (index_t first = 0; first < data.count; first += chunk) {
         const index_t rows = std::min(chunk, data.count - first);
         ConstMatrix x = data.matrix().slice_rows(first, rows);
         for_each_stage([&](auto& rt) { x = rt.eval_forward(x); });
-        argmax_rows(std::get<stage_count - 1>(runtimes_)->ctx(), x, eval_predicted_.data());
-        for (index_t r = 0; r < rows; ++r) correct += eval_predicted_[r] == data.labels[first + r];
+        sums.add(std::get<stage_count - 1>(runtimes_)->ctx(), x, data.labels.data() + first);
       }
-      return static_cast<double>(correct) / static_cast<double>(data.count);
     }
+    return sums.result();
   }
 
   //! Live weights of every stage, concatenated (for comparisons and checkpoints). On a device
@@ -351,7 +370,7 @@ class Pipeline {
   }
 
   MicroBatching split_for(index_t rows) const {
-    return {options_.batch, options_.micro_batches, rows};
+    return {options_.batch, options_.micro_batches, rows, row_group};
   }
 
   void prepare(const Schedule& schedule, EpochData data) {
@@ -365,6 +384,10 @@ class Pipeline {
     if (data.inputs.cols != in_width)
       throw ShapeError("xpipe: Pipeline::train: inputs have " + std::to_string(data.inputs.cols) +
                        " columns, stage 0 expects " + std::to_string(in_width));
+    if (data.inputs.rows % row_group != 0)
+      throw ShapeError("xpipe: Pipeline::train: " + std::to_string(data.inputs.rows) +
+                       " rows are not whole groups of " + std::to_string(row_group) +
+                       " (the model keeps a sequence's rows together)");
     const MicroBatching split = split_for(data.inputs.rows);
     if (schedule.mini_batches != split.mini_batches())
       throw ConfigError("xpipe: Pipeline::train: schedule '" + schedule.name + "' has " +
@@ -519,7 +542,6 @@ class Pipeline {
   index_t sample_count_ = 0;
   std::vector<int> copies_ = std::vector<int>(stage_count, 0);
   std::vector<index_t> activation_floats_ = std::vector<index_t>(stage_count, 0);
-  std::vector<std::int32_t> eval_predicted_;
   std::conditional_t<on_device, DeviceEpoch<backend>, NoDeviceEpoch> device_;
 };
 

@@ -42,10 +42,13 @@ class SequentialTrainer {
         scratch_(max_batch),
         dlogits_(max_batch * Model::out_width),
         row_loss_(max_batch),
-        predicted_(max_batch),
         batch_x_(max_batch * Model::in_width),
         batch_y_(max_batch),
         running_(Model::state_count) {
+    if (max_batch % Model::row_group != 0)
+      throw ConfigError("xpipe: SequentialTrainer: max_batch " + std::to_string(max_batch) +
+                        " is not a whole number of the model's row groups of " +
+                        std::to_string(Model::row_group) + " (one sequence each)");
     Model::init({state_.weights(), static_cast<std::size_t>(Model::param_count)}, seed);
     Model::init_state({running_.data(), static_cast<std::size_t>(Model::state_count)});
   }
@@ -78,12 +81,17 @@ class SequentialTrainer {
   //! DataError naming the row, before any math, if a label lies outside [0, Model::out_width).
   double train_step(const Ctx& ctx, ConstMatrix x, const std::int32_t* labels, int chunks = 1) {
     const index_t rows = x.rows;
-    if (chunks < 1 || chunks > rows)
-      throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows]");
+    constexpr index_t group = Model::row_group;
+    if (rows % group != 0)
+      throw ShapeError("xpipe: SequentialTrainer::train_step: " + std::to_string(rows) +
+                       " rows are not whole groups of " + std::to_string(group) +
+                       " (the model keeps a sequence's rows together)");
+    if (chunks < 1 || chunks > rows / group)
+      throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows / row group]");
     check_labels(labels, rows, Model::out_width, "xpipe: SequentialTrainer::train_step");
     double loss = 0;
     for (int c = 0; c < chunks; ++c) {
-      const auto [first, n] = split_rows(rows, chunks, c);
+      const auto [first, n] = split_rows(rows, chunks, c, group);
       const ConstMatrix logits =
           Model::forward(ctx, state_.weights(), x.slice_rows(first, n), acts_, running(true));
       const Matrix dlogits{dlogits_.data(), n, Model::out_width};
@@ -114,19 +122,21 @@ class SequentialTrainer {
     return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;
   }
 
-  //! Fraction of `data` classified correctly, in batches of max_batch(). Throws DataError naming
-  //! the first row of `data` holding NaN or an infinity.
-  double evaluate(const Ctx& ctx, const Dataset& data) {
+  //! Fraction of `data` classified correctly, in batches of max_batch() (evaluation().accuracy).
+  double evaluate(const Ctx& ctx, const Dataset& data) { return evaluation(ctx, data).accuracy; }
+
+  //! Accuracy and mean cross-entropy (nats per row) on `data`, in batches of max_batch(). Throws
+  //! DataError naming the first row of `data` holding NaN or an infinity, or a bad label.
+  Evaluation evaluation(const Ctx& ctx, const Dataset& data) {
     check_finite_inputs(data.matrix(), "xpipe: SequentialTrainer::evaluate");
-    index_t correct = 0;
+    EvaluationSums sums(max_batch(), Model::out_width);
     for (index_t first = 0; first < data.count; first += max_batch()) {
       const index_t rows = std::min(max_batch(), data.count - first);
       const ConstMatrix logits = Model::forward(
           ctx, state_.weights(), data.matrix().slice_rows(first, rows), acts_, running(false));
-      argmax_rows(ctx, logits, predicted_.data());
-      for (index_t r = 0; r < rows; ++r) correct += predicted_[r] == data.labels[first + r];
+      sums.add(ctx, logits, data.labels.data() + first);
     }
-    return static_cast<double>(correct) / static_cast<double>(data.count);
+    return sums.result();
   }
 
  private:
@@ -139,7 +149,6 @@ class SequentialTrainer {
   typename Model::template GradScratch<B> scratch_;
   Buffer<float> dlogits_;
   Buffer<float> row_loss_;
-  HostBuffer<std::int32_t> predicted_;
   HostBuffer<float> batch_x_;
   HostBuffer<std::int32_t> batch_y_;
   Buffer<float> running_;

@@ -1,0 +1,162 @@
+// Causal self-attention (CausalSelfAttention): the masked softmax of one row of scores and its
+// backward as shared per-row functions (a host loop and a CUDA kernel run the same math), and the
+// host launchers, which run each (sequence, head)'s products through oneDNN's GEMM.
+#pragma once
+
+#include <cmath>
+
+#include "xpipe/backend/host.hpp"
+#include "xpipe/core/config.hpp"
+#include "xpipe/core/tensor.hpp"
+
+namespace xpipe {
+
+namespace math {
+
+//! Whether v is neither NaN nor an infinity, alike on host and device: v - v is 0 only then.
+XPIPE_HOST_DEVICE bool finite_value(float v) {
+  return v - v == 0.f;
+}
+
+//! Row t of one sequence's scores, n = Context wide, in place: s[0..valid) (valid = t + 1, the
+//! tokens up to t) become their softmax, s[valid..n) become 0 (the future, which row t may not
+//! see), so a product with the whole row reads nothing of the future. The row maximum is
+//! subtracted first, so exp() never overflows. A NaN or infinite score among s[0..valid) sets
+//! the whole row to NaN and returns false: the caller reports it, since the host launcher's
+//! threads cannot throw. Usage: `if (!math::causal_softmax_row(s, t + 1, context)) ...`
+XPIPE_HOST_DEVICE bool causal_softmax_row(float* s, index_t valid, index_t n) {
+  float max_score = s[0];
+  bool finite = true;
+  for (index_t j = 0; j < valid; ++j) {
+    finite = finite && finite_value(s[j]);
+    max_score = s[j] > max_score ? s[j] : max_score;
+  }
+  if (!finite) {
+    for (index_t j = 0; j < n; ++j) s[j] = nanf("");
+    return false;
+  }
+  // The maximum's term is exp(0) = 1, so the sum is at least 1: no division by 0.
+  float sum = 0.f;
+  for (index_t j = 0; j < valid; ++j) {
+    s[j] = expf(s[j] - max_score);
+    sum += s[j];
+  }
+  for (index_t j = 0; j < valid; ++j) s[j] /= sum;
+  for (index_t j = valid; j < n; ++j) s[j] = 0.f;
+  return true;
+}
+
+//! The softmax's backward for one row, in place on the row's dP: ds_j = p_j (dp_j - sum_k p_k
+//! dp_k) for j < valid, and 0 for the future entries (whatever dP holds there), so dQ = dS K
+//! and dK = dS^T Q read nothing of the future. The dot product is summed in index order.
+//! Usage: `math::causal_softmax_row_backward(p, dp, t + 1, context);`
+XPIPE_HOST_DEVICE void causal_softmax_row_backward(const float* p, float* dp, index_t valid,
+                                                   index_t n) {
+  float dot = 0.f;
+  for (index_t j = 0; j < valid; ++j) dot += p[j] * dp[j];
+  for (index_t j = 0; j < valid; ++j) dp[j] = p[j] * (dp[j] - dot);
+  for (index_t j = valid; j < n; ++j) dp[j] = 0.f;
+}
+
+}  // namespace math
+
+//! Where causal self-attention's operands lie. Rows are tokens, `context` consecutive rows one
+//! sequence; an input row is q | k | v, each heads x head_width wide, head h in columns
+//! [h head_width, (h + 1) head_width) of each part; an output row is the heads side by side. The
+//! probabilities (and the backward's dP, then dS) hold, for row r and head h, `context` floats at
+//! (r heads + h) context: a (sequence, head)'s block is then a context x context matrix with
+//! leading dimension heads x context. Usage: `AttentionShape a{rows, 2, 4, 4};`
+struct AttentionShape {
+  index_t rows, heads, head_width, context;
+  XPIPE_HOST_DEVICE constexpr index_t sequences() const { return rows / context; }
+  XPIPE_HOST_DEVICE constexpr index_t dim() const { return heads * head_width; }
+  //! Leading dimension of a (sequence, head)'s block of probabilities.
+  XPIPE_HOST_DEVICE constexpr index_t prob_ld() const { return heads * context; }
+  //! Offset of the block of sequence s, head h in the probabilities.
+  XPIPE_HOST_DEVICE constexpr index_t prob_offset(index_t s, index_t h) const {
+    return (s * context * heads + h) * context;
+  }
+  //! Offset of part `part` (0 q, 1 k, 2 v) of head h in row 0 of sequence s of a q | k | v view.
+  XPIPE_HOST_DEVICE constexpr index_t qkv_offset(ConstMatrix x, index_t s, index_t part,
+                                                 index_t h) const {
+    return s * context * x.ld + part * dim() + h * head_width;
+  }
+};
+
+namespace detail {
+// The products of one (sequence, head) run on the thread that owns it, one thread each: their
+// bits then depend on neither the thread count nor which thread runs them. (dnnl_sgemm runs on
+// one thread inside a parallel region anyway; outside one, this pins it.)
+inline constexpr HostContext attention_gemm_ctx{.threads = 1};
+}  // namespace detail
+
+//! The forward on the host: per (sequence, head), S = Q K^T / sqrt(head_width) into `probs`, the
+//! causal softmax of each row in place (math::causal_softmax_row), then O = P V into y's head
+//! columns. (Sequence, head) pairs are spread over ctx.threads, each computed by one thread in a
+//! fixed order, so the bits do not depend on the thread count. A row whose scores are not
+//! finite is left NaN in `probs` (first_non_finite_scores finds it). Usage:
+//! `causal_attention_forward(ctx, AttentionShape{x.rows, 2, 4, 4}, x, y, probs);`
+inline void causal_attention_forward(const HostContext& ctx, const AttentionShape& a, ConstMatrix x,
+                                     Matrix y, float* probs) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(a.head_width));
+  const index_t t = a.context, dh = a.head_width, ldp = a.prob_ld();
+  for_each_index(ctx, a.sequences() * a.heads, a.rows * a.context * a.dim(), [=](index_t i) {
+    const index_t s = i / a.heads, h = i % a.heads;
+    const float* q = x.data + a.qkv_offset(x, s, 0, h);
+    const float* k = x.data + a.qkv_offset(x, s, 1, h);
+    const float* v = x.data + a.qkv_offset(x, s, 2, h);
+    float* p = probs + a.prob_offset(s, h);
+    // S = Q K^T scaled: all t x t scores, the future's too (the softmax zeroes those).
+    gemm(detail::attention_gemm_ctx, Trans::No, Trans::Yes, t, t, dh, scale, q, x.ld, k, x.ld, 0.f,
+         p, ldp);
+    for (index_t row = 0; row < t; ++row) math::causal_softmax_row(p + row * ldp, row + 1, t);
+    // O = P V, into head h's columns of the sequence's output rows.
+    gemm(detail::attention_gemm_ctx, Trans::No, Trans::No, t, dh, t, 1.f, p, ldp, v, x.ld, 0.f,
+         y.data + s * t * y.ld + h * dh, y.ld);
+  });
+}
+
+//! The first (row, head) whose scores the forward found not finite, as row * heads + head, or
+//! -1: a look at the first probability of each row and head, which the softmax left NaN.
+//! Usage: `if (index_t bad = first_non_finite_scores(a, probs); bad >= 0) ...`
+inline index_t first_non_finite_scores(const AttentionShape& a, const float* probs) {
+  for (index_t i = 0; i < a.rows * a.heads; ++i)
+    if (std::isnan(probs[i * a.context])) return i;
+  return -1;
+}
+
+//! The backward on the host, from the forward's probabilities: per (sequence, head), dV = P^T
+//! dO, dP = dO V^T into `grads` (as large as probs), dS = P o (dP - rowsum(dP o P)) in place
+//! (math::causal_softmax_row_backward), dQ = dS K / sqrt(head_width), dK = dS^T Q / sqrt(
+//! head_width), each into its part of dx. Threads as in the forward. Usage:
+//! `causal_attention_backward(ctx, a, x, dy, dx, probs, grads);`
+inline void causal_attention_backward(const HostContext& ctx, const AttentionShape& a,
+                                      ConstMatrix x, ConstMatrix dy, Matrix dx, const float* probs,
+                                      float* grads) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(a.head_width));
+  const index_t t = a.context, dh = a.head_width, ldp = a.prob_ld();
+  for_each_index(ctx, a.sequences() * a.heads, 2 * a.rows * a.context * a.dim(), [=](index_t i) {
+    const index_t s = i / a.heads, h = i % a.heads;
+    const float* q = x.data + a.qkv_offset(x, s, 0, h);
+    const float* k = x.data + a.qkv_offset(x, s, 1, h);
+    const float* v = x.data + a.qkv_offset(x, s, 2, h);
+    const float* d_out = dy.data + s * t * dy.ld + h * dh;
+    float* dq = dx.data + a.qkv_offset(dx, s, 0, h);
+    float* dk = dx.data + a.qkv_offset(dx, s, 1, h);
+    float* dv = dx.data + a.qkv_offset(dx, s, 2, h);
+    const float* p = probs + a.prob_offset(s, h);
+    float* ds = grads + a.prob_offset(s, h);
+    const HostContext& one = detail::attention_gemm_ctx;
+    // dV = P^T dO: the future's probabilities are 0, so each key collects only later queries.
+    gemm(one, Trans::Yes, Trans::No, t, dh, t, 1.f, p, ldp, d_out, dy.ld, 0.f, dv, dx.ld);
+    // dP = dO V^T, then dS row by row in place.
+    gemm(one, Trans::No, Trans::Yes, t, t, dh, 1.f, d_out, dy.ld, v, x.ld, 0.f, ds, ldp);
+    for (index_t row = 0; row < t; ++row)
+      math::causal_softmax_row_backward(p + row * ldp, ds + row * ldp, row + 1, t);
+    // S = Q K^T scale, so dQ = dS K scale and dK = dS^T Q scale.
+    gemm(one, Trans::No, Trans::No, t, dh, t, scale, ds, ldp, k, x.ld, 0.f, dq, dx.ld);
+    gemm(one, Trans::Yes, Trans::No, t, dh, t, scale, ds, ldp, q, x.ld, 0.f, dk, dx.ld);
+  });
+}
+
+}  // namespace xpipe

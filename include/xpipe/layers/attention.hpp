@@ -1,0 +1,154 @@
+// CausalSelfAttention<Dim, Heads, Context>: GPT's masked multi-head attention over rows that are
+// tokens, Context consecutive rows one sequence. The math is kernels/attention.hpp's.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/kernels/attention.hpp"
+#include "xpipe/layers/layer.hpp"
+#include "xpipe/layers/loss.hpp"  // detail::reads_host_memory, detail::non_finite_name
+
+namespace xpipe {
+
+//! Causal multi-head self-attention without parameters: PyTorch's
+//! scaled_dot_product_attention(q, k, v, is_causal=True) per head. A row is one token; a
+//! micro-batch holds whole sequences of Context tokens (rows [s Context, (s + 1) Context) are
+//! sequence s), so its rows are a multiple of Context (row_group; otherwise a ConfigError). An
+//! input row is the token's q | k | v, Dim each (as Linear<Dim, 3 Dim> gives them), head h in
+//! columns [h dh, (h + 1) dh) of each part, dh = Dim / Heads; the output row is the heads'
+//! outputs side by side. Per sequence and head: S = Q K^T / sqrt(dh), token t attends to tokens
+//! 0..t of its own sequence, P = softmax(S) row-wise, O = P V. It keeps P per activation slot
+//! (its Saved) for the backward, with room for the backward's dS. On the host, scores that are
+//! not finite are a NumericError naming the layer, the row and the head. Host only so far.
+//! Usage: `Stage<Linear<64, 192>, CausalSelfAttention<64, 4, 16>, Linear<64, 64>>`.
+template <int Dim, int Heads, int Context>
+struct CausalSelfAttention {
+  static_assert(Dim > 0 && Heads > 0 && Context > 0,
+                "xpipe: CausalSelfAttention<Dim, Heads, Context>: all three must be positive");
+  static_assert(Dim % Heads == 0,
+                "xpipe: CausalSelfAttention<Dim, Heads, Context>: Heads must divide Dim");
+  static constexpr int head_width = Dim / Heads;
+  static constexpr int in_width = 3 * Dim;
+  static constexpr int out_width = Dim;
+  static constexpr index_t param_count = 0;
+  //! A micro-batch's rows come in whole sequences.
+  static constexpr index_t row_group = Context;
+  //! Multiply-adds of the forward per row, counting only what causality needs: token t's row of
+  //! Q K^T and of P V each take (t + 1) dh per head, (Context + 1) / 2 on average over a
+  //! sequence, so 2 Dim (Context + 1) / 2 for both products and all heads. (The host's GEMMs
+  //! compute the whole Context x Context squares, twice that; the backward does twice the
+  //! forward.)
+  static constexpr double macs = static_cast<double>(Dim) * (Context + 1);
+
+  //! Per activation slot of up to max_rows rows, on backend B: the probabilities P (`probs`,
+  //! Heads x Context a row, the future's entries 0) and room for the backward's dP and dS
+  //! (`grads`, as large).
+  //! Usage: `CausalSelfAttention<8, 2, 4>::Saved<Host> saved(rows);`
+  template <class B>
+  struct Saved {
+    explicit Saved(index_t rows)
+        : max_rows(rows), probs(rows * Heads * Context), grads(rows * Heads * Context) {}
+    index_t max_rows;
+    typename B::template Buffer<float> probs, grads;
+  };
+
+  //! Floats a slot of `rows` rows keeps beyond its output (Stage::activation_floats).
+  static constexpr index_t saved_floats(index_t rows) {
+    return 2 * rows * static_cast<index_t>(Heads) * Context;
+  }
+
+  //! Nothing to initialise.
+  static void init(std::span<float> /*params*/, std::uint64_t /*seed*/) {}
+
+  //! "CausalSelfAttention<8, 2, 4>": how errors name the layer.
+  static std::string name() {
+    return "CausalSelfAttention<" + std::to_string(Dim) + ", " + std::to_string(Heads) + ", " +
+           std::to_string(Context) + ">";
+  }
+
+  //! y = each head's softmax(Q K^T / sqrt(dh), causal) V, side by side; P kept in saved.
+  //! Usage: `CausalSelfAttention<8, 2, 4>::forward(ctx, nullptr, x, y, saved);`
+  template <class Ctx, class Sv>
+  static void forward(const Ctx& ctx, const float* /*params*/, ConstMatrix x, Matrix y, Sv& saved) {
+    static_assert(detail::reads_host_memory<Ctx>,
+                  "xpipe: CausalSelfAttention: only the host backend has it so far");
+    check_views(x, y, saved, "forward");
+    const AttentionShape a = shape(x.rows);
+    causal_attention_forward(ctx, a, x, y, saved.probs.data());
+    if (const index_t bad = first_non_finite_scores(a, saved.probs.data()); bad >= 0)
+      throw_non_finite(x, bad / Heads, bad % Heads);
+  }
+
+  //! dx = the gradient through P V, the softmax and Q K^T (nothing when dx is empty: there are
+  //! no parameters, so nothing else to do). Follows the forward of the same slot.
+  //! Usage: `CausalSelfAttention<8, 2, 4>::backward(ctx, nullptr, nullptr, false, x, y, dy, dx,
+  //! saved);`
+  template <class Ctx, class Sv>
+  static void backward(const Ctx& ctx, const float* /*params*/, float* /*grads*/,
+                       bool /*accumulate*/, ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy,
+                       Matrix dx, Sv& saved) {
+    static_assert(detail::reads_host_memory<Ctx>,
+                  "xpipe: CausalSelfAttention: only the host backend has it so far");
+    check_views(x, dy, saved, "backward");
+    if (dx.empty()) return;
+    check_views(dx, dy, saved, "backward");
+    causal_attention_backward(ctx, shape(x.rows), x, dy, dx, saved.probs.data(),
+                              saved.grads.data());
+  }
+
+ private:
+  static constexpr AttentionShape shape(index_t rows) {
+    return AttentionShape{rows, Heads, head_width, Context};
+  }
+
+  // The GEMMs take their strides from the views and P lives in the slot: an input side of other
+  // than 3 Dim columns, an output side of other than Dim, two views of different rows or more
+  // rows than the slot holds is a ShapeError; rows that are not whole sequences a ConfigError.
+  // Both name the layer and the call, before any math. Builds no string unless it throws.
+  template <class Sv>
+  static void check_views(ConstMatrix in_side, ConstMatrix out_side, const Sv& saved,
+                          const char* where) {
+    if (in_side.cols != in_width || out_side.cols != out_width || in_side.rows != out_side.rows ||
+        in_side.rows > saved.max_rows) {
+      auto extent = [](ConstMatrix m) {
+        return std::to_string(m.rows) + "x" + std::to_string(m.cols);
+      };
+      throw ShapeError("xpipe: " + name() + "::" + where + ": got views of " + extent(in_side) +
+                       " (input side) and " + extent(out_side) + " (output side), expected " +
+                       std::to_string(in_width) + " and " + std::to_string(out_width) +
+                       " columns and as many rows, at most " + std::to_string(saved.max_rows) +
+                       " (the slot's capacity)");
+    }
+    if (in_side.rows % Context != 0)
+      throw ConfigError("xpipe: " + name() + "::" + where + ": " + std::to_string(in_side.rows) +
+                        " rows are not whole sequences of Context " + std::to_string(Context) +
+                        " tokens (a micro-batch's rows must be a multiple of " +
+                        std::to_string(Context) + ")");
+  }
+
+  // Row r's scores for head h were not finite: they come from head h's columns of row r's q and
+  // of the k of rows first..r of its sequence. Names the last of those rows holding NaN or an
+  // infinity there, and its first such column; or else says the products overflowed.
+  [[noreturn]] static void throw_non_finite(ConstMatrix x, index_t r, index_t h) {
+    const std::string what = "xpipe: " + name() + ": the attention scores of row " +
+                             std::to_string(r) + " (head " + std::to_string(h) +
+                             ") of the micro-batch are not finite";
+    for (index_t row = r; row >= r / Context * Context; --row)
+      for (index_t part = row == r ? 0 : 1; part < 2; ++part)
+        for (index_t c = part * Dim + h * head_width; c < part * Dim + (h + 1) * head_width; ++c)
+          if (!std::isfinite(x(row, c)))
+            throw NumericError(what + "; input row " + std::to_string(row) + ", column " +
+                               std::to_string(c) + (part == 0 ? " (q)" : " (k)") + " holds " +
+                               detail::non_finite_name(x(row, c)));
+    throw NumericError(what + "; its q and k are finite, so q.k overflowed");
+  }
+};
+
+static_assert(Layer<CausalSelfAttention<8, 2, 4>> && splits_backward<CausalSelfAttention<8, 2, 4>>);
+
+}  // namespace xpipe
