@@ -36,6 +36,9 @@ TEST_CASE("runs.json and runs.csv describe every run of the study", "[tool]") {
     const auto& e = r["epochs"][0];
     REQUIRE(e["test_accuracy"].get<double>() > 0.3);  // far above chance after one epoch
     REQUIRE(e["test_accuracy"].get<double>() <= 1.0);
+    // Mean cross-entropy over the test set: below chance, ln 10 = 2.3026 nats, after one epoch.
+    REQUIRE(e["test_loss"].get<double>() > 0.0);
+    REQUIRE(e["test_loss"].get<double>() < 2.3026);
     REQUIRE(e["samples_per_second"].get<double>() > 0);
     REQUIRE(e["bubble_fraction"].size() == 4);
     REQUIRE(r["weight_copies"].size() == 4);
@@ -51,6 +54,9 @@ TEST_CASE("runs.json and runs.csv describe every run of the study", "[tool]") {
   REQUIRE(count_matches(csv, ",ok\n") == 8);  // the status column
   const std::string acc = read_text(out_dir() / "accuracy.csv");
   REQUIRE(count_matches(acc, ",") == 2 * 8);  // header and one epoch row, 8 run columns each
+  const std::string loss = read_text(out_dir() / "loss.csv");
+  REQUIRE(count_matches(loss, ",") == 2 * 8);
+  REQUIRE(loss.rfind("epoch,", 0) == 0);
 }
 
 TEST_CASE("gnuplot drew one series per run, and left its script", "[tool]") {
@@ -60,6 +66,9 @@ TEST_CASE("gnuplot drew one series per run, and left its script", "[tool]") {
   REQUIRE(count_matches(svg, "<g id=\"gnuplot_plot_[0-9]+[a-z]*\"") >= 8);
   REQUIRE(count_matches(svg, "<g id=\"gnuplot_plot_9") == 0);
   REQUIRE(svg.find("async-1f1b+xpipe(adam)") != std::string::npos);
+  const std::string loss = read_text(out_dir() / "loss.svg");
+  REQUIRE(count_matches(loss, "<g id=\"gnuplot_plot_[0-9]+[a-z]*\"") >= 8);
+  REQUIRE(fs::file_size(out_dir() / "loss.png") > 1000);
 }
 
 TEST_CASE("Timelines and Chrome traces of the runs parse back", "[tool]") {

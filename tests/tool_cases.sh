@@ -216,7 +216,7 @@ case $case in
   every_run_diverges)  # a result, not an error; no plot claimed
     run 0 --compare --lr 10 --sgd-lr 10 "${small[@]}" --out out
     says "no run trained to the end, so there is no accuracy plot"
-    says "wrote to out: runs.csv, runs.json, accuracy.csv, accuracy.gp$"
+    says "wrote to out: runs.csv, runs.json, accuracy.csv, loss.csv, accuracy.gp$"
     never_says "accuracy\\.(svg|png)"
     [ ! -e out/accuracy.svg ] && [ ! -e out/accuracy.png ] || fail "a plot was left"
     [ "$(grep -c ',diverged$' out/runs.csv)" -eq 8 ] || fail "runs.csv does not mark 8 runs"
@@ -227,7 +227,7 @@ case $case in
   single_run_diverges)  # the run is recorded; the command failed
     run 1 --lr 10 "${small[@]}" --out out
     says "epoch 1: loss [0-9.e+]+ is above 1e\\+06"
-    says "wrote to out: runs.csv, runs.json, accuracy.csv, accuracy.gp$"
+    says "wrote to out: runs.csv, runs.json, accuracy.csv, loss.csv, accuracy.gp$"
     runs_json out/runs.json "1 diverged"
     ;;
   sigint_keeps_finished_runs) stop_study_after_first_run INT 130 ;;
@@ -249,8 +249,8 @@ case $case in
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
     says "resumed from ck/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done\\)"
     # loss and test accuracy of every epoch (columns 9-11), the resumed run's first two restored
-    cut -d, -f9-11 straight/runs.csv >want.txt
-    cut -d, -f9-11 resumed/runs.csv >got.txt
+    cut -d, -f9-12 straight/runs.csv >want.txt
+    cut -d, -f9-12 resumed/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
     [ -d ck/async-1f1b_xpipe_adam/ckpt-000003 ] || fail "no checkpoint after epoch 3"
     # and the prediction errors of every epoch, those of the restored epochs included
@@ -268,8 +268,8 @@ case $case in
     [ -f ck/async-1f1b_xpipe_adam/ckpt-000001/stage-0.state.bin ] ||
       fail "the checkpoint lacks stage 0's BatchNorm state"
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --resume --out resumed
-    cut -d, -f9-11 straight/runs.csv >want.txt
-    cut -d, -f9-11 resumed/runs.csv >got.txt
+    cut -d, -f9-12 straight/runs.csv >want.txt
+    cut -d, -f9-12 resumed/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
     grep -Eq '"augment": ?"pad=2,flip=1"' resumed/runs.json || fail "runs.json lacks the augmentation"
     # Another augmentation is another computation: refused, named.
@@ -280,8 +280,8 @@ case $case in
     v=(--model vgg --stages 4 -M 4 --batch 64 --train-samples 512 --test-samples 100 --epochs 2)
     run 0 "${v[@]}" --executor reference --out ref
     run 0 "${v[@]}" --executor threaded --out thr
-    cut -d, -f9-11 ref/runs.csv >want.txt
-    cut -d, -f9-11 thr/runs.csv >got.txt
+    cut -d, -f9-12 ref/runs.csv >want.txt
+    cut -d, -f9-12 thr/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "threaded differs: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
   zero_bubble_trains_like_1f1b)  # ZB-H1 prints 1F1B-flush's numbers: the MLP and the ResNet's splits
@@ -289,8 +289,8 @@ case $case in
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule zb-h1 --out zb
-    cut -d, -f9-11 one/runs.csv >want.txt
-    cut -d, -f9-11 zb/runs.csv >got.txt
+    cut -d, -f9-12 one/runs.csv >want.txt
+    cut -d, -f9-12 zb/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
     grep -q 'class="I"' zb/timeline-zb-h1_latest_adam.svg &&
       grep -q 'class="W"' zb/timeline-zb-h1_latest_adam.svg || fail "the timeline lacks I or W"
@@ -298,8 +298,8 @@ case $case in
       --predictor latest)
     run 0 "${r[@]}" --schedule 1f1b-flush --out rone
     run 0 "${r[@]}" --schedule zb-h1 --out rzb
-    cut -d, -f9-11 rone/runs.csv >want.txt
-    cut -d, -f9-11 rzb/runs.csv >got.txt
+    cut -d, -f9-12 rone/runs.csv >want.txt
+    cut -d, -f9-12 rzb/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resnet zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
     ;;
   interleaved_trains_like_1f1b)  # 4 stages on 2 workers print 1F1B-flush's numbers on 4 stages
@@ -310,8 +310,8 @@ case $case in
     IFS=/ read -r b0 b1 b2 b3 <<<"$(awk '/^interleaved-1f1b\+latest/ { print $5 }' out.txt)"
     [ -n "$b0" ] && [ "$b0" = "$b2" ] && [ "$b1" = "$b3" ] ||
       fail "bubble per stage '$b0/$b1/$b2/$b3' is not per worker"
-    cut -d, -f9-11 one/runs.csv >want.txt
-    cut -d, -f9-11 v/runs.csv >got.txt
+    cut -d, -f9-12 one/runs.csv >want.txt
+    cut -d, -f9-12 v/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "interleaved differs: $(diff want.txt got.txt | tr '\n' ' ')"
     svg=v/timeline-interleaved-1f1b_latest_adam.svg
     grep -q '>worker 1<' $svg && ! grep -q '>worker 2<' $svg || fail "not a row per worker"
@@ -323,8 +323,8 @@ case $case in
     run 0 "${m[@]}" --schedule gpipe --out one
     for v in zb-v dualpipev; do
       run 0 "${m[@]}" --schedule $v --out $v
-      cut -d, -f9-11 one/runs.csv >want.txt
-      cut -d, -f9-11 $v/runs.csv >got.txt
+      cut -d, -f9-12 one/runs.csv >want.txt
+      cut -d, -f9-12 $v/runs.csv >got.txt
       cmp -s want.txt got.txt || fail "$v differs: $(diff want.txt got.txt | tr '\n' ' ')"
     done
     run 1 --stages 4 -M 2 --predictor latest "${small[@]}" --schedule zb-v --out bad  # M < 2P
@@ -734,6 +734,28 @@ case $case in
     says "it was run with run.lr_schedule = constant, this run has cosine"
     run 0 "${base[@]}" --checkpoint-dir ck --resume --out older
     says "resumed from $dir/ckpt-000003 \\(3 epochs done\\)"
+    ;;
+  gpt_trains)  # the gpt: K = 2 trains on text, reference = threaded to the bit, test loss
+    # recorded; batches that would cut a sequence, and the GPU, refused with the reason (exit 2)
+    base=(--model gpt -K 2 -M 2 --batch 512 --train-samples 4096 --test-samples 1024 --epochs 1)
+    run 0 "${base[@]}" --executor reference --out ref
+    run 0 "${base[@]}" --out thr
+    says "test [0-9.]+% \\(loss [0-9.]+\\)"
+    cut -d, -f9-12 ref/runs.csv >want.txt
+    cut -d, -f9-12 thr/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "executors differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    # Below the initial loss (about 6.5 nats) after 8 steps, above 0.
+    awk -F, 'FNR == 2 { exit !($12 > 0 && $12 < 6) }' ref/runs.csv ||
+      fail "test loss out of range: $(tail -1 ref/runs.csv)"
+    grep -q '"test_loss"' ref/runs.json || fail "runs.json lacks test_loss"
+    run 2 --model gpt --batch 100 "${small[@]}"
+    says "--batch 100: the gpt trains on whole sequences of 128 tokens"
+    run 2 --model gpt -K 2 -M 32 "${small[@]}"
+    says "--micro-batches \\(32\\) exceeds the 16 sequences of a mini-batch"
+    run 2 --model gpt --augment-flip "${small[@]}"
+    says "the gpt trains on text"
+    run 2 --model gpt -K 4 --device cuda "${small[@]}"
+    says "--device cuda: (the gpt's attention has no CUDA kernel yet|this xpipe-train was built without CUDA)"
     ;;
   *) fail "no such case" ;;
 esac

@@ -20,7 +20,8 @@ namespace xpipe::tools {
 struct EpochRecord {
   int epoch = 0;
   double loss = 0, test_accuracy = 0, samples_per_second = 0, seconds = 0;
-  std::vector<double> bubble;                     // measured per stage
+  double test_loss = 0;        // mean cross-entropy on the test (validation) set, nats per row
+  std::vector<double> bubble;  // measured per stage
   std::vector<PredictionError> prediction_error;  // with --measure-prediction, per stage and s
 };
 
@@ -32,8 +33,8 @@ inline std::string exact(double v) {
 
 //! records.tsv: a line per epoch (epoch, loss, test accuracy, samples/s, seconds, then the
 //! bubble fraction of each stage, then the number of prediction-error entries and each entry's
-//! stage, s, count, relative error and cosine), every number exact, so a resumed run reports its
-//! earlier epochs as they were measured.
+//! stage, s, count, relative error and cosine, then the test loss), every number exact, so a
+//! resumed run reports its earlier epochs as they were measured.
 inline std::string records_text(const std::vector<EpochRecord>& epochs) {
   std::string out;
   for (const EpochRecord& r : epochs) {
@@ -45,7 +46,7 @@ inline std::string records_text(const std::vector<EpochRecord>& epochs) {
       out += "\t" + std::to_string(p.stage) + "\t" + std::to_string(p.s) + "\t" +
              std::to_string(p.count) + "\t" + exact(p.mean_relative_error) + "\t" +
              exact(p.mean_cosine);
-    out += "\n";
+    out += "\t" + exact(r.test_loss) + "\n";
   }
   return out;
 }
@@ -72,6 +73,8 @@ inline std::vector<EpochRecord> parse_records(const std::string& text, const std
     } else if (ls.eof()) {
       ls.clear(std::ios::eofbit);  // a record of an older xpipe-train: no entries
     }
+    if (ls && !ls.eof() && !(ls >> r.test_loss) && ls.eof())
+      ls.clear(std::ios::eofbit);  // a record of an older xpipe-train: no test loss (0)
     std::string extra;
     if (!ls || (ls >> extra) || r.epoch != static_cast<int>(out.size()) + 1)
       throw CheckpointError("xpipe-train: " + where + ", line " + std::to_string(out.size() + 1) +

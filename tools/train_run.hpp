@@ -473,7 +473,11 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
       er.loss = r.loss;
       er.seconds = r.seconds;
       er.samples_per_second = static_cast<double>(r.samples) * c.dp / r.seconds;  // all replicas
-      er.test_accuracy = root ? pipe.evaluate(data.test) : 0.0;  // (only rank 0 reports it)
+      if (root) {  // (only rank 0 reports it)
+        const Evaluation test = pipe.evaluation(data.test);
+        er.test_accuracy = test.accuracy;
+        er.test_loss = test.loss;
+      }
       // Idle per stage; where a worker runs several stages, each reports its worker's idle
       // (a stage alone is idle whenever its worker runs another).
       const std::vector<int> worker_of = stage_workers(schedule);
@@ -482,8 +486,9 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
                                 ? worker_bubble_fraction(trace, schedule, worker_of[k])
                                 : trace.bubble_fraction(k));
       er.prediction_error = pipe.prediction_errors();
-      std::printf("  %-34s epoch %d  loss %.4f  test %.2f%%  %8.0f samples/s\n", c.label().c_str(),
-                  e, er.loss, 100 * er.test_accuracy, er.samples_per_second);
+      std::printf("  %-34s epoch %d  loss %.4f  test %.2f%% (loss %.4f)  %8.0f samples/s\n",
+                  c.label().c_str(), e, er.loss, 100 * er.test_accuracy, er.test_loss,
+                  er.samples_per_second);
       std::fflush(stdout);
       rec.epochs.push_back(er);
       std::vector<double> losses;
@@ -543,6 +548,10 @@ RunRecord run_resnet1(const RunConfig& c, const DatasetPair& data, const CheckPo
 RunRecord run_resnet2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_resnet4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_resnet8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_gpt1(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_gpt2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_gpt4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_gpt8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 #if defined(XPIPE_WITH_CUDA)
 // --device cuda (train_models_cuda.cu): the MLP over 4 stages on CUDA devices, and why no
 // device can run it (empty when one can).

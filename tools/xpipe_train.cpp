@@ -78,7 +78,8 @@ const std::map<std::pair<std::string, int>, Runner>& model_table() {
       {{"deep", 2}, run_deep2},     {{"deep", 4}, run_deep4},     {{"deep", 8}, run_deep8},
       {{"vgg", 1}, run_vgg1},       {{"vgg", 2}, run_vgg2},       {{"vgg", 4}, run_vgg4},
       {{"resnet", 1}, run_resnet1}, {{"resnet", 2}, run_resnet2}, {{"resnet", 4}, run_resnet4},
-      {{"resnet", 8}, run_resnet8},
+      {{"resnet", 8}, run_resnet8}, {{"gpt", 1}, run_gpt1},       {{"gpt", 2}, run_gpt2},
+      {{"gpt", 4}, run_gpt4},       {{"gpt", 8}, run_gpt8},
   };
   return table;
 }
@@ -124,7 +125,8 @@ const char* signal_name(int sig) {
   std::size_t done = 0;
   for (const RunRecord& r : files.records()) done += r.status != RunStatus::interrupted;
   exit_for_signal("study", when, files.started(), done, files.dir(),
-                  "runs.csv, runs.json, accuracy.csv; 'gnuplot accuracy.gp' there draws them");
+                  "runs.csv, runs.json, accuracy.csv, loss.csv; 'gnuplot accuracy.gp' there draws "
+                  "them");
 }
 
 // The runs of the command: `c` alone, or (--compare) the study of every schedule x predictor.
@@ -387,6 +389,7 @@ std::vector<std::string> predictors_in_use(const Flags& f) {
 // Why --device cuda cannot run `c` here ("" when it can).
 std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
 #if defined(XPIPE_WITH_CUDA)
+  if (c.model == "gpt") return "the gpt's attention has no CUDA kernel yet (it trains on the host)";
   if ((c.model != "mlp" && c.model != "vgg" && c.model != "resnet") || c.stages != 4)
     return "runs the mlp, vgg or resnet over 4 stages only (got " + c.model + " over " +
            std::to_string(c.stages) + ")";
@@ -417,6 +420,20 @@ UsageProblem usage_problem(Flags& f) {
   if (c.micro_batches > c.batch)
     return {"--micro-batches (" + std::to_string(c.micro_batches) + ") exceeds --batch (" +
             std::to_string(c.batch) + ")"};
+  if (c.model == "gpt") {  // rows are tokens; a micro-batch holds whole sequences
+    const index_t seqs = c.batch / tools::gpt_context;
+    if (c.batch % (static_cast<index_t>(tools::gpt_context) * c.dp) != 0)
+      return {"--batch " + std::to_string(c.batch) + ": the gpt trains on whole sequences of " +
+              std::to_string(tools::gpt_context) +
+              " tokens (a row each), so --batch must be a multiple " + "of " +
+              std::to_string(tools::gpt_context * c.dp) + " (e.g. " +
+              std::to_string(16 * tools::gpt_context * c.dp) + ")"};
+    if (c.micro_batches > seqs / c.dp)
+      return {"--micro-batches (" + std::to_string(c.micro_batches) + ") exceeds the " +
+              std::to_string(seqs / c.dp) + " sequences of a mini-batch" +
+              (c.dp > 1 ? " on each replica" : "")};
+    if (!c.augment.identity()) return {"--augment-pad/--augment-flip: the gpt trains on text"};
+  }
   if (const std::string why = check_predictor_params(f.predictor_params, predictors_in_use(f), c);
       !why.empty())
     return {"--predictor-param: " + why};
@@ -562,10 +579,15 @@ Exit lock_folders(const Flags& f, tools::FolderLocks& locks) {
   return std::nullopt;
 }
 
-// Fashion-MNIST from --data-dir, cut to --train-samples and --test-samples. Throws DataError
-// naming a file it cannot read.
+// Fashion-MNIST (the gpt: the fortunes text, data/text.hpp) from --data-dir or its default
+// place, cut to --train-samples and --test-samples (rows: the gpt's are tokens, cut to whole
+// sequences). Throws DataError naming a file it cannot read.
 DatasetPair load_data(const Flags& f) {
-  DatasetPair data = load_fashion_mnist(f.data_dir);
+  DatasetPair data =
+      f.config.model == "gpt"
+          ? load_text_corpus(tools::gpt_context,
+                             f.data_dir.empty() ? default_text_corpus_dir() : f.data_dir)
+          : load_fashion_mnist(f.data_dir.empty() ? default_fashion_mnist_dir() : f.data_dir);
   if (f.train_samples > 0) data.train = head(data.train, f.train_samples);
   if (f.test_samples > 0) data.test = head(data.test, f.test_samples);
   return data;
@@ -647,8 +669,9 @@ void train_runs(const std::vector<RunConfig>& runs, const RunConfig& c, const Da
 
 // The files of the study that are there and not empty, for its last line.
 std::string written_files(const StudyFiles& files, bool plotted) {
-  std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"};
-  if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png"});
+  std::vector<std::string> names{"runs.csv", "runs.json", "accuracy.csv", "loss.csv",
+                                 "accuracy.gp"};
+  if (plotted) names.insert(names.end(), {"accuracy.svg", "accuracy.png", "loss.svg", "loss.png"});
   std::string written;
   for (const std::string& name : names)
     if (files.non_empty(name)) written += (written.empty() ? "" : ", ") + name;
@@ -710,7 +733,7 @@ int run_study(const Flags& f, const DatasetPair& data) {
 
 int main(int argc, char** argv) {
   Flags f;
-  CLI::App app{"xpipe-train: pipeline-parallel training on Fashion-MNIST"};
+  CLI::App app{"xpipe-train: pipeline-parallel training on Fashion-MNIST and text"};
   add_flags(app, f);
   try {
     app.parse(argc, argv);
@@ -720,6 +743,9 @@ int main(int argc, char** argv) {
   }
   if (f.sweep)
     if (const std::string why = check_sweep_flags(app, f); !why.empty()) return usage_error(why);
+  // The gpt's mini-batch counts tokens: 16 sequences unless --batch says otherwise.
+  if (f.config.model == "gpt" && app.count("--batch") == 0)
+    f.config.batch = 16 * tools::gpt_context;
   if (const UsageProblem p = usage_problem(f); !p.why.empty())
     return usage_error(p.why, p.said_here);
 

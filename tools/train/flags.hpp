@@ -22,8 +22,8 @@ struct Flags {
   Flags(const Flags&) = delete;
   Flags& operator=(const Flags&) = delete;
 
-  RunConfig config;  // the run, or the base of the study's and the sweep's runs
-  std::string data_dir = default_fashion_mnist_dir();
+  RunConfig config;      // the run, or the base of the study's and the sweep's runs
+  std::string data_dir;  // empty: the model's data in its default place
   std::string out_dir = "xpipe-out";
   bool compare = false;
   long train_samples = 0, test_samples = 0;
@@ -95,11 +95,14 @@ inline void add_flags(CLI::App& app, Flags& f) {
   const CLI::Validator learning_rate(check_learning_rate, "in [1e-8, 10]");
   app.add_option("--model", c.model,
                  "Model: mlp (784-1024-1024-1024-10), deep (784-512x7-10), vgg (a VGG-style "
-                 "CNN: 2x(conv, conv, max pool), 128, 10) or resnet (ResNet-20-style, BatchNorm)")
-      ->check(CLI::IsMember({"mlp", "deep", "vgg", "resnet"}));
+                 "CNN: 2x(conv, conv, max pool), 128, 10), resnet (ResNet-20-style, BatchNorm) "
+                 "or gpt (a byte-level GPT on the fortunes text: 8 blocks, width 64, 4 heads, "
+                 "sequences of 128; a row is a token)")
+      ->check(CLI::IsMember({"mlp", "deep", "vgg", "resnet", "gpt"}));
   app.add_option(
          "--stages,-K", c.stages,
-         "Pipeline stages K (mlp: 1, 2, 4; deep: 2, 4, 8; vgg: 1, 2, 4; resnet: 1, 2, 4, 8)")
+         "Pipeline stages K (mlp: 1, 2, 4; deep: 2, 4, 8; vgg: 1, 2, 4; resnet, gpt: 1, 2, 4, "
+         "8)")
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches,-M", c.micro_batches, "Micro-batches per mini-batch M")
       ->check(CLI::Range(1, 1024));
@@ -130,7 +133,10 @@ inline void add_flags(CLI::App& app, Flags& f) {
          "these epochs); as PyTorch's CosineAnnealingLR and MultiStepLR stepped per epoch")
       ->check(CLI::Validator(check_lr_schedule, "constant, cosine or step:E1,E2,..."))
       ->default_str("constant");
-  app.add_option("--batch", c.batch, "Mini-batch size")->check(CLI::Range(1L, 60000L));
+  app.add_option("--batch", c.batch,
+                 "Mini-batch size in rows (the gpt's rows are tokens: a multiple of its "
+                 "128-token sequences; default 2048, 16 sequences)")
+      ->check(CLI::Range(1L, 1000000L));
   app.add_option("--epochs", c.epochs, "Epochs")->check(CLI::Range(1, 1000));
   app.add_option("--seed", c.seed, "Seed of initialisation and shuffling")
       ->check(CLI::Validator(check_seed, "0 to 2^64-1"));
@@ -161,14 +167,20 @@ inline void add_flags(CLI::App& app, Flags& f) {
                  "Pin stage k's thread to the (k mod n)-th of these CPUs (--executor threaded; "
                  "e.g. 0,1: with more stages than cores, each core then shares its own stages)")
       ->delimiter(',');
-  app.add_option("--data-dir", f.data_dir, "Directory of the four Fashion-MNIST .gz files");
+  app.add_option("--data-dir", f.data_dir,
+                 "Directory of the four Fashion-MNIST .gz files (default: $XPIPE_DATA_DIR or "
+                 "Debian's place); for the gpt, of the fortunes text files (default: "
+                 "$XPIPE_TEXT_DIR or /usr/share/games/fortunes)");
   app.add_option("--out", f.out_dir,
                  "Output directory (CSV, JSON, plots, timelines), made before training and "
                  "updated as each run finishes");
-  app.add_option("--train-samples", f.train_samples, "Train on the first N samples only (0: all)")
-      ->check(CLI::Range(0L, 60000L));
-  app.add_option("--test-samples", f.test_samples, "Evaluate on the first N test samples (0: all)")
-      ->check(CLI::Range(0L, 10000L));
+  app.add_option("--train-samples", f.train_samples,
+                 "Train on the first N samples only (0: all; the gpt's samples are tokens, cut "
+                 "to whole sequences)")
+      ->check(CLI::Range(0L, 100000000L));
+  app.add_option("--test-samples", f.test_samples,
+                 "Evaluate on the first N test samples (0: all; the gpt: tokens)")
+      ->check(CLI::Range(0L, 100000000L));
   app.add_option(
          "--sgd-lr", f.sgd_lr,
          "Learning rate of the SGD runs of --compare (SpecTrain) and of --sweep (there 0.01 "

@@ -66,12 +66,12 @@ inline void print_table(const std::vector<RunRecord>& records) {
 }
 
 // The output folder, kept current as runs finish: runs.csv (long: a row per run and epoch) gets
-// each run's rows appended, written through; runs.json (everything), accuracy.csv (wide: a
-// column per finished run) and accuracy.gp (gnuplot draws accuracy.svg and accuracy.png from
-// it) are replaced atomically; a finished run's timeline SVG and Chrome trace of its last epoch
-// go beside them. Whatever stops the study, the folder holds every run done by then.
-// An earlier study's files in the folder stay until this study records its first run: a study
-// killed before that (kill -9, an OOM kill) leaves the folder as it found it.
+// each run's rows appended, written through; runs.json (everything), accuracy.csv and loss.csv
+// (wide: a column per finished run) and accuracy.gp (gnuplot draws accuracy.svg, accuracy.png,
+// loss.svg and loss.png from them) are replaced atomically; a finished run's timeline SVG and
+// Chrome trace of its last epoch go beside them. Whatever stops the study, the folder holds every
+// run done by then. An earlier study's files in the folder stay until this study records its first
+// run: a study killed before that (kill -9, an OOM kill) leaves the folder as it found it.
 class StudyFiles {
  public:
   // The files of a study in `dir`, or (dir empty: an MPI rank other than 0) records kept in
@@ -79,7 +79,7 @@ class StudyFiles {
   // Throws OutputError naming a file it cannot write.
   explicit StudyFiles(fs::path dir) : dir_(std::move(dir)) {
     if (dir_.empty()) return;
-    for (const char* name : {"runs.csv", "runs.json", "accuracy.csv", "accuracy.gp"}) {
+    for (const char* name : {"runs.csv", "runs.json", "accuracy.csv", "loss.csv", "accuracy.gp"}) {
       std::error_code ec;
       if (fs::is_directory(fs::symlink_status(dir_ / name, ec)))
         throw OutputError(dir_ / name, EISDIR);
@@ -167,8 +167,9 @@ class StudyFiles {
   // Whether this study has replaced the folder's files with its own (its first record).
   bool started() const { return csv_.has_value(); }
 
-  // Draws accuracy.svg and accuracy.png with gnuplot (no shell: the folder's name may hold any
-  // character). True when both were drawn and are not empty; otherwise says why on stderr.
+  // Draws accuracy.svg, accuracy.png, loss.svg and loss.png with gnuplot (no shell: the folder's
+  // name may hold any character). True when both were drawn and are not empty; otherwise says why
+  // on stderr.
   bool plot() const {
     if (finished() == 0) {
       std::fprintf(stderr,
@@ -189,7 +190,7 @@ class StudyFiles {
                    why.c_str(), dir_.c_str());
       return false;
     }
-    for (const char* name : {"accuracy.svg", "accuracy.png"})
+    for (const char* name : {"accuracy.svg", "accuracy.png", "loss.svg", "loss.png"})
       if (!non_empty(name)) {
         std::fprintf(stderr, "xpipe-train: gnuplot left %s empty or missing in %s\n", name,
                      dir_.c_str());
@@ -223,10 +224,12 @@ class StudyFiles {
     csv_.emplace(dir_ / "runs.csv");
     csv_->append(
         "run,schedule,predictor,optimizer,lr,model,stages,micro_batches,epoch,loss,"
-        "test_accuracy,samples_per_second,status\n");
+        "test_accuracy,test_loss,samples_per_second,status\n");
     std::error_code ignored;
     fs::remove(dir_ / "accuracy.svg", ignored);
     fs::remove(dir_ / "accuracy.png", ignored);
+    fs::remove(dir_ / "loss.svg", ignored);
+    fs::remove(dir_ / "loss.png", ignored);
     for (const fs::path& p : earlier_) fs::remove(p, ignored);
     earlier_.clear();
   }
@@ -246,9 +249,9 @@ class StudyFiles {
         << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',';
     std::ostringstream rows;
     for (const EpochRecord& e : r.epochs)
-      rows << run.str() << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ','
-           << e.samples_per_second << ',' << to_string(r.status) << '\n';
-    if (r.epochs.empty()) rows << run.str() << ",,,," << to_string(r.status) << '\n';
+      rows << run.str() << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ',' << e.test_loss
+           << ',' << e.samples_per_second << ',' << to_string(r.status) << '\n';
+    if (r.epochs.empty()) rows << run.str() << ",,,,," << to_string(r.status) << '\n';
     return rows.str();
   }
 
@@ -278,6 +281,7 @@ class StudyFiles {
         jr["epochs"].push_back({{"epoch", e.epoch},
                                 {"loss", e.loss},
                                 {"test_accuracy", e.test_accuracy},
+                                {"test_loss", e.test_loss},
                                 {"samples_per_second", e.samples_per_second},
                                 {"seconds", e.seconds},
                                 {"bubble_fraction", e.bubble},
@@ -297,21 +301,28 @@ class StudyFiles {
     std::vector<const RunRecord*> plotted;  // only runs that trained to the end have a curve
     for (const RunRecord& r : records_)
       if (r.ok()) plotted.push_back(&r);
-    std::ostringstream acc;
-    acc << "epoch";
-    for (const RunRecord* r : plotted) acc << ',' << r->config.label();
-    acc << '\n';
-    std::size_t epochs = 0;
-    for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
-    for (std::size_t e = 0; e < epochs; ++e) {
-      acc << e + 1;
-      for (const RunRecord* r : plotted) {
-        acc << ',';
-        if (e < r->epochs.size()) acc << 100 * r->epochs[e].test_accuracy;
+    // A column per finished run of one number per epoch: test accuracy (%), test loss.
+    auto wide = [&](auto value) {
+      std::ostringstream out;
+      out << "epoch";
+      for (const RunRecord* r : plotted) out << ',' << r->config.label();
+      out << '\n';
+      std::size_t epochs = 0;
+      for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
+      for (std::size_t e = 0; e < epochs; ++e) {
+        out << e + 1;
+        for (const RunRecord* r : plotted) {
+          out << ',';
+          if (e < r->epochs.size()) out << value(r->epochs[e]);
+        }
+        out << '\n';
       }
-      acc << '\n';
-    }
-    tools::write_file_atomically(dir_ / "accuracy.csv", acc.str());
+      return out.str();
+    };
+    tools::write_file_atomically(dir_ / "accuracy.csv",
+                                 wide([](const EpochRecord& e) { return 100 * e.test_accuracy; }));
+    tools::write_file_atomically(dir_ / "loss.csv",
+                                 wide([](const EpochRecord& e) { return e.test_loss; }));
     tools::write_file_atomically(
         dir_ / "accuracy.gp",
         "# Test accuracy per epoch of every run in accuracy.csv. Restyle freely; run from this\n"
@@ -319,7 +330,8 @@ class StudyFiles {
         "set datafile separator ','\n"
         "set key outside right top noenhanced\n"
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
-        "set title 'Fashion-MNIST test accuracy by schedule and predictor' noenhanced\n"
+        "set title 'Test accuracy by schedule and predictor (gpt: next-byte accuracy)' "
+        "noenhanced\n"
         "n = " +
             std::to_string(plotted.size()) +
             "\n"
@@ -327,7 +339,16 @@ class StudyFiles {
             "set output 'accuracy.svg'\n"
             "plot for [c=2:n+1] 'accuracy.csv' using 1:c with linespoints lw 2 title "
             "columnheader(c)\n"
-            "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n");
+            "set terminal pngcairo size 1000,560\nset output 'accuracy.png'\nreplot\n"
+            "# The test loss per epoch (loss.csv): mean cross-entropy, nats per sample (gpt: per "
+            "token; its perplexity is exp of it).\n"
+            "set ylabel 'test loss (nats)'\n"
+            "set title 'Test loss by schedule and predictor' noenhanced\n"
+            "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
+            "set output 'loss.svg'\n"
+            "plot for [c=2:n+1] 'loss.csv' using 1:c with linespoints lw 2 title "
+            "columnheader(c)\n"
+            "set terminal pngcairo size 1000,560\nset output 'loss.png'\nreplot\n");
   }
 
   fs::path dir_;
