@@ -1,4 +1,5 @@
 // Host launchers of the shared math: values, numerical stability, and thread-count independence.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -165,4 +166,30 @@ TEST_CASE("The quad form of every vectorised pass gives the per-element call's b
   quad_matches_scalar<4>("nadam step", [&](float* const* p) {
     return ops::NadamStep{p[0], p[1], p[2], p[3], nadam};
   });
+}
+
+TEST_CASE("exp_poly and erf_poly against libm in double", "[kernels][elementary]") {
+  // e^x within 2 float ulps (2^-22 relative) over its range, every 1e-3 or so.
+  double worst_exp = 0;
+  for (float x = -87.f; x <= 88.5f; x += 0.00097f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::fabs(xpipe::math::exp_poly(x) - want) / want);
+  }
+  CHECK(worst_exp < std::ldexp(1.0, -22));
+  CHECK(xpipe::math::exp_poly(0.f) == 1.f);
+  CHECK(xpipe::math::exp_poly(-100.f) == 0.f);
+  CHECK(xpipe::math::exp_poly(100.f) == std::numeric_limits<float>::infinity());
+  CHECK(xpipe::math::exp_poly(-std::numeric_limits<float>::infinity()) == 0.f);
+  CHECK(std::isnan(xpipe::math::exp_poly(std::nanf(""))));
+  // erf within 4e-7 absolute, odd, 1 from 4 on.
+  double worst_erf = 0;
+  for (float z = -6.f; z <= 6.f; z += 0.00013f)
+    worst_erf =
+        std::max(worst_erf, std::fabs(xpipe::math::erf_poly(z) - std::erf(static_cast<double>(z))));
+  CHECK(worst_erf < 4e-7);
+  CHECK(xpipe::math::erf_poly(0.f) == 0.f);
+  CHECK(xpipe::math::erf_poly(-0.5f) == -xpipe::math::erf_poly(0.5f));
+  CHECK(xpipe::math::erf_poly(7.f) == 1.f);
+  CHECK(xpipe::math::erf_poly(-std::numeric_limits<float>::infinity()) == -1.f);
+  CHECK(std::isnan(xpipe::math::erf_poly(std::nanf(""))));
 }

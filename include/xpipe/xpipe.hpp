@@ -31,6 +31,7 @@
 #include "xpipe/kernels/attention.hpp"
 #include "xpipe/kernels/batchnorm.hpp"
 #include "xpipe/kernels/column_sums.hpp"
+#include "xpipe/kernels/elementary.hpp"
 #include "xpipe/kernels/embedding.hpp"
 #include "xpipe/kernels/im2col.hpp"
 #include "xpipe/kernels/layernorm.hpp"

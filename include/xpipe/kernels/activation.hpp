@@ -5,6 +5,7 @@
 #include <concepts>
 
 #include "xpipe/core/config.hpp"
+#include "xpipe/kernels/elementary.hpp"
 
 namespace xpipe::math {
 
@@ -38,15 +39,18 @@ concept OutputDifferentiable = requires(float y, float dy) {
   { Act::backward_from_output(y, dy) } -> std::convertible_to<float>;
 };
 
-//! Exact GELU, f(x) = x * Phi(x) with Phi the standard normal CDF (PyTorch's default form).
+//! Exact GELU, f(x) = x * Phi(x) with Phi the standard normal CDF (PyTorch's default form),
+//! erf and exp in plain arithmetic (elementary.hpp) so that the host vectorises the passes.
 struct Gelu {
   static constexpr float inv_sqrt2 = 0.70710678118654752440f;
   static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
-  XPIPE_HOST_DEVICE static float forward(float x) { return 0.5f * x * (1.f + erff(x * inv_sqrt2)); }
+  XPIPE_HOST_DEVICE static float forward(float x) {
+    return 0.5f * x * (1.f + erf_poly(x * inv_sqrt2));
+  }
   // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
   XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
-    const float cdf = 0.5f * (1.f + erff(x * inv_sqrt2));
-    const float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+    const float cdf = 0.5f * (1.f + erf_poly(x * inv_sqrt2));
+    const float pdf = inv_sqrt_2pi * exp_poly(-0.5f * x * x);
     return dy * (cdf + x * pdf);
   }
 };

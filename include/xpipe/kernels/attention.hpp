@@ -8,6 +8,7 @@
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/tensor.hpp"
+#include "xpipe/kernels/elementary.hpp"
 
 namespace xpipe {
 
@@ -35,12 +36,11 @@ XPIPE_HOST_DEVICE bool causal_softmax_row(float* s, index_t valid, index_t n) {
     for (index_t j = 0; j < n; ++j) s[j] = nanf("");
     return false;
   }
-  // The maximum's term is exp(0) = 1, so the sum is at least 1: no division by 0.
+  // The maximum's term is exp(0) = 1, so the sum is at least 1: no division by 0. The exps in
+  // a loop of their own, which the host vectorises; the sum in index order.
+  for (index_t j = 0; j < valid; ++j) s[j] = exp_poly(s[j] - max_score);
   float sum = 0.f;
-  for (index_t j = 0; j < valid; ++j) {
-    s[j] = expf(s[j] - max_score);
-    sum += s[j];
-  }
+  for (index_t j = 0; j < valid; ++j) sum += s[j];
   for (index_t j = 0; j < valid; ++j) s[j] /= sum;
   for (index_t j = valid; j < n; ++j) s[j] = 0.f;
   return true;
