@@ -2,6 +2,9 @@
 // samples/s, and the ratio to the GEMM-only bound (the step's GEMMs timed alone, raw dnnl_sgemm,
 // in this binary). Argument: threads. BM_TrainStep<FashionMlp> is Linear then ReLU,
 // BM_TrainStep<FashionMlpFused> the same model with Dense layers (bias + ReLU in one pass).
+// BM_GptStep: the sequential step of xpipe-train's GPT (models/gpt.hpp, Gpt<64, 128, 4>) on 16
+// random byte sequences of 128 tokens, Adam: tokens/s, to set beside benchmarks/torch_gpt.py
+// --mode time on the same threads.
 #include <benchmark/benchmark.h>
 
 #include "baseline.hpp"
@@ -48,6 +51,27 @@ void BM_TrainStep(benchmark::State& st) {
   st.counters["gemm_bound_samples/s"] = batch / gemm_bound_seconds(threads);
 }
 
+void BM_GptStep(benchmark::State& st) {
+  using G = xpipe::models::gpt::Gpt<64, 128, 4>;
+  constexpr long context = 128, tokens = 16 * context;
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  xpipe::ScopedFlushDenormals ftz;
+  xpipe::SequentialTrainer<G::K1, xpipe::Adam> trainer(xpipe::Adam{}, tokens, 1);
+  xpipe::HostBuffer<float> x(tokens * 2);
+  xpipe::HostBuffer<std::int32_t> y(tokens);
+  xpipe::Rng rng{2};
+  for (long r = 0; r < tokens; ++r) {
+    x[2 * r] = static_cast<float>(rng.below(256));
+    x[2 * r + 1] = static_cast<float>(r % context);
+    y[r] = static_cast<std::int32_t>(rng.below(256));
+  }
+  for (auto _ : st)
+    benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), tokens, 2}, y.data()));
+  const double iters = static_cast<double>(st.iterations());
+  st.counters["tokens/s"] = benchmark::Counter(iters * tokens, benchmark::Counter::kIsRate);
+}
+
 // 1 and 2 threads, wall-clock time, in ms.
 void thread_counts(benchmark::internal::Benchmark* b) {
   b->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -57,5 +81,6 @@ void thread_counts(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp)->Apply(thread_counts);
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)->Apply(thread_counts);
+BENCHMARK(BM_GptStep)->Apply(thread_counts);
 
 BENCHMARK_MAIN();
