@@ -23,6 +23,14 @@ XPIPE_HOST_DEVICE float float_from_bits(std::int32_t bits) {
 #endif
 }
 
+//! c[0] x^(N-1) + c[1] x^(N-2) + ... + c[N-1], by Horner's rule (highest power first).
+template <int N>
+XPIPE_HOST_DEVICE float horner(const float (&c)[N], float x) {
+  float p = c[0];
+  for (int i = 1; i < N; ++i) p = p * x + c[i];
+  return p;
+}
+
 //! e^x within a few ulps for x in [-87.3, 88.7]; 0 below, +inf above, NaN for NaN. x = k ln 2 + r
 //! with k the nearest integer to x / ln 2 (rounded by adding and taking away 1.5 * 2^23) and
 //! |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact to a few ulps), e^r by its Taylor series to
@@ -33,18 +41,13 @@ XPIPE_HOST_DEVICE float exp_poly(float x) {
   constexpr float ln2_hi = 0.693145751953125f;  // ln 2's first 16 bits: k * ln2_hi is exact
   constexpr float ln2_lo = 1.42860682030941723e-6f;
   constexpr float round = 12582912.f;  // 1.5 * 2^23: t + round - round is t rounded
+  constexpr float taylor[] = {1.f / 5040.f, 1.f / 720.f, 1.f / 120.f, 1.f / 24.f,
+                              1.f / 6.f,    0.5f,        1.f,         1.f};
   const float xc = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
   const float kr = xc * log2e + round;
   const float k = kr - round;
   const float r = (xc - k * ln2_hi) - k * ln2_lo;
-  float p = 1.f / 5040.f;
-  p = p * r + 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
+  const float p = horner(taylor, r);
   // 2^k as two normal factors 2^k1 2^k2 (k in [-126, 128]: one alone would leave the range).
   const auto ki = static_cast<std::int32_t>(k);
   const std::int32_t k1 = ki / 2, k2 = ki - k1;
@@ -58,33 +61,16 @@ XPIPE_HOST_DEVICE float exp_poly(float x) {
 //! least-squares fit to erf over its interval at Chebyshev nodes, made for xpipe; the sign of z
 //! is put back. Usage: `0.5f * (1.f + math::erf_poly(x * 0.70710678f))`.
 XPIPE_HOST_DEVICE float erf_poly(float z) {
+  constexpr float near_fit[] = {6.294536860e-07f,  -1.141085651e-05f, 1.134065549e-04f,
+                                -8.460773705e-04f, 5.217603058e-03f,  -2.686356862e-02f,
+                                1.128373945e-01f,  -3.761263511e-01f, 1.128379167e+00f};
+  constexpr float far_fit[] = {
+      -6.175798114e-05f, -3.783299894e-05f, 5.639891259e-04f, -7.065719520e-04f, -5.619935632e-04f,
+      3.183555763e-03f,  -6.311991294e-03f, 8.380505579e-03f, -7.955994172e-03f, 5.395035985e-03f,
+      -2.519062920e-03f, 7.327172584e-04f,  9.998993771e-01f};
   const float a = z < 0.f ? -z : z;
-  const float u = a * a;
-  float p = 6.294536860e-07f;
-  p = p * u + -1.141085651e-05f;
-  p = p * u + 1.134065549e-04f;
-  p = p * u + -8.460773705e-04f;
-  p = p * u + 5.217603058e-03f;
-  p = p * u + -2.686356862e-02f;
-  p = p * u + 1.128373945e-01f;
-  p = p * u + -3.761263511e-01f;
-  p = p * u + 1.128379167e+00f;
-  const float near = a * p;
-  const float t = (a - 2.75f) * 0.8f;
-  float q = -6.175798114e-05f;
-  q = q * t + -3.783299894e-05f;
-  q = q * t + 5.639891259e-04f;
-  q = q * t + -7.065719520e-04f;
-  q = q * t + -5.619935632e-04f;
-  q = q * t + 3.183555763e-03f;
-  q = q * t + -6.311991294e-03f;
-  q = q * t + 8.380505579e-03f;
-  q = q * t + -7.955994172e-03f;
-  q = q * t + 5.395035985e-03f;
-  q = q * t + -2.519062920e-03f;
-  q = q * t + 7.327172584e-04f;
-  q = q * t + 9.998993771e-01f;
-  const float far = a >= 4.f ? 1.f : q;
+  const float near = a * horner(near_fit, a * a);
+  const float far = a >= 4.f ? 1.f : horner(far_fit, (a - 2.75f) * 0.8f);
   const float e = a <= 1.5f ? near : far;
   return z < 0.f ? -e : (z == z ? e : z);
 }
