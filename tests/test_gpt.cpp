@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -237,4 +238,25 @@ TEST_CASE("A GPT's evaluation: the pipeline's equals the sequential trainer's", 
   // what the initial weights say.
   CHECK(a.loss > 4.0);
   CHECK(a.loss < 8.0);
+}
+
+TEST_CASE("A NaN reaching attention stops the pipeline naming stage, action, head and row",
+          "[gpt][pipeline][faults]") {
+  // Two sequences of 4 tokens a mini-batch, M = 2: micro-batch 1 is rows 4..7 of the epoch.
+  using A = Stage<Linear<4, 24>, CausalSelfAttention<8, 2, 4>, Linear<8, 6>>;
+  using B = Stage<Linear<6, 5>>;
+  test::LabelledData d = test::random_classification(16, 4, 5, 9);
+  d.x[5 * 4 + 1] = std::numeric_limits<float>::quiet_NaN();  // epoch row 5: micro-batch 1, row 1
+  Pipeline<A, B, Latest, Adam> p(Adam{}, {.batch = 8, .micro_batches = 2, .seed = 3});
+  ThreadedExecutor thr;
+  REQUIRE_THROWS_MATCHES(
+      p.train(async_1f1b(2, 2, 2), d.epoch(), thr), StageError,
+      Catch::Matchers::Predicate<StageError>([](const StageError& e) {
+        const std::string w = e.what();
+        return e.stage() == 0 && w.find("action F1") != std::string::npos &&
+               w.find(
+                   "CausalSelfAttention<8, 2, 4>: the attention scores of row 1 (head 0) of "
+                   "the micro-batch are not finite; input row 1, column 0 (q) holds NaN") !=
+                   std::string::npos;
+      }));
 }

@@ -737,9 +737,9 @@ case $case in
     ;;
   gpt_trains)  # the gpt: K = 2 trains on text, reference = threaded to the bit, test loss
     # recorded; batches that would cut a sequence, and the GPU, refused with the reason (exit 2)
-    base=(--model gpt -K 2 -M 2 --batch 512 --train-samples 4096 --test-samples 1024 --epochs 1)
-    run 0 "${base[@]}" --executor reference --out ref
-    run 0 "${base[@]}" --out thr
+    base=(--model gpt -K 2 -M 2 --batch 512 --train-samples 4096 --test-samples 1024)
+    run 0 "${base[@]}" --epochs 1 --executor reference --out ref
+    run 0 "${base[@]}" --epochs 1 --out thr
     says "test [0-9.]+% \\(loss [0-9.]+\\)"
     cut -d, -f9-12 ref/runs.csv >want.txt
     cut -d, -f9-12 thr/runs.csv >got.txt
@@ -748,6 +748,13 @@ case $case in
     awk -F, 'FNR == 2 { exit !($12 > 0 && $12 < 6) }' ref/runs.csv ||
       fail "test loss out of range: $(tail -1 ref/runs.csv)"
     grep -q '"test_loss"' ref/runs.json || fail "runs.json lacks test_loss"
+    # Resumed from its checkpoint after epoch 1 = two epochs straight, test loss included.
+    run 0 "${base[@]}" --epochs 2 --checkpoint-dir ck-straight --out straight
+    run 0 "${base[@]}" --epochs 1 --checkpoint-dir ck --out first
+    run 0 "${base[@]}" --epochs 2 --checkpoint-dir ck --resume --out resumed
+    cut -d, -f9-12 straight/runs.csv >want.txt
+    cut -d, -f9-12 resumed/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
     run 2 --model gpt --batch 100 "${small[@]}"
     says "--batch 100: the gpt trains on whole sequences of 128 tokens"
     run 2 --model gpt -K 2 -M 32 "${small[@]}"
