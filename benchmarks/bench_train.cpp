@@ -2,9 +2,11 @@
 // samples/s, and the ratio to the GEMM-only bound (the step's GEMMs timed alone, raw dnnl_sgemm,
 // in this binary). Argument: threads. BM_TrainStep<FashionMlp> is Linear then ReLU,
 // BM_TrainStep<FashionMlpFused> the same model with Dense layers (bias + ReLU in one pass).
-// BM_GptStep: the sequential step of xpipe-train's GPT (models/gpt.hpp, Gpt<64, 128, 4>) on 16
+// BM_GptStep: the sequential step of xpipe-train's GPT (models/gpt.hpp, Gpt<64, 4, 128>) on 16
 // random byte sequences of 128 tokens, Adam: tokens/s, to set beside benchmarks/torch_gpt.py
-// --mode time on the same threads.
+// --mode time on the same threads, and the ratio to its GEMM-only bound (the Linear layers'
+// GEMMs at raw dnnl_sgemm speed on the context's threads, the attention's per sequence and head
+// single-threaded, spread over the threads, as the layer runs them).
 #include <benchmark/benchmark.h>
 
 #include "baseline.hpp"
@@ -51,8 +53,31 @@ void BM_TrainStep(benchmark::State& st) {
   st.counters["gemm_bound_samples/s"] = batch / gemm_bound_seconds(threads);
 }
 
+// Seconds of the GEMMs one GPT training step runs (forward and backward) at raw dnnl_sgemm speed:
+// N tokens of width D, T-token sequences, H heads, 8 blocks and a head over 256 bytes.
+double gpt_gemm_bound_seconds(int threads, long N, long D, long T, long H) {
+  double s = 0;
+  const auto linear = [&](long in, long out, bool input_grad) {
+    s += 2.0 * N * out * in / bench::dnnl_flops('N', 'N', N, out, in, threads);  // forward
+    s += 2.0 * in * out * N / bench::dnnl_flops('T', 'N', in, out, N, threads);  // weights
+    if (input_grad) s += 2.0 * N * in * out / bench::dnnl_flops('N', 'T', N, in, out, threads);
+  };
+  const long dh = D / H, pairs = N / T * H;
+  // Per (sequence, head): Q K^T and P V forward, dV, dP, dQ and dK backward, T x T x dh each.
+  const double attention = 6 * 2.0 * T * T * dh / bench::dnnl_flops('N', 'T', T, T, dh, 1);
+  for (int b = 0; b < 8; ++b) {
+    linear(D, 3 * D, true);
+    linear(D, D, true);
+    linear(D, 4 * D, true);
+    linear(4 * D, D, true);
+    s += attention * static_cast<double>((pairs + threads - 1) / threads);
+  }
+  linear(D, 256, true);
+  return s;
+}
+
 void BM_GptStep(benchmark::State& st) {
-  using G = xpipe::models::gpt::Gpt<64, 128, 4>;
+  using G = xpipe::models::gpt::Gpt<64, 4, 128>;
   constexpr long context = 128, tokens = 16 * context;
   const int threads = static_cast<int>(st.range(0));
   const xpipe::HostContext ctx{.threads = threads};
@@ -70,6 +95,9 @@ void BM_GptStep(benchmark::State& st) {
     benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), tokens, 2}, y.data()));
   const double iters = static_cast<double>(st.iterations());
   st.counters["tokens/s"] = benchmark::Counter(iters * tokens, benchmark::Counter::kIsRate);
+  const double bound = gpt_gemm_bound_seconds(threads, tokens, 64, context, 4);
+  st.counters["vs_gemm_bound"] = benchmark::Counter(iters * bound, benchmark::Counter::kIsRate);
+  st.counters["gemm_bound_tokens/s"] = tokens / bound;
 }
 
 // 1 and 2 threads, wall-clock time, in ms.

@@ -29,7 +29,7 @@ DEFAULT_TEXT_DIR = "/usr/share/games/fortunes"  # default_text_corpus_dir() with
 # validation fortunes), checked when the default directory is used: a drift in either reader shows.
 FORTUNES_BYTES = {"train": 2286608, "validation": 259634}
 FORTUNES_SEQUENCES_128 = {"train": 17864, "validation": 2028}
-# xpipe's parameter count of Gpt<64, 128, 4>::K1 (unpadded, and in its flat buffer, where each
+# xpipe's parameter count of Gpt<64, 4, 128>::K1 (unpadded, and in its flat buffer, where each
 # layer's block starts on a 16-float boundary), by hand from the layer sizes in gpt.hpp:
 #   Embedding<256, 128, 64>   256*64 + 128*64                                   =  24576
 #   Block, 8 times:
@@ -48,7 +48,7 @@ XPIPE_PARAMS_64_128 = (441216, 441216)
 
 
 def xpipe_layer_sizes(dim, context):
-    """The parameter count of each layer of Gpt<dim, context, heads>::K1 in xpipe's order: the
+    """The parameter count of each layer of Gpt<dim, heads, context>::K1 in xpipe's order: the
     comment above as a formula, for the sizes --dim and --context pick."""
     d = dim
     block = [2 * d, d * 3 * d + 3 * d, d * d + d, 2 * d, d * 4 * d + 4 * d, 4 * d * d + d]
@@ -107,7 +107,7 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    """Gpt<D, T, H>::K1: Embedding, 8 Blocks, LayerNorm, Linear<D, 256>; ids B x T -> logits
+    """Gpt<D, H, T>::K1: Embedding, 8 Blocks, LayerNorm, Linear<D, 256>; ids B x T -> logits
     B x T x 256."""
 
     def __init__(self, dim, context, heads):
@@ -314,7 +314,7 @@ def run_time(args, model, opt, params, device):
     sync(device)
     seconds = time.perf_counter() - start
     tokens = args.steps * b * t
-    rec = {"model": f"gpt<{args.dim},{args.context},{args.heads}>", "device": str(device),
+    rec = {"model": f"gpt<{args.dim},{args.heads},{args.context}>", "device": str(device),
            "threads": args.threads, "batch": b, "context": t, "steps": args.steps,
            "tokens": tokens, "data": source, "seconds": round(seconds, 4),
            "tokens_per_second": round(tokens / seconds, 1), "attention": attention_kind(),
@@ -359,7 +359,7 @@ def run_train(args, model, opt, params, device):
               f"nats/token  perplexity {rec['val_perplexity']:.3f}  accuracy "
               f"{100 * val_acc:.2f}%  ({rec['seconds']:.1f} s)", flush=True)
     last = epochs[-1]
-    print(json.dumps({"model": f"gpt<{args.dim},{args.context},{args.heads}>",
+    print(json.dumps({"model": f"gpt<{args.dim},{args.heads},{args.context}>",
                       "device": str(device), "threads": args.threads, "batch": args.batch,
                       "lr": args.lr, "epochs": args.epochs, "seed": args.seed,
                       "text_dir": args.text_dir, "train_sequences": len(xtr),
@@ -428,7 +428,7 @@ def main():
     assert params == (sum(sizes), padded(sizes)), \
         f"{params} != xpipe's {(sum(sizes), padded(sizes))}"
     if (args.dim, args.context) == (64, 128):
-        assert params == XPIPE_PARAMS_64_128, f"{params} != Gpt<64, 128, 4>'s {XPIPE_PARAMS_64_128}"
+        assert params == XPIPE_PARAMS_64_128, f"{params} != Gpt<64, 4, 128>'s {XPIPE_PARAMS_64_128}"
     model.to(device)
     # torch's Adam defaults are xpipe's: betas (0.9, 0.999), eps 1e-8, no weight decay.
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)

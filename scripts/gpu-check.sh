@@ -214,7 +214,7 @@ else
   # The summary table: from its header line ('run ... samples/s ...') to the next blank line.
   train_table=$(awk '/^run .*samples\/s/ {on = 1} on && /^$/ {exit} on && !/^xpipe-train:/' \
     "$logs/xpipe-train.log")
-  for f in runs.csv runs.json accuracy.csv; do
+  for f in runs.csv runs.json accuracy.csv loss.csv; do
     [[ -f "$train_out/$f" ]] && cp "$train_out/$f" "$logs/xpipe-train-$f"
   done
   save_logs

@@ -63,7 +63,7 @@ struct Emulation {
 struct Outcome {
   std::vector<float> weights;
   double loss = 0;
-  double accuracy = 0;
+  Evaluation eval;
 };
 
 template <class P, class B, class O, class E>
@@ -78,13 +78,15 @@ Outcome train(const Schedule& s, const test::LabelledData& d, O opt, E exec, P p
   eval.features = HostBuffer<float>(d.rows * d.cols);
   std::copy(d.x.begin(), d.x.end(), eval.features.begin());
   eval.labels = d.y;
-  return {p.weights(), r.loss, p.evaluate(eval)};
+  return {p.weights(), r.loss, p.evaluation(eval)};
 }
 
 void require_same(const Outcome& host, const Outcome& device) {
   REQUIRE(device.weights == host.weights);
   REQUIRE(device.loss == host.loss);  // summed on the "device" in the host's order
-  REQUIRE(device.accuracy == host.accuracy);
+  REQUIRE(device.eval.accuracy == host.eval.accuracy);
+  // The device's logits copied back and scored on the host: the host's bits.
+  REQUIRE(device.eval.loss == host.eval.loss);
 }
 
 // What several cases share: async 1F1B x XPipe at M = 4 on the same data, and the oracle, the

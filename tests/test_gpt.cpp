@@ -106,7 +106,7 @@ TEST_CASE("Batcher shuffles whole groups, each kept in order", "[gpt][data]") {
 namespace {
 
 // A GPT small enough for a unit test: width 16, 2 heads, sequences of 4 tokens, 8 blocks.
-using Tiny = models::gpt::Gpt<16, 4, 2>;
+using Tiny = models::gpt::Gpt<16, 2, 4>;
 constexpr index_t context = 4;
 static_assert(Tiny::K1::row_group == context);
 static_assert(Tiny::K1::param_count == Tiny::K2a::param_count + Tiny::K2b::param_count);
@@ -205,7 +205,7 @@ TEST_CASE("Evaluation: accuracy and mean cross-entropy, worked by hand", "[gpt][
   // Row 1: logits (0, 0), label 1: p = 1/2, loss ln 2 = 0.6931472; argmax 0 (first), wrong.
   const std::vector<float> logits{0.f, std::log(3.f), 0.f, 0.f};
   const std::vector<std::int32_t> labels{1, 1};
-  EvaluationSums sums(2, 2);
+  EvaluationSums sums(2, 2, "test");
   sums.add(HostContext{}, {logits.data(), 2, 2}, labels.data());
   const Evaluation e = sums.result();
   CHECK(e.accuracy == 0.5);
@@ -238,6 +238,13 @@ TEST_CASE("A GPT's evaluation: the pipeline's equals the sequential trainer's", 
   // what the initial weights say.
   CHECK(a.loss > 4.0);
   CHECK(a.loss < 8.0);
+  // A bad label is named by its row of the data set (in the second chunk here), before any
+  // forward; a data set without rows is refused.
+  held.labels[21] = 300;
+  CHECK_THROWS_WITH(p.evaluation(held),
+                    Catch::Contains("Pipeline::evaluate: label 300 at row 21 is outside 0..255"));
+  CHECK_THROWS_WITH(t.evaluation(HostContext{}, head(held, 0)),
+                    Catch::Contains("SequentialTrainer::evaluate: the data set holds no rows"));
 }
 
 TEST_CASE("A NaN reaching attention stops the pipeline naming stage, action, head and row",

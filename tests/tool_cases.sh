@@ -248,7 +248,7 @@ case $case in
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --out first
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
     says "resumed from ck/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done\\)"
-    # loss and test accuracy of every epoch (columns 9-11), the resumed run's first two restored
+    # loss, test accuracy and test loss of every epoch (columns 9-12), the resumed run's first two restored
     cut -d, -f9-12 straight/runs.csv >want.txt
     cut -d, -f9-12 resumed/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
@@ -501,7 +501,7 @@ case $case in
     ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
     run 0 "${ck[@]}" --epochs 3 --out straight
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir base --out first
-    cut -d, -f9-11 straight/runs.csv >want.txt
+    cut -d, -f9-12 straight/runs.csv >want.txt
     for kind in truncated_stage flipped_stage_byte grown_stage deleted_stage deleted_records \
       manifest_file_crc manifest_version manifest_field_bit manifest_crlf manifest_empty \
       manifest_no_checksum manifest_deleted; do
@@ -518,7 +518,7 @@ case $case in
         says "set aside $dir/ckpt-000002 as ckpt-000002.refused"
         [ -d $dir/ckpt-000002.refused ] || fail "the damaged checkpoint was not kept"
       fi
-      cut -d, -f9-11 resumed/runs.csv >got.txt
+      cut -d, -f9-12 resumed/runs.csv >got.txt
       cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
       [ -f $dir/ckpt-000002/MANIFEST ] && [ -f $dir/ckpt-000003/MANIFEST ] ||
         fail "epochs 2 and 3 were not checkpointed again"
@@ -534,7 +534,7 @@ case $case in
     says "passed over ck/async-1f1b_xpipe_adam/ckpt-000001: .*truncated"
     says "set aside ck/async-1f1b_xpipe_adam/ckpt-000001 as ckpt-000001.refused"
     says "no checkpoint verifies in ck/async-1f1b_xpipe_adam; starting afresh"
-    cut -d, -f9-11 afresh/runs.csv >got.txt
+    cut -d, -f9-12 afresh/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "the fresh run differs from the straight one"
     ;;
   failed_run_keeps_epochs)  # a checkpoint write fails after epoch 2: its 2 epochs are recorded
@@ -719,8 +719,8 @@ case $case in
     rm $dir/ckpt-000003/MANIFEST
     run 0 "${ck[@]}" --checkpoint-dir ck --resume --out resumed
     says "resumed from $dir/ckpt-000002 \\(2 epochs done\\)"
-    cut -d, -f9-11 straight/runs.csv >want.txt
-    cut -d, -f9-11 resumed/runs.csv >got.txt
+    cut -d, -f9-12 straight/runs.csv >want.txt
+    cut -d, -f9-12 resumed/runs.csv >got.txt
     cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
     [ -f $dir/ckpt-000003/MANIFEST ] || fail "epoch 3 was not checkpointed again"
     # Another schedule is another computation: refused, named.
@@ -761,6 +761,12 @@ case $case in
     says "--micro-batches \\(32\\) exceeds the 16 sequences of a mini-batch"
     run 2 --model gpt --augment-flip "${small[@]}"
     says "the gpt trains on text"
+    run 2 --model gpt --batch 768 --dp 2 -M 2 "${small[@]}"
+    says "--dp 2 with --micro-batches 2: the gpt's 6 sequences a mini-batch must split evenly into 4"
+    run 2 --model gpt -K 2 -M 2 --batch 512 --train-samples 4096 --test-samples 100 --epochs 1
+    says "--test-samples: 100 tokens hold no whole sequence of 128 to evaluate on"
+    run 2 --model gpt -K 2 -M 2 --batch 512 --train-samples 200 --test-samples 1024 --epochs 1
+    says "--train-samples: 1 sequences of 128 tokens to train on \\(cut to whole sequences\\), but"
     run 2 --model gpt -K 4 --device cuda "${small[@]}"
     says "--device cuda: (the gpt's attention has no CUDA kernel yet|this xpipe-train was built without CUDA)"
     ;;

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -20,8 +22,10 @@ namespace xpipe::tools {
 struct EpochRecord {
   int epoch = 0;
   double loss = 0, test_accuracy = 0, samples_per_second = 0, seconds = 0;
-  double test_loss = 0;        // mean cross-entropy on the test (validation) set, nats per row
-  std::vector<double> bubble;  // measured per stage
+  // Mean cross-entropy on the test (validation) set, nats per row; NaN where not measured (an
+  // epoch recorded by an older xpipe-train, a rank other than 0).
+  double test_loss = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> bubble;                     // measured per stage
   std::vector<PredictionError> prediction_error;  // with --measure-prediction, per stage and s
 };
 
@@ -73,8 +77,15 @@ inline std::vector<EpochRecord> parse_records(const std::string& text, const std
     } else if (ls.eof()) {
       ls.clear(std::ios::eofbit);  // a record of an older xpipe-train: no entries
     }
-    if (ls && !ls.eof() && !(ls >> r.test_loss) && ls.eof())
-      ls.clear(std::ios::eofbit);  // a record of an older xpipe-train: no test loss (0)
+    if (std::string loss; ls && !ls.eof()) {  // (written as %.17g: "nan" reads back too)
+      if (ls >> loss) {
+        char* end = nullptr;
+        r.test_loss = std::strtod(loss.c_str(), &end);
+        if (*end != '\0') ls.setstate(std::ios::failbit);
+      } else if (ls.eof()) {
+        ls.clear(std::ios::eofbit);  // a record of an older xpipe-train: no test loss (NaN)
+      }
+    }
     std::string extra;
     if (!ls || (ls >> extra) || r.epoch != static_cast<int>(out.size()) + 1)
       throw CheckpointError("xpipe-train: " + where + ", line " + std::to_string(out.size() + 1) +

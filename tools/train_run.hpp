@@ -319,7 +319,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   if (c.dp > 1) {
 #if defined(XPIPE_WITH_MPI)
     share_rows = replica_rows(data.train.count, c.batch, c.micro_batches, c.dp,
-                              mpi_executor ? mpi_executor->replica() : 0);
+                              mpi_executor ? mpi_executor->replica() : 0, data.train.group);
 #endif
     share.rows = static_cast<index_t>(share_rows.size());
     share.x = HostBuffer<float>(share.rows * data.train.width);

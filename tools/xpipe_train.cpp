@@ -432,6 +432,12 @@ UsageProblem usage_problem(Flags& f) {
       return {"--micro-batches (" + std::to_string(c.micro_batches) + ") exceeds the " +
               std::to_string(seqs / c.dp) + " sequences of a mini-batch" +
               (c.dp > 1 ? " on each replica" : "")};
+    // Each replica's part of each micro-batch in whole sequences, as many for every replica.
+    if (c.dp > 1 && seqs % (c.dp * c.micro_batches) != 0)
+      return {"--dp " + std::to_string(c.dp) + " with --micro-batches " +
+              std::to_string(c.micro_batches) + ": the gpt's " + std::to_string(seqs) +
+              " sequences a mini-batch must split evenly into " +
+              std::to_string(c.dp * c.micro_batches) + " whole-sequence parts"};
     if (!c.augment.identity()) return {"--augment-pad/--augment-flip: the gpt trains on text"};
   }
   if (const std::string why = check_predictor_params(f.predictor_params, predictors_in_use(f), c);
@@ -600,10 +606,20 @@ std::string too_few_rows(const Flags& f, const DatasetPair& data) {
   const int least_micro_batches =
       f.sweep ? *std::max_element(f.plan.micro_batches.begin(), f.plan.micro_batches.end())
               : c.micro_batches;
-  if (data.train.count >= static_cast<index_t>(least_micro_batches) * c.dp) return "";
-  return "--train-samples: " + std::to_string(static_cast<long>(data.train.count)) +
-         " rows to train on, but one mini-batch of " + std::to_string(least_micro_batches) +
-         " micro-batches" +
+  // Rows come in groups (the gpt: sequences of 128 tokens); a micro-batch needs a whole one, and
+  // --train-samples and --test-samples were cut to whole groups.
+  const index_t group = data.train.group;
+  const std::string unit =
+      group > 1 ? " sequences of " + std::to_string(group) + " tokens" : " rows";
+  if (data.test.count == 0)
+    return "--test-samples: " + std::to_string(f.test_samples) +
+           (group > 1 ? " tokens hold no whole sequence of " + std::to_string(group)
+                      : std::string(" rows: nothing")) +
+           " to evaluate on";
+  if (data.train.count / group >= static_cast<index_t>(least_micro_batches) * c.dp) return "";
+  return "--train-samples: " + std::to_string(static_cast<long>(data.train.count / group)) + unit +
+         " to train on" + (group > 1 ? " (cut to whole sequences)" : "") +
+         ", but one mini-batch of " + std::to_string(least_micro_batches) + " micro-batches" +
          (c.dp > 1 ? " on each of " + std::to_string(c.dp) + " replicas" : std::string()) +
          " needs at least " + std::to_string(static_cast<long>(least_micro_batches) * c.dp);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -168,8 +169,8 @@ class StudyFiles {
   bool started() const { return csv_.has_value(); }
 
   // Draws accuracy.svg, accuracy.png, loss.svg and loss.png with gnuplot (no shell: the folder's
-  // name may hold any character). True when both were drawn and are not empty; otherwise says why
-  // on stderr.
+  // name may hold any character). True when all four were drawn and are not empty; otherwise
+  // says why on stderr.
   bool plot() const {
     if (finished() == 0) {
       std::fprintf(stderr,
@@ -248,9 +249,11 @@ class StudyFiles {
     run << c.label() << ',' << c.schedule << ',' << c.predictor << ',' << c.optimizer << ',' << c.lr
         << ',' << c.model << ',' << c.stages << ',' << c.micro_batches << ',';
     std::ostringstream rows;
-    for (const EpochRecord& e : r.epochs)
-      rows << run.str() << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ',' << e.test_loss
-           << ',' << e.samples_per_second << ',' << to_string(r.status) << '\n';
+    for (const EpochRecord& e : r.epochs) {
+      rows << run.str() << e.epoch << ',' << e.loss << ',' << e.test_accuracy << ',';
+      if (!std::isnan(e.test_loss)) rows << e.test_loss;  // (not measured: an empty field)
+      rows << ',' << e.samples_per_second << ',' << to_string(r.status) << '\n';
+    }
     if (r.epochs.empty()) rows << run.str() << ",,,,," << to_string(r.status) << '\n';
     return rows.str();
   }
@@ -313,7 +316,7 @@ class StudyFiles {
         out << e + 1;
         for (const RunRecord* r : plotted) {
           out << ',';
-          if (e < r->epochs.size()) out << value(r->epochs[e]);
+          if (e < r->epochs.size() && !std::isnan(value(r->epochs[e]))) out << value(r->epochs[e]);
         }
         out << '\n';
       }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "xpipe/core/buffer.hpp"
+#include "xpipe/core/error.hpp"
 #include "xpipe/core/random.hpp"
 #include "xpipe/core/tensor.hpp"
 #include "xpipe/data/idx.hpp"
@@ -38,6 +39,7 @@ struct DatasetPair {
 //! A copy of the first n rows of d (all of them if n >= d.count), in whole groups: n is
 //! rounded down to a multiple of d.group.
 inline Dataset head(const Dataset& d, index_t n) {
+  if (d.group < 1) throw ConfigError("xpipe: head: the data set's group must be at least 1");
   Dataset out;
   out.count = std::min(n, d.count) / d.group * d.group;
   out.width = d.width;
@@ -155,8 +157,9 @@ class Batcher {
     const index_t g = data_->group, groups = data_->count / g;
     for (index_t i = groups - 1; i > 0; --i) {
       const auto j = static_cast<index_t>(rng.below(static_cast<std::uint64_t>(i) + 1));
-      std::swap_ranges(order_.begin() + i * g, order_.begin() + (i + 1) * g,
-                       order_.begin() + j * g);
+      if (j != i)  // (the ranges of a swap must not overlap)
+        std::swap_ranges(order_.begin() + i * g, order_.begin() + (i + 1) * g,
+                         order_.begin() + j * g);
     }
   }
 

@@ -15,6 +15,7 @@ namespace xpipe {
 namespace math {
 
 //! Whether v is neither NaN nor an infinity, alike on host and device: v - v is 0 only then.
+//! Usage: `if (!math::finite_value(s[j])) ...`
 XPIPE_HOST_DEVICE bool finite_value(float v) {
   return v - v == 0.f;
 }

@@ -12,7 +12,7 @@
 
 namespace xpipe::math {
 
-//! The float whose bits are `bits`.
+//! The float whose bits are `bits`. Usage: `math::float_from_bits(127 << 23) == 1.f`.
 XPIPE_HOST_DEVICE float float_from_bits(std::int32_t bits) {
 #if defined(__CUDA_ARCH__)
   return __int_as_float(bits);
@@ -24,6 +24,7 @@ XPIPE_HOST_DEVICE float float_from_bits(std::int32_t bits) {
 }
 
 //! c[0] x^(N-1) + c[1] x^(N-2) + ... + c[N-1], by Horner's rule (highest power first).
+//! Usage: `constexpr float c[] = {1.f, 0.f, -1.f}; math::horner(c, x)` is x^2 - 1.
 template <int N>
 XPIPE_HOST_DEVICE float horner(const float (&c)[N], float x) {
   float p = c[0];
@@ -31,7 +32,8 @@ XPIPE_HOST_DEVICE float horner(const float (&c)[N], float x) {
   return p;
 }
 
-//! e^x within a few ulps for x in [-87.3, 88.7]; 0 below, +inf above, NaN for NaN. x = k ln 2 + r
+//! e^x within a few ulps for x in [-87.3, 88.7]; 0 below (though e^x down to -87.34 is a
+//! normal float), +inf above (though e^x is finite up to 88.72), NaN for NaN. x = k ln 2 + r
 //! with k the nearest integer to x / ln 2 (rounded by adding and taking away 1.5 * 2^23) and
 //! |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact to a few ulps), e^r by its Taylor series to
 //! r^7 / 7! (the next term is below 6e-9 relative), times 2^k built in the exponent bits.
@@ -43,7 +45,8 @@ XPIPE_HOST_DEVICE float exp_poly(float x) {
   constexpr float round = 12582912.f;  // 1.5 * 2^23: t + round - round is t rounded
   constexpr float taylor[] = {1.f / 5040.f, 1.f / 720.f, 1.f / 120.f, 1.f / 24.f,
                               1.f / 6.f,    0.5f,        1.f,         1.f};
-  const float xc = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  // Clamped so that NaN lands on a bound too (k must be a number); the result is fixed below.
+  const float xc = x > -87.3f ? (x < 88.7f ? x : 88.7f) : -87.3f;
   const float kr = xc * log2e + round;
   const float k = kr - round;
   const float r = (xc - k * ln2_hi) - k * ln2_lo;

@@ -5,6 +5,8 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <numeric>
 #include <span>
 
 #include "xpipe/backend/host.hpp"
@@ -145,6 +147,7 @@ consteval index_t state_count_of() {
 //! Rows layer L needs kept together, in order, in every micro-batch it runs on (L::row_group:
 //! causal attention's sequence length, whose rows are one sequence's tokens; 1 for the others).
 //! A micro-batch's rows must be a whole number of groups.
+//! Usage: `static_assert(row_group_of<CausalSelfAttention<64, 4, 128>>() == 128);`
 template <class L>
 consteval index_t row_group_of() {
   if constexpr (requires { L::row_group; }) {
@@ -153,6 +156,14 @@ consteval index_t row_group_of() {
   } else {
     return 1;
   }
+}
+
+//! The least common multiple of row groups: the group of rows that keeps every one of them
+//! whole (Stage over its layers, Pipeline over its stages). Usage: `lcm_of({4, 6}) == 12`.
+consteval index_t lcm_of(std::initializer_list<index_t> groups) {
+  index_t g = 1;
+  for (index_t n : groups) g = std::lcm(g, n);
+  return g;
 }
 
 //! Multiply-adds of layer L's forward per row (L::macs, declared by the layers that multiply:

@@ -149,6 +149,16 @@ inline double sum_row_losses(const float* row_loss, index_t rows, const LossSour
   return total;
 }
 
+//! What an evaluation checks before any forward: the data set has rows, every input is finite
+//! (check_finite_inputs) and every label lies in [0, classes). DataError naming `where` and the
+//! row otherwise. Usage: `check_evaluation_data(d.matrix(), d.labels.data(), 10, "xpipe: eval");`
+inline void check_evaluation_data(ConstMatrix x, const std::int32_t* labels, int classes,
+                                  const char* where) {
+  if (x.rows == 0) throw DataError(std::string(where) + ": the data set holds no rows");
+  check_finite_inputs(x, where);
+  check_labels(labels, x.rows, classes, where);
+}
+
 //! What an evaluation measured over a data set: the fraction of rows whose largest logit is their
 //! label's, and the mean cross-entropy -log softmax(logits)[label] (nats per row: for a language
 //! model, whose rows are tokens, nats per token; exp(loss) is its perplexity).
@@ -160,20 +170,26 @@ struct Evaluation {
 
 //! Running sums of an evaluation over chunks of host logits, in row order: rows classified
 //! correctly and their cross-entropies (in double; a loss that is not finite is summed as it is,
-//! so the mean says so). Buffers sized once for `max_rows` x `classes`; labels are checked first
-//! (DataError naming the row). Usage: `EvaluationSums s(chunk, 10); s.add(ctx, logits, y + first);
-//! ... s.result(count)`.
+//! so the mean says so). Buffers sized once for `max_rows` x `classes`. Labels are checked
+//! first: a bad one is a DataError naming `where` and its row of the data set (the chunk's first
+//! row is `first`). Usage: `EvaluationSums s(chunk, 10, "xpipe: evaluate"); s.add(ctx, logits,
+//! y + first, first); ... s.result()`.
 class EvaluationSums {
  public:
-  EvaluationSums(index_t max_rows, int classes)
+  EvaluationSums(index_t max_rows, int classes, const char* where)
       : classes_(classes),
+        where_(where),
         predicted_(static_cast<std::size_t>(max_rows)),
         grad_(static_cast<std::size_t>(max_rows * classes)),
         row_loss_(static_cast<std::size_t>(max_rows)) {}
 
-  //! Adds `logits` (host memory, rows <= max_rows) labelled `labels`.
-  void add(const HostContext& ctx, ConstMatrix logits, const std::int32_t* labels) {
-    check_labels(labels, logits.rows, classes_, "xpipe: evaluate");
+  //! Adds `logits` (host memory, rows <= max_rows), rows first.. of the data set, labelled
+  //! `labels`.
+  void add(const HostContext& ctx, ConstMatrix logits, const std::int32_t* labels,
+           index_t first = 0) {
+    if (const index_t r = first_bad_label(labels, logits.rows, classes_); r >= 0)
+      throw DataError(std::string(where_) + ": label " + std::to_string(labels[r]) + " at row " +
+                      std::to_string(first + r) + " is outside 0.." + std::to_string(classes_ - 1));
     argmax_rows(ctx, logits, predicted_.data());
     softmax_xent(ctx, logits, labels, 0.f, Matrix{grad_.data(), logits.rows, logits.cols},
                  row_loss_.data());
@@ -192,6 +208,7 @@ class EvaluationSums {
 
  private:
   int classes_;
+  const char* where_;
   std::vector<std::int32_t> predicted_;
   std::vector<float> grad_, row_loss_;
   index_t correct_ = 0, rows_ = 0;

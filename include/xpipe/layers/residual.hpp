@@ -75,9 +75,9 @@ requires(Out.known()) struct OutShapeOf<Out> {
 //! sum (ResNet's ReLU) is the next layer of the stage. Its backward also runs split for zero-bubble
 //! schedules (backward_input, then backward_weight on the same slot) where every inner layer with
 //! parameters has a split (splits_backward); a slot made for it (Saved(rows, true)) then keeps each
-//! such layer's output gradient too (kept_gradient_floats). Usage: `ResidualBlock<IdentityShortcut,
-//! Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`; mostly through Residual<...> and
-//! ProjectedResidual<P, ...>.
+//! such layer's output gradient too (kept_gradient_floats).
+//! Usage: `ResidualBlock<IdentityShortcut, Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`;
+//! mostly through Residual<...>, ProjectedResidual<P, ...> and Chain<...>.
 template <class Shortcut, class... Ls>
 struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
                        detail::OutShapeOf<Stage<Ls...>::out_shape> {

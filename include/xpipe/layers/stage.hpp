@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <numeric>
 #include <span>
 #include <string>
 #include <tuple>
@@ -277,11 +276,7 @@ struct Stage {
   //! Multiply-adds of the forward per row, over the layers that declare theirs (macs_of).
   static constexpr double macs = (0.0 + ... + macs_of<Ls>());
   //! Rows kept together in every micro-batch: the least common multiple of its layers' groups.
-  static constexpr index_t row_group = [] {
-    index_t g = 1;
-    for (index_t n : {row_group_of<Ls>()...}) g = std::lcm(g, n);
-    return g;
-  }();
+  static constexpr index_t row_group = lcm_of({row_group_of<Ls>()...});
 
   //! The initial non-trainable state (BatchNorm: running mean 0, variance 1), on the host.
   static void init_state(std::span<float> state) {

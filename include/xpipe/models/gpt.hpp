@@ -4,8 +4,8 @@
 // values; whole and split over 2, 4 and 8 stages, a block per stage at K = 8. One activation row
 // per token: a sequence of Context tokens is Context consecutive rows, which every micro-batch
 // keeps together (CausalSelfAttention's row_group). Its width, heads and context are template
-// arguments: `Gpt<64, 128, 4>` is the size xpipe-train trains on a 2-core machine in minutes,
-// `Gpt<128, 256, 4>` the size for a GPU.
+// arguments: `Gpt<64, 4, 128>` is the size xpipe-train trains on a 2-core machine in minutes,
+// `Gpt<128, 4, 256>` the size for a GPU.
 #pragma once
 
 #include "xpipe/layers/activation.hpp"
@@ -34,10 +34,10 @@ using MlpPart = Residual<LayerNorm<D>, Linear<D, 4 * D>, GELU, Linear<4 * D, D>>
 template <int D, int Heads, int Context>
 using Block = Chain<AttentionPart<D, Heads, Context>, MlpPart<D>>;
 
-//! The model of width D, Context tokens and Heads heads, whole (K1) and split. The blocks cost
+//! The model of width D, Heads heads and Context tokens, whole (K1) and split. The blocks cost
 //! the same; the embedding (a table lookup) and the head (LayerNorm and a Linear<D, 256>, about a
-//! sixth of a block's multiply-adds at D = 64, T = 128) ride with the first and last block.
-template <int D, int Context, int Heads>
+//! 2/7 of a block's multiply-adds at D = 64, T = 128) ride with the first and last block.
+template <int D, int Heads, int Context>
 struct Gpt {
   using Embed = Embedding<vocab, Context, D>;
   using Blk = Block<D, Heads, Context>;

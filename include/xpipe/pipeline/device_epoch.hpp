@@ -155,7 +155,7 @@ class DeviceEpoch {
         for (index_t r = 0; r < rows; ++r)
           copy_to_host(last, x.row(r), logits.data() + r * x.cols, x.cols);
       sums.add(HostContext{}, ConstMatrix{logits.data(), rows, x.cols},
-               data.labels.data() + first_row);
+               data.labels.data() + first_row, first_row);
     }
   }
 

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <tuple>
@@ -86,9 +85,7 @@ class Pipeline {
   //! least common multiple of the stages' row groups; batches split in whole groups.
   static constexpr index_t row_group = [] {
     return []<std::size_t... I>(std::index_sequence<I...>) {
-      index_t g = 1;
-      for (index_t n : {stage<I>::row_group...}) g = std::lcm(g, n);
-      return g;
+      return lcm_of({stage<I>::row_group...});
     }
     (std::make_index_sequence<stage_count>{});
   }();
@@ -182,12 +179,15 @@ class Pipeline {
 
   //! The live weights' accuracy and mean cross-entropy (nats per row) on `data`, stages run one
   //! after another in chunks of options().batch rows, the logits read in host memory (copied
-  //! back from a device). Throws DataError naming the first row of `data` holding NaN or an
-  //! infinity (one pass over it first), which would pass for a prediction, or a bad label.
+  //! back from a device). Throws DataError for a data set without rows, naming the first row of
+  //! `data` holding NaN or an infinity (one pass over it first), which would pass for a
+  //! prediction, or a label outside [0, out_width).
+  //! Usage: `const Evaluation v = pipe.evaluation(data.test); std::printf("%f", v.loss);`
   Evaluation evaluation(const Dataset& data) {
-    check_finite_inputs(data.matrix(), "xpipe: Pipeline::evaluate");
+    check_evaluation_data(data.matrix(), data.labels.data(), out_width,
+                          "xpipe: Pipeline::evaluate");
     const index_t chunk = options_.batch;
-    EvaluationSums sums(chunk, out_width);
+    EvaluationSums sums(chunk, out_width, "xpipe: Pipeline::evaluate");
     if constexpr (on_device) {
       device_.evaluate(ctx_of(0), ctx_of(stage_count - 1), data, chunk, in_width, sums,
                        [&](ConstMatrix x) {
@@ -203,7 +203,7 @@ class Pipeline {
         const index_t rows = std::min(chunk, data.count - first);
         ConstMatrix x = data.matrix().slice_rows(first, rows);
         for_each_stage([&](auto& rt) { x = rt.eval_forward(x); });
-        sums.add(std::get<stage_count - 1>(runtimes_)->ctx(), x, data.labels.data() + first);
+        sums.add(std::get<stage_count - 1>(runtimes_)->ctx(), x, data.labels.data() + first, first);
       }
     }
     return sums.result();

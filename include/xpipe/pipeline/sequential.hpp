@@ -87,7 +87,9 @@ class SequentialTrainer {
                        " rows are not whole groups of " + std::to_string(group) +
                        " (the model keeps a sequence's rows together)");
     if (chunks < 1 || chunks > rows / group)
-      throw ConfigError("xpipe: SequentialTrainer: chunks must lie in [1, rows / row group]");
+      throw ConfigError("xpipe: SequentialTrainer::train_step: chunks = " + std::to_string(chunks) +
+                        " must lie in [1, " + std::to_string(rows / group) + "] (" +
+                        std::to_string(rows) + " rows in groups of " + std::to_string(group) + ")");
     check_labels(labels, rows, Model::out_width, "xpipe: SequentialTrainer::train_step");
     double loss = 0;
     for (int c = 0; c < chunks; ++c) {
@@ -126,15 +128,17 @@ class SequentialTrainer {
   double evaluate(const Ctx& ctx, const Dataset& data) { return evaluation(ctx, data).accuracy; }
 
   //! Accuracy and mean cross-entropy (nats per row) on `data`, in batches of max_batch(). Throws
-  //! DataError naming the first row of `data` holding NaN or an infinity, or a bad label.
+  //! DataError for a data set without rows, naming the first row of `data` holding NaN or an
+  //! infinity, or a bad label. Usage: `const Evaluation v = t.evaluation(ctx, data.test);`
   Evaluation evaluation(const Ctx& ctx, const Dataset& data) {
-    check_finite_inputs(data.matrix(), "xpipe: SequentialTrainer::evaluate");
-    EvaluationSums sums(max_batch(), Model::out_width);
+    check_evaluation_data(data.matrix(), data.labels.data(), Model::out_width,
+                          "xpipe: SequentialTrainer::evaluate");
+    EvaluationSums sums(max_batch(), Model::out_width, "xpipe: SequentialTrainer::evaluate");
     for (index_t first = 0; first < data.count; first += max_batch()) {
       const index_t rows = std::min(max_batch(), data.count - first);
       const ConstMatrix logits = Model::forward(
           ctx, state_.weights(), data.matrix().slice_rows(first, rows), acts_, running(false));
-      sums.add(ctx, logits, data.labels.data() + first);
+      sums.add(ctx, logits, data.labels.data() + first, first);
     }
     return sums.result();
   }

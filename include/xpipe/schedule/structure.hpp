@@ -171,6 +171,7 @@ inline std::vector<std::vector<WorkerStep>> worker_steps(const Schedule& s) {
 //! runs them: an action that takes a slot on stage k adds `per_slot(k)`, one that frees it gives
 //! that back afterwards. With `per_slot` returning 1 it is the most micro-batches a worker holds;
 //! with a stage's bytes per slot, its peak activation memory. Structure checked.
+//! Usage: `std::vector<int> most = worker_slot_peaks(s, [](int) { return 1; });`
 template <class PerSlot>
 auto worker_slot_peaks(const Schedule& s, PerSlot per_slot) {
   using Amount = decltype(per_slot(0));
