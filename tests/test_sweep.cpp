@@ -1,6 +1,7 @@
 // xpipe-train --sweep's arithmetic (tools/sweep.hpp) against values worked out by hand: mean and
 // sample sd, the gap to GPipe paired by seed (a seed whose remedy or baseline did not finish
 // drops out), status counts, the plan's order and schedules, and the list flags' messages.
+// Also the reader of records.tsv (tools/run_checkpoints.hpp), today's lines and older ones.
 #include "sweep.hpp"
 
 #include <catch2/catch.hpp>
@@ -157,4 +158,34 @@ TEST_CASE("the sweep's list flags name what is wrong", "[tool][sweep]") {
   std::vector<std::string> names;
   CHECK(parse_name_list("adam", {"sgd", "adam"}, names).empty());
   CHECK(parse_name_list("adam,", {"sgd", "adam"}, names) == "'' is not one of sgd, adam");
+}
+
+TEST_CASE("records.tsv reads the lines of this and older xpipe-trains", "[tool][checkpoint]") {
+  // Today's line: epoch, loss, test accuracy, samples/s, seconds, 2 bubbles, 0 prediction-error
+  // entries, the test loss.
+  const auto now = parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\t0\t1.25\n", "now", 2);
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].loss == 0.5);
+  CHECK(now[0].bubble == std::vector<double>{0.1, 0.2});
+  CHECK(now[0].test_loss == 1.25);
+  // A test loss not measured is written "nan" and reads back as NaN.
+  CHECK(
+      std::isnan(parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\t0\tnan\n", "nan", 2)[0].test_loss));
+  // Before the test loss, and before the prediction-error entries: read, the test loss NaN.
+  const auto older = parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\t0\n", "older", 2);
+  CHECK(std::isnan(older[0].test_loss));
+  const auto oldest = parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\n", "oldest", 2);
+  CHECK(std::isnan(oldest[0].test_loss));
+  CHECK(oldest[0].prediction_error.empty());
+  // One entry (stage, s, count, error, cosine), then the test loss.
+  const auto entry =
+      parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\t1\t0\t1\t7\t0.01\t0.99\t2.5\n", "entry", 2);
+  REQUIRE(entry[0].prediction_error.size() == 1);
+  CHECK(entry[0].prediction_error[0].count == 7);
+  CHECK(entry[0].test_loss == 2.5);
+  // Anything else after it is not a record.
+  CHECK_THROWS_WITH(parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\t0\t1.25\tx\n", "junk", 2),
+                    Catch::Contains("junk, line 1: not an epoch record"));
+  CHECK_THROWS_WITH(parse_records("1\t0.5\t0.8\t100\t2\t0.1\t0.2\t0\t1.2x\n", "bad", 2),
+                    Catch::Contains("bad, line 1: not an epoch record"));
 }
