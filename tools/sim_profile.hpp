@@ -25,18 +25,45 @@
 
 namespace xpipe::tools {
 
-//! Random inputs in [-1, 1) and labels in [0, 10): timing does not depend on the values.
+//! Random inputs in [-1, 1) and labels in [0, 10): timing does not depend on the values. A model
+//! that reads tokens (`tokens` > 0: the vocabulary of a first-layer Embedding, rows in sequences
+//! of `context`) gets rows (a random id, the row's position in its sequence) instead.
 struct SyntheticData {
   index_t rows, width;
   HostBuffer<float> x;
   HostBuffer<std::int32_t> y;
-  SyntheticData(index_t r, index_t w) : rows(r), width(w), x(r * w), y(r) {
+  SyntheticData(index_t r, index_t w, int tokens = 0, int context = 1)
+      : rows(r), width(w), x(r * w), y(r) {
     Rng rng{12345};
-    for (index_t i = 0; i < r * w; ++i) x[i] = rng.uniform(-1.f, 1.f);
+    if (tokens > 0) {
+      for (index_t i = 0; i < r; ++i) {
+        x[2 * i] = static_cast<float>(rng.below(static_cast<std::uint64_t>(tokens)));
+        x[2 * i + 1] = static_cast<float>(i % context);
+      }
+    } else {
+      for (index_t i = 0; i < r * w; ++i) x[i] = rng.uniform(-1.f, 1.f);
+    }
     for (index_t i = 0; i < r; ++i) y[i] = static_cast<std::int32_t>(rng.below(10));
   }
   EpochData epoch() const { return {ConstMatrix{x.data(), rows, width}, y.data()}; }
 };
+
+namespace detail {
+// The vocabulary of an Embedding (0 for any other layer).
+template <class L>
+inline constexpr int vocabulary_of = 0;
+template <int V, int T, int D>
+inline constexpr int vocabulary_of<Embedding<V, T, D>> = V;
+}  // namespace detail
+
+//! Synthetic data for Pipeline P: tokens when its first layer is an Embedding (in sequences of
+//! P's row group), random features otherwise.
+template <class P>
+SyntheticData synthetic_for(index_t rows) {
+  using First = std::tuple_element_t<0, typename P::template stage<0>::layers>;
+  return SyntheticData(rows, P::in_width, detail::vocabulary_of<First>,
+                       static_cast<int>(P::row_group));
+}
 
 //! Seconds of CPU the calling thread has used.
 inline double thread_cpu_seconds() {
@@ -241,7 +268,7 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   constexpr int K = P::stage_count;
   P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M},
          make_predictor<typename P::predictor>(predictor));
-  const SyntheticData data(batch * N, P::in_width);
+  const SyntheticData data = synthetic_for<P>(batch * N);
   Cell c;
   c.schedule = name, c.predictor = predictor;
   c.stages = K, c.micro_batches = M, c.mini_batches = N;
@@ -385,7 +412,7 @@ std::vector<sim::LayerSpec> profile_stages(const std::array<std::string, P::stag
   const std::array<index_t, 2> rows{small, large};
   for (int i = 0; i < 2; ++i) {
     P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = rows[i], .micro_batches = 1});
-    const SyntheticData data(rows[i] * N, P::in_width);
+    const SyntheticData data = synthetic_for<P>(rows[i] * N);
     const Schedule s = gpipe(K, 1, N);
     CpuTimeExecutor ref;
     pipe.train(s, data.epoch(), ref);

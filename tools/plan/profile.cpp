@@ -16,7 +16,7 @@ namespace {
 
 struct Options {
   std::string model = "mlp", out;
-  int repeats = 5, batch = 128, micro_batches = 4;
+  int repeats = 5, batch = 0, micro_batches = 4;  // batch 0: plan_batch(model)
 };
 
 json to_json(const sim::LayerSpec& l) {
@@ -75,7 +75,9 @@ std::string ms_list(const std::vector<double>& seconds) {
   return t;
 }
 
-int run(const Options& o) {
+int run(const Options& given) {
+  Options o = given;
+  if (o.batch == 0) o.batch = static_cast<int>(plan_batch(o.model));
   if (o.batch % o.micro_batches != 0)
     throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of -M " +
                      std::to_string(o.micro_batches));
@@ -84,7 +86,8 @@ int run(const Options& o) {
       "profiling the %s's pieces (thread CPU time per action, reference order, host backend; "
       "%s)\n",
       o.model.c_str(), machine_note().c_str());
-  const ModelPieces m = profile_pieces(o.model, 16, 128, 8, o.repeats);
+  const auto [small, large] = profile_rows(o.model);
+  const ModelPieces m = profile_pieces(o.model, small, large, 8, o.repeats);
   json j;
   j["name"] = m.name;
   j["measured_on"] =
@@ -149,9 +152,11 @@ Subcommand add_profile(CLI::App& app) {
   auto* cli = app.add_subcommand(
       "profile", "measure a model's pieces (layers, blocks) -> model JSON, and its splits");
   auto o = std::make_shared<Options>();
-  cli->add_option("--model", o->model, "mlp, vgg or resnet")->check(CLI::IsMember(plan_models));
+  cli->add_option("--model", o->model, "mlp, vgg, resnet or gpt (its samples are tokens)")
+      ->check(CLI::IsMember(plan_models));
   cli->add_option("--out,-o", o->out, "model JSON to write (default xpipe-plan-out/MODEL.json)");
-  cli->add_option("--batch", o->batch, "mini-batch the splits are weighed at")
+  cli->add_option("--batch", o->batch,
+                  "mini-batch the splits are weighed at (default 128; the gpt: 2048 tokens)")
       ->check(CLI::Range(1, 1 << 20));
   cli->add_option("--micro-batches,-M", o->micro_batches, "micro-batches per mini-batch")
       ->check(CLI::Range(1, 1 << 20));

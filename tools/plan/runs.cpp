@@ -1,7 +1,8 @@
 // The reference MLP's training runs (runs.hpp): the translation unit of xpipe-plan that
 // instantiates its Pipelines of sim_profile.hpp (validation_cell's K = 2 and 4, the 4-stage one
 // shared with profile_mlp_layers) and SequentialTrainer<FashionMlp, Adam>, and the choice of a
-// model by name (the VGG's and the ResNet's runs are in runs_vgg.cpp and runs_resnet.cpp).
+// model by name (the VGG's, the ResNet's and the GPT's runs are in runs_vgg.cpp, runs_resnet.cpp
+// and runs_gpt.cpp).
 #include "plan/runs.hpp"
 
 #include <algorithm>
@@ -24,6 +25,8 @@ Cell validation_cell(const std::string& model, int K, const std::string& schedul
     return vgg_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
   if (model == "resnet")
     return resnet_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
+  if (model == "gpt")
+    return gpt_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
   if (model == "mlp")
     return tools::validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
   throw unknown_model(model);
@@ -33,6 +36,7 @@ ModelPieces profile_pieces(const std::string& model, index_t small, index_t larg
                            int repeats) {
   if (model == "vgg") return vgg_pieces(small, large, N, repeats);
   if (model == "resnet") return resnet_pieces(small, large, N, repeats);
+  if (model == "gpt") return gpt_pieces(small, large, N, repeats);
   if (model != "mlp") throw unknown_model(model);
   // The 4-stage split is the pieces themselves; the 2-stage one (mlp::K2a, K2b) two each.
   return {"mlp 784-1024-1024-1024-10",

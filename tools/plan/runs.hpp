@@ -1,11 +1,12 @@
-// The training runs xpipe-plan makes, declared: runs.cpp (the reference MLP), runs_vgg.cpp and
-// runs_resnet.cpp are the translation units that call the functions of sim_profile.hpp that
-// build a Pipeline or a SequentialTrainer, so each of those types is compiled once, a model per
-// unit (they dominate the build). The subcommands call these.
+// The training runs xpipe-plan makes, declared: runs.cpp (the reference MLP), runs_vgg.cpp,
+// runs_resnet.cpp and runs_gpt.cpp are the translation units that call the functions of
+// sim_profile.hpp that build a Pipeline or a SequentialTrainer, so each of those types is compiled
+// once, a model per unit (they dominate the build). The subcommands call these.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xpipe/core/config.hpp"
@@ -18,8 +19,20 @@ struct Cell;  // sim_profile.hpp: validate reads its fields, the others need not
 
 namespace xpipe::tools::plan {
 
-//! The models profile and validate take: the reference MLP and the CNNs of models/.
-inline const std::vector<std::string> plan_models{"mlp", "vgg", "resnet"};
+//! The models profile and validate take: the reference MLP, the CNNs and the GPT of models/.
+inline const std::vector<std::string> plan_models{"mlp", "vgg", "resnet", "gpt"};
+
+//! The mini-batch `model` is validated and weighed at, in rows: 128 samples, or for the gpt
+//! (a row is a token) 16 sequences of 128 tokens.
+inline index_t plan_batch(const std::string& model) {
+  return model == "gpt" ? 2048 : 128;
+}
+//! The micro-batch rows profile_pieces measures at (fixed cost + rows x per-sample): whole
+//! sequences for the gpt.
+inline std::pair<index_t, index_t> profile_rows(const std::string& model) {
+  return model == "gpt" ? std::pair<index_t, index_t>{128, 512}
+                        : std::pair<index_t, index_t>{16, 128};
+}
 
 //! One validation cell of `model` (plan_models) split as models/ splits it over K = 2 or 4.
 Cell validation_cell(const std::string& model, int K, const std::string& schedule, int M,
@@ -29,6 +42,8 @@ Cell vgg_validation_cell(int K, const std::string& schedule, int M, index_t batc
                          int repeats, int cores, double hop, bool pin);  // runs_vgg.cpp
 Cell resnet_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
                             int repeats, int cores, double hop, bool pin);  // runs_resnet.cpp
+Cell gpt_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                         int repeats, int cores, double hop, bool pin);  // runs_gpt.cpp
 
 //! A model cut into its smallest pieces (the MLP's layers, a CNN's blocks), each measured as a
 //! layer of the planner (tools::profile_stages), and the splits models/ compiles, each as the
@@ -43,6 +58,7 @@ ModelPieces profile_pieces(const std::string& model, index_t small, index_t larg
                            int repeats);
 ModelPieces vgg_pieces(index_t small, index_t large, int N, int repeats);     // runs_vgg.cpp
 ModelPieces resnet_pieces(index_t small, index_t large, int N, int repeats);  // runs_resnet.cpp
+ModelPieces gpt_pieces(index_t small, index_t large, int N, int repeats);     // runs_gpt.cpp
 
 //! tools::measure_sequential_step: seconds per step of `replicas` sequential trainers at batch b.
 double measure_sequential_step(index_t b, int steps, int replicas);

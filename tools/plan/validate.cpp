@@ -34,12 +34,14 @@ int run(const Options& o) {
   const fs::path out = o.out;
   const int N = o.mini_batches, repeats = o.repeats, cores = o.cores;
   const bool pin = !o.no_pin;
+  const index_t batch = plan_batch(o.model);
   std::printf(
-      "validation: simulated vs measured seconds per mini-batch, %s, batch 128, "
+      "validation: simulated vs measured seconds per mini-batch, %s, batch %ld%s, "
       "%d mini-batches, median of %d. Cost model: each action's median wall time with the "
       "stages run one action at a time on their own threads (SerialThreadedExecutor), on the "
       "same Pipeline. %s (%s)\n\n",
-      o.model == "mlp" ? "reference MLP" : o.model.c_str(), N, repeats,
+      o.model == "mlp" ? "reference MLP" : o.model.c_str(), static_cast<long>(batch),
+      o.model == "gpt" ? " tokens (16 sequences)" : "", N, repeats,
       pin ? "Stage k pinned to CPU k mod cores; the simulator shares each core between its own "
             "stages, each core at the share a run gets of it relative to the profile, measured "
             "before and after each run ('cores free' column, per core: 1 when quiet); 'quiet' "
@@ -77,7 +79,8 @@ int run(const Options& o) {
           std::printf("| %d | %s | %d | n/a (%s) | | | | | | |\n", K, s.c_str(), M, e.what());
           continue;
         }
-        const Cell c = validation_cell(o.model, K, s, M, 128, N, repeats, cores, ring.latency, pin);
+        const Cell c =
+            validation_cell(o.model, K, s, M, batch, N, repeats, cores, ring.latency, pin);
         worst = std::max(worst, std::abs(c.error()));
         std::string free;
         for (double w : c.model.core_of.empty() ? c.model.cores_with : c.model.core_speed) {
@@ -172,7 +175,7 @@ int run(const Options& o) {
 Subcommand add_validate(CLI::App& app) {
   auto* cli = app.add_subcommand("validate", "simulated vs measured time per mini-batch");
   auto o = std::make_shared<Options>();
-  cli->add_option("--model", o->model, "mlp, vgg or resnet (models/)")
+  cli->add_option("--model", o->model, "mlp, vgg, resnet or gpt (models/)")
       ->check(CLI::IsMember(plan_models));
   cli->add_option("--stages", o->stages, "K values (2 and/or 4)");
   cli->add_option("--micro-batches,-M", o->micro_batches, "M values");
