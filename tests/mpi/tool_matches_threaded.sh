@@ -33,7 +33,17 @@ v=(-K 4 --schedule dualpipev --predictor latest --train-samples 512 --test-sampl
   --epochs 1 --batch 64 -M 4)
 "$train" "${v[@]}" --out "$work/v-threaded" >"$work/v-threaded.log" 2>&1
 "$@" -np 2 "$train" --executor mpi "${v[@]}" --out "$work/v-mpi" >"$work/v-mpi.log" 2>&1
+# The GPT (a row per token, sequences kept whole across the ranks' links), its test loss too.
+gpt=(--model gpt -K 2 -M 2 --batch 512 --train-samples 4096 --test-samples 1024 --epochs 1)
+"$train" "${gpt[@]}" --out "$work/gpt-threaded" >"$work/gpt-threaded.log" 2>&1
+"$@" -np 2 "$train" --executor mpi "${gpt[@]}" --out "$work/gpt-mpi" >"$work/gpt-mpi.log" 2>&1
 fields() { cut -d, -f9-11 "$1/runs.csv" | tail -n +2; }  # epoch,loss,test_accuracy
+with_test_loss() { cut -d, -f9-12 "$1/runs.csv" | tail -n +2; }
+echo "gpt threaded: $(with_test_loss "$work/gpt-threaded" | tr '\n' ' ')"
+echo "gpt mpi:      $(with_test_loss "$work/gpt-mpi" | tr '\n' ' ')"
+if [[ "$(with_test_loss "$work/gpt-threaded")" != "$(with_test_loss "$work/gpt-mpi")" ]]; then
+  echo "FAIL: --executor mpi differs from threaded on the gpt"; exit 1
+fi
 echo "threaded: $(fields "$work/threaded" | tr '\n' ' ')"
 echo "mpi:      $(fields "$work/mpi" | tr '\n' ' ')"
 if [[ "$(fields "$work/threaded")" != "$(fields "$work/mpi")" ]]; then
