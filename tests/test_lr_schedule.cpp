@@ -2,6 +2,7 @@
 // refused by name; and a rate set between epochs trains exactly as a pipeline built with it.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -92,17 +93,26 @@ TEST_CASE("LearningRateSchedule: every malformed text is refused, quoted", "[lr_
       {"linear", "unknown schedule"},
       {"Cosine", "unknown schedule"},
       {"cosine ", "unknown schedule"},
-      {"constant:1", "unknown schedule"}};
+      {"constant:1", "unknown schedule"},
+      {"warmup-cosine", "warmup-cosine needs its warmup"},
+      {"warmup-cosine:", "warmup-cosine needs its warmup"},
+      {"warmup-cosine10", "warmup-cosine needs its warmup"},
+      {"warmup-cosine:-1", "warmup '-1' is not a whole number of steps >= 0"},
+      {"warmup-cosine:1.5", "warmup '1.5' is not a whole number of steps >= 0"},
+      {"warmup-cosine:x", "warmup 'x' is not a whole number of steps >= 0"},
+      {"warmup-cosine:99999999999999999999", "warmup '99999999999999999999' is not a whole"}};
   for (const auto& [text, why] : cases) {
     INFO("text '" << text << "'");
     const std::string m = test::message_of<ConfigError>([&] { LearningRateSchedule::parse(text); });
     REQUIRE_THAT(m, Contains("'" + text + "': " + why));
-    REQUIRE_THAT(m, Contains("expected constant, cosine or step:E1,E2,..."));
+    REQUIRE_THAT(m, Contains("expected constant, cosine, step:E1,E2,... (whole epochs >= 1, each "
+                             "above the one before) or warmup-cosine:W"));
   }
 }
 
 TEST_CASE("LearningRateSchedule: text() gives back the canonical text", "[lr_schedule]") {
-  for (const std::string text : {"constant", "cosine", "step:1", "step:10,15", "step:2,3,40"}) {
+  for (const std::string text : {"constant", "cosine", "step:1", "step:10,15", "step:2,3,40",
+                                 "warmup-cosine:0", "warmup-cosine:200"}) {
     INFO(text);
     const LearningRateSchedule s = LearningRateSchedule::parse(text);
     REQUIRE(s.text() == text);
@@ -111,6 +121,87 @@ TEST_CASE("LearningRateSchedule: text() gives back the canonical text", "[lr_sch
   REQUIRE(LearningRateSchedule::parse("step:010,15").text() == "step:10,15");
   REQUIRE(LearningRateSchedule{}.text() == "constant");
   REQUIRE(LearningRateSchedule::parse("step:10,15").milestones == std::vector<int>{10, 15});
+  REQUIRE(LearningRateSchedule::parse("warmup-cosine:007").text() == "warmup-cosine:7");
+}
+
+// StepRates{.warmup = 4, .total = 12} (floor 0.1), worked by hand: steps 1-4 rise n / 4; then
+// 0.1 + 0.9 (1 + cos(pi (n - 4) / 8)) / 2: step 5 0.1 + 0.45 (1 + cos(pi/8)) = 0.965745790,
+// step 6 0.1 + 0.45 (1 + sqrt(2)/2) = 0.868198052, step 8 0.1 + 0.45 = 0.55, step 12 on 0.1.
+TEST_CASE("StepRates: warmup, then cosine decay to the floor, against values worked by hand",
+          "[lr_schedule]") {
+  const StepRates r{.warmup = 4, .total = 12};
+  REQUIRE(r.factor(1) == 0.25);
+  REQUIRE(r.factor(2) == 0.5);
+  REQUIRE(r.factor(4) == 1.0);
+  REQUIRE(r.factor(5) == Approx(0.965745790).epsilon(1e-9));
+  REQUIRE(r.factor(6) == Approx(0.868198052).epsilon(1e-9));
+  REQUIRE(r.factor(8) == Approx(0.55).epsilon(1e-12));
+  REQUIRE(r.factor(11) == Approx(0.1 + 0.45 * (1 - 0.9238795325)).epsilon(1e-9));
+  REQUIRE(r.factor(12) == 0.1);
+  REQUIRE(r.factor(40) == 0.1);  // held after the run's end
+  REQUIRE(r.factor(0) == 0.25);  // before the first step: read as step 1
+  // No warmup: the cosine from step 1 (progress (n - 0) / 12 already at step 1).
+  const StepRates cos_only{.warmup = 0, .total = 12};
+  REQUIRE(cos_only.factor(6) == Approx(0.55).epsilon(1e-12));
+  REQUIRE(cos_only.factor(12) == 0.1);
+  // Inactive: 1 everywhere.
+  REQUIRE(StepRates{}.factor(3) == 1.0);
+  REQUIRE_FALSE(StepRates{}.active());
+}
+
+TEST_CASE("StepRates: the rates a prediction over s steps extrapolates with", "[lr_schedule]") {
+  const StepRates r{.warmup = 4, .total = 12};
+  // From 3 steps taken, 2.5 steps ahead at base 2: 2 (f(4) + f(5) + f(6) / 2).
+  REQUIRE(r.rate_sum(2.0, 3, 2.5) == Approx(2 * (1 + 0.965745790 + 0.868198052 / 2)).epsilon(1e-9));
+  REQUIRE(r.rate_sum(2.0, 0, 3) == Approx(2 * (0.25 + 0.5 + 0.75)).epsilon(1e-12));
+  REQUIRE(r.rate_sum(2.0, 0, 0) == 0);
+  // Inactive: steps * base, today's extrapolation.
+  REQUIRE(StepRates{}.rate_sum(1e-3, 7, 3) == Approx(3e-3).epsilon(1e-12));
+}
+
+TEST_CASE("StepRates: warmup-cosine's per-step rates, and the runs they cannot fit refused",
+          "[lr_schedule]") {
+  const LearningRateSchedule s = LearningRateSchedule::parse("warmup-cosine:4");
+  REQUIRE(s.step_rates(12) == StepRates{.warmup = 4, .total = 12});
+  REQUIRE(s.at(3e-4f, 2, 5) == 3e-4f);  // the epoch's rate is the base rate
+  REQUIRE_FALSE(LearningRateSchedule::parse("cosine").step_rates(12).active());
+  REQUIRE_THAT(test::message_of<ConfigError>([&] { s.step_rates(4); }),
+               Contains("'warmup-cosine:4': the warmup (4 steps) must be shorter than the run "
+                        "(4 optimizer steps)"));
+  REQUIRE_THAT(test::message_of<ConfigError>([] { StepRates{.warmup = 5, .total = 3}.check(); }),
+               Contains("the warmup (5 steps) must be >= 0 and shorter than the schedule (3"));
+  REQUIRE_THAT(
+      test::message_of<ConfigError>([] { StepRates{.warmup = 1, .total = 3, .floor = 0}.check(); }),
+      Contains("the floor must lie in (0, 1]"));
+}
+
+// SGD with momentum: predict(s) = W - s lr m; under StepRates the s rates of the steps ahead,
+// summed: from 3 steps taken, 2.5 ahead at lr 0.1, 0.1 (1 + 0.965745790 + 0.868198052 / 2) =
+// 0.239984482; W = 1, m = 2: 1 - 0.479968963 = 0.520031037.
+TEST_CASE("OptimizerState: under StepRates the optimizer and its predictions take each step's rate",
+          "[lr_schedule]") {
+  OptimizerState<SGD, Host> st(SGD{.lr = 0.1f, .momentum = 0.9f}, 3);
+  for (index_t i = 0; i < 3; ++i) {
+    st.weights()[i] = 1.f;
+    st.moment(0)[i] = 2.f;
+  }
+  st.set_steps_taken(3);
+  std::vector<float> out(3);
+  st.predict(HostContext{}, 2.5f, out.data());
+  REQUIRE(out[0] == Approx(1 - 2 * 0.25f).epsilon(1e-6));  // inactive: 2.5 * 0.1 * 2
+  st.set_step_rates({.warmup = 4, .total = 12});
+  st.predict(HostContext{}, 2.5f, out.data());
+  for (const float v : out) REQUIRE(v == Approx(0.520031037).epsilon(1e-6));
+  REQUIRE(st.optimizer().lr == 0.1f);  // the next step is step 4: factor 1
+  REQUIRE(st.optimizer_at(2).lr == 0.05f);
+  REQUIRE(st.optimizer_at(8).lr == Approx(0.055).epsilon(1e-6));
+  st.set_steps_taken(7);
+  REQUIRE(st.optimizer().lr == Approx(0.055).epsilon(1e-6));  // step 8's
+  st.set_optimizer(SGD{.lr = 1.f, .momentum = 0.9f});         // another base rate, same schedule
+  REQUIRE(st.optimizer().lr == Approx(0.55).epsilon(1e-6));
+  st.set_step_rates({});
+  REQUIRE(st.optimizer().lr == 1.f);
+  REQUIRE_THROWS_AS(st.set_step_rates({.warmup = 12, .total = 12}), ConfigError);
 }
 
 namespace {
@@ -250,4 +341,105 @@ TEST_CASE("SequentialTrainer::set_learning_rate = a trainer built with that rate
   REQUIRE(trained(set_a) == want);
   REQUIRE(trained(built_b) != want);
   REQUIRE_THROWS_AS(set_a.set_learning_rate(0.f), ConfigError);
+}
+
+namespace {
+
+// The rate of step n under StepRates{warmup, total} at base lr, written from the definition
+// (independently of StepRates::factor).
+float warmup_cosine_rate(float lr, long n, long warmup, long total) {
+  const double pi = 3.14159265358979323846;
+  if (n <= warmup) return static_cast<float>(lr * static_cast<double>(n) / warmup);
+  const double p =
+      std::min(1.0, static_cast<double>(n - warmup) / static_cast<double>(total - warmup));
+  return static_cast<float>(lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(pi * p))));
+}
+
+// One mini-batch per train() call, so a rate can be set before each step.
+template <class P>
+void train_one(P& pipe, const std::string& schedule, int step) {
+  ReferenceExecutor exec;
+  const auto d = test::random_classification(16, 12, 4, 300 + step);
+  pipe.train(make_schedule(schedule, 2, options.micro_batches, 1), d.epoch(), exec);
+}
+
+}  // namespace
+
+TEST_CASE("Pipeline::set_step_rates = the rate of each step set by hand before it",
+          "[lr_schedule][pipeline]") {
+  // GPipe, one mini-batch a call: step n of each stage happens in call n.
+  auto check = [](auto with_rates, auto by_hand, auto constant, float lr) {
+    with_rates.set_step_rates({.warmup = 3, .total = 8});
+    for (int n = 1; n <= 10; ++n) {
+      INFO("step " << n);
+      by_hand.set_learning_rate(warmup_cosine_rate(lr, n, 3, 8));
+      REQUIRE(with_rates.learning_rate() == by_hand.learning_rate());
+      train_one(with_rates, "gpipe", n);
+      train_one(by_hand, "gpipe", n);
+      train_one(constant, "gpipe", n);
+      REQUIRE(with_rates.weights() == by_hand.weights());
+    }
+    REQUIRE(constant.weights() != by_hand.weights());
+  };
+  SECTION("Adam") {
+    using P = Pipeline<S0, S1, Latest, Adam>;
+    check(P(Adam{.lr = 2e-3f}, options), P(Adam{.lr = 2e-3f}, options),
+          P(Adam{.lr = 2e-3f}, options), 2e-3f);
+  }
+  SECTION("AnyOptimizer (sgd), the tool's optimizer type") {
+    using P = Pipeline<S0, S1, Latest, AnyOptimizer>;
+    check(P(make_optimizer("sgd", 0.05f), options), P(make_optimizer("sgd", 0.05f), options),
+          P(make_optimizer("sgd", 0.05f), options), 0.05f);
+  }
+}
+
+TEST_CASE("Pipeline::set_step_rates: threaded = reference, and a checkpoint resumes the schedule",
+          "[lr_schedule][pipeline]") {
+  const StepRates rates{.warmup = 4, .total = 12};
+  auto run = [&](auto& pipe, int e, auto& exec) {
+    const auto d = epoch_data(e);
+    pipe.train(make_schedule("async-1f1b", 2, options.micro_batches, 6), d.epoch(), exec);
+  };
+  ReferenceExecutor reference;
+  ThreadedExecutor threaded;
+  SECTION("XPipe (predicts over the rates ahead), Adam") {
+    using P = Pipeline<S0, S1, XPipe, Adam>;
+    const fs::path root = test::scratch_dir("lr_schedule") / "step_rates";
+    fs::remove_all(root);
+    P a(Adam{.lr = 2e-3f}, options), b(Adam{.lr = 2e-3f}, options),
+        flat(Adam{.lr = 2e-3f}, options);
+    a.set_step_rates(rates);
+    b.set_step_rates(rates);
+    run(a, 1, reference);
+    run(b, 1, threaded);
+    run(flat, 1, reference);
+    REQUIRE(a.weights() == b.weights());
+    REQUIRE(a.weights() != flat.weights());
+    save_checkpoint(a, root, "ckpt-1");
+    run(a, 2, reference);
+    run(b, 2, threaded);
+    REQUIRE(a.weights() == b.weights());
+    P resumed(Adam{.lr = 2e-3f}, options);
+    load_checkpoint(resumed, read_checkpoint(root / "ckpt-1"));
+    resumed.set_step_rates(rates);
+    run(resumed, 2, reference);
+    REQUIRE(resumed.weights() == a.weights());
+    fs::remove_all(root);
+  }
+  SECTION("MultiStep (runs the steps ahead, each at its rate), PipeMare, AnyOptimizer") {
+    for (const std::string name : {"multistep", "pipemare", "pipeoptim"}) {
+      INFO(name);
+      using P = Pipeline<S0, S1, AnyPredictor, AnyOptimizer>;
+      P a(make_optimizer("adam", 2e-3f), options, make_predictor(name)),
+          b(make_optimizer("adam", 2e-3f), options, make_predictor(name)),
+          flat(make_optimizer("adam", 2e-3f), options, make_predictor(name));
+      a.set_step_rates(rates);
+      b.set_step_rates(rates);
+      run(a, 1, reference);
+      run(b, 1, threaded);
+      run(flat, 1, reference);
+      REQUIRE(a.weights() == b.weights());
+      REQUIRE(a.weights() != flat.weights());
+    }
+  }
 }

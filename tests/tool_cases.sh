@@ -693,7 +693,7 @@ case $case in
     ;;
   lr_schedule_malformed)  # exit 2 quoting the text and saying what is expected, before any work
     run 2 "${small[@]}" --lr-schedule step:5,3 --data-dir /nonexistent --out out
-    says "--lr-schedule: .*'step:5,3': milestone 3 does not follow 5; expected constant, cosine or"
+    says "--lr-schedule: .*'step:5,3': milestone 3 does not follow 5; expected constant, cosine, st"
     never_says "cannot open IDX"
     [ ! -e out ] || fail "the refused command made its --out"
     run 2 "${small[@]}" --lr-schedule linear --out out
@@ -769,6 +769,52 @@ case $case in
     says "--train-samples: 1 sequences of 128 tokens to train on \\(cut to whole sequences\\), but"
     run 2 --model gpt -K 4 --device cuda "${small[@]}"
     says "--device cuda: (the gpt's attention has no CUDA kernel yet|this xpipe-train was built without CUDA)"
+    ;;
+  warmup_cosine_resume_is_exact)  # per-step rates: resumed mid-run = straight; too long refused
+    base=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference
+      --epochs 3)
+    ck=("${base[@]}" --lr-schedule warmup-cosine:10)
+    dir=ck/async-1f1b_xpipe_adam
+    run 0 "${ck[@]}" --checkpoint-dir ck --out straight
+    grep -Eq '"lr_schedule": ?"warmup-cosine:10"' straight/runs.json ||
+      fail "runs.json lacks warmup-cosine:10"
+    grep -q '^field run.lr_schedule warmup-cosine:10$' $dir/ckpt-000003/MANIFEST ||
+      fail "the MANIFEST does not record run.lr_schedule"
+    # The warmup's low rates change epoch 1 already (unlike the per-epoch cosine).
+    run 0 "${base[@]}" --out constant
+    loss() { sed -n "$(($2 + 1))p" "$1/runs.csv" | cut -d, -f10; }  # loss <out> <epoch>
+    [ "$(loss straight 1)" != "$(loss constant 1)" ] || fail "the warmup did not change epoch 1"
+    # Stopped in epoch 3: resumed from epoch 2's checkpoint, its steps' rates from the step count.
+    rm $dir/ckpt-000003/MANIFEST
+    run 0 "${ck[@]}" --checkpoint-dir ck --resume --out resumed
+    says "resumed from $dir/ckpt-000002 \\(2 epochs done\\)"
+    cut -d, -f9-12 straight/runs.csv >want.txt
+    cut -d, -f9-12 resumed/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    # 16 mini-batches an epoch, 3 epochs: 48 steps, so a warmup of 48 cannot fit.
+    run 1 "${base[@]}" --lr-schedule warmup-cosine:48 --out long
+    says "'warmup-cosine:48': the warmup \\(48 steps\\) must be shorter than the run \\(48 optimizer"
+    run 2 "${small[@]}" --lr-schedule warmup-cosine:-3 --out bad
+    says "'warmup-cosine:-3': warmup '-3' is not a whole number of steps >= 0"
+    ;;
+  clip_norm_executors_agree)  # --clip-norm: threaded = reference, recorded; MPI and bad bounds refused
+    base=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --epochs 2
+      --clip-norm 0.25)
+    run 0 "${base[@]}" --executor reference --checkpoint-dir ck --out ref
+    run 0 "${base[@]}" --out thr
+    cut -d, -f9-12 ref/runs.csv >want.txt
+    cut -d, -f9-12 thr/runs.csv >got.txt
+    cmp -s want.txt got.txt || fail "executors differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    grep -Eq '"clip_norm": ?0.25' ref/runs.json || fail "runs.json lacks clip_norm"
+    grep -q '^field run.clip_norm 0.25$' ck/async-1f1b_xpipe_adam/ckpt-000002/MANIFEST ||
+      fail "the MANIFEST does not record run.clip_norm"
+    run 0 --train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --epochs 2 --out free
+    cut -d, -f9-12 free/runs.csv >free.txt
+    cmp -s want.txt free.txt && fail "clipping at 0.25 trained as no clipping"
+    run 2 "${small[@]}" --clip-norm 0.5 --executor mpi
+    says "--clip-norm needs --executor threaded or reference"
+    run 2 "${small[@]}" --clip-norm -1
+    says "--clip-norm"
     ;;
   *) fail "no such case" ;;
 esac

@@ -109,7 +109,8 @@ inline void check_run_fields(const std::map<std::string, std::string>& saved,
                                                  {"run.train_data_crc32", ""},
                                                  {"run.test_data_crc32", ""},
                                                  {"run.augment", "pad=0,flip=0"},
-                                                 {"run.lr_schedule", "constant"}};
+                                                 {"run.lr_schedule", "constant"},
+                                                 {"run.clip_norm", "0"}};
   added_later.insert(defaults.begin(), defaults.end());
   for (const auto& [key, value] : now) {
     const auto it = saved.find(key);

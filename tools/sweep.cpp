@@ -385,6 +385,7 @@ void SweepFiles::write_summaries() const {
                      {"lr", plan_.lr},
                      {"sgd_lr", plan_.sgd_lr},
                      {"lr_schedule", plan_.lr_schedule},
+                     {"clip_norm", plan_.clip_norm},
                      {"batch", plan_.batch},
                      {"epochs", plan_.epochs},
                      {"train_samples", plan_.train_samples},

@@ -40,6 +40,7 @@ struct SweepPlan {
   float lr = 1e-3f;                      // every optimizer but sgd
   float sgd_lr = 0.01f;                  // sgd (momentum 0.9)
   std::string lr_schedule = "constant";  // --lr-schedule, for every run (its text)
+  float clip_norm = 0;                   // --clip-norm, for every run (0: off)
   // The default sizes, chosen so the default sweep runs in under 30 minutes on the 2-core VM
   // (docs/guide.md, "The staleness sweep", says why these).
   long batch = 64, train_samples = 8000, test_samples = 5000;

@@ -51,6 +51,7 @@ struct RunConfig {
   std::string optimizer = "adam";
   float lr = 1e-3f;
   LearningRateSchedule lr_schedule;  // --lr-schedule: each epoch's rate from lr (constant)
+  float clip_norm = 0;               // --clip-norm: global gradient-norm bound (0: off)
   long batch = 128;
   int epochs = 3;
   std::uint64_t seed = 1;
@@ -190,6 +191,7 @@ inline std::map<std::string, std::string> run_fields(const RunConfig& c, const D
           {"run.optimizer", c.optimizer},
           {"run.lr", float_text(c.lr)},
           {"run.lr_schedule", c.lr_schedule.text()},
+          {"run.clip_norm", float_text(c.clip_norm)},
           {"run.batch", std::to_string(c.batch)},
           {"run.seed", std::to_string(c.seed)},
           {"run.train_samples", std::to_string(data.train.count)},
@@ -299,7 +301,8 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
          PipelineOptions{.batch = replica_batch,
                          .micro_batches = c.micro_batches,
                          .seed = c.seed,
-                         .measure_prediction = c.measure_prediction},
+                         .measure_prediction = c.measure_prediction,
+                         .clip_norm = c.clip_norm},
          run_predictor(c));
   // Augmented training images are drawn afresh each epoch into a copy of the set, which the
   // batcher reads (deterministic from seed, epoch and sample: every executor trains on the same).
@@ -328,6 +331,9 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   const index_t n = pipe.mini_batches_for(c.dp > 1 ? share.rows : data.train.count);
   const Schedule schedule =
       make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
+  // warmup-cosine: the rate of each of the run's optimizer steps (the n mini-batches of every
+  // epoch), keyed by the step count a checkpoint restores.
+  pipe.set_step_rates(c.lr_schedule.step_rates(static_cast<long>(n) * c.epochs));
   RunRecord rec;
   rec.config = c;
   // Checkpoints: one folder per run, a checkpoint every --checkpoint-every epochs and after

@@ -339,6 +339,7 @@ std::string check_sweep_flags(const CLI::App& app, Flags& f) {
   if (app.count("--sgd-lr") > 0) plan.sgd_lr = f.sgd_lr;
   plan.lr = c.lr;
   plan.lr_schedule = c.lr_schedule.text();
+  plan.clip_norm = c.clip_norm;
   plan.epochs = c.epochs;
   plan.batch = c.batch;
   const std::vector<int> choices = sweep_stage_choices(plan.model);
@@ -394,6 +395,9 @@ std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
     return "runs the mlp, vgg or resnet over 4 stages only (got " + c.model + " over " +
            std::to_string(c.stages) + ")";
   if (c.executor == "mpi" || c.dp > 1) return "runs in one process (no --executor mpi, no --dp)";
+  if (c.clip_norm > 0)
+    return "clips no gradients (the stages' norm is not reduced on the device yet: no "
+           "--clip-norm)";
   if (c.measure_prediction)
     return "cannot measure predictions (weights in device memory: no --measure-prediction)";
   if (!c.pin_cpus.empty()) return "pins no threads (no --pin-cpus)";
@@ -458,6 +462,10 @@ UsageProblem usage_problem(Flags& f) {
   // --executor mpi: the launch must match the flags (usage errors, exit 2, named on rank 0).
   if (c.dp > 1 && c.executor != "mpi")
     return {"--dp " + std::to_string(c.dp) + " needs --executor mpi"};
+  if (c.clip_norm > 0 && c.executor == "mpi")
+    return {
+        "--clip-norm needs --executor threaded or reference (the ranks do not share "
+        "their gradient norms yet)"};
   if (c.device == "cuda")
     if (const std::string why = cuda_problem(c); !why.empty()) return {"--device cuda: " + why};
   if (!c.pin_cpus.empty()) {

@@ -128,11 +128,19 @@ inline void add_flags(CLI::App& app, Flags& f) {
   app.add_option_function<std::string>(
          "--lr-schedule",
          [&c](const std::string& text) { c.lr_schedule = LearningRateSchedule::parse(text); },
-         "Learning rate of each epoch from --lr (and --sgd-lr), set before it trains: constant, "
-         "cosine (annealed towards 0 over --epochs) or step:E1,E2,... (a tenth after each of "
-         "these epochs); as PyTorch's CosineAnnealingLR and MultiStepLR stepped per epoch")
-      ->check(CLI::Validator(check_lr_schedule, "constant, cosine or step:E1,E2,..."))
+         "Learning rate from --lr (and --sgd-lr): per epoch, constant, cosine (annealed towards "
+         "0 over --epochs) or step:E1,E2,... (a tenth after each of these epochs), as "
+         "PyTorch's CosineAnnealingLR and MultiStepLR stepped per epoch; or per optimizer step, "
+         "warmup-cosine:W (linear warmup over W steps, then a cosine decay to a tenth at the "
+         "run's last step; the predictors extrapolate with the rates of the steps they predict)")
+      ->check(
+          CLI::Validator(check_lr_schedule, "constant, cosine, step:E1,E2,... or warmup-cosine:W"))
       ->default_str("constant");
+  app.add_option("--clip-norm", c.clip_norm,
+                 "Global gradient-norm clipping: before each step, scale every stage's gradient "
+                 "by min(1, C / |g|), |g| the norm over all stages (0: off; threaded and "
+                 "reference executors)")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--batch", c.batch,
                  "Mini-batch size in rows (the gpt's rows are tokens: a multiple of its "
                  "128-token sequences; default 2048, 16 sequences)")

@@ -270,6 +270,7 @@ class StudyFiles {
                         {"optimizer", c.optimizer},
                         {"lr", c.lr},
                         {"lr_schedule", c.lr_schedule.text()},
+                        {"clip_norm", c.clip_norm},
                         {"model", c.model},
                         {"stages", c.stages},
                         {"micro_batches", c.micro_batches},

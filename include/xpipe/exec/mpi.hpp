@@ -220,6 +220,12 @@ class MpiExecutor {
         "Pipeline<..., MpiChannel>");
     const Schedule& s = program.schedule();
     check_structure(s);  // any Program may hand one in: worker_steps needs it whole
+    if constexpr (requires { program.reduces_across_stages(); })
+      if (program.reduces_across_stages())
+        throw ConfigError(
+            "xpipe: MpiExecutor: global gradient-norm clipping (clip_norm) needs every stage's "
+            "norm before each step, which is not shared between ranks yet: run it with the "
+            "reference or threaded executor");
     if (!s.has_virtual_stages() && s.stages != workers_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' has " +
                         std::to_string(s.stages) + " stages, but " + std::to_string(size_) +

@@ -450,6 +450,18 @@ void combine(const Ctx& ctx, const float* const* x, const float* c, int terms,
   for_each_index(ctx, n, f);
 }
 
+//! The squared L2 norm of n floats in host memory, in double: four interleaved partial sums
+//! (x[i] into partial i mod 4, in index order) added at the end, so the bits depend on x and n
+//! alone. One pass, one thread: a stage's gradient, once per step (global clipping).
+inline double squared_norm(const float* x, index_t n) {
+  double part[4] = {0, 0, 0, 0};
+  index_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) part[j] += static_cast<double>(x[i + j]) * x[i + j];
+  for (int j = 0; i < n; ++i, ++j) part[j] += static_cast<double>(x[i]) * x[i];
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 //! x *= factor over n floats.
 template <class Ctx>
 void scale_buffer(const Ctx& ctx, float* XPIPE_RESTRICT x, index_t n, float factor) {

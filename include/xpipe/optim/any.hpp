@@ -40,6 +40,12 @@ struct AnyOptimizer {
 };
 static_assert(Optimizer<AnyOptimizer>);
 
+//! The chosen optimizer with learning rate lr.
+inline AnyOptimizer with_learning_rate(AnyOptimizer o, float lr) {
+  std::visit([&](auto& alt) { alt.lr = lr; }, o.impl);
+  return o;
+}
+
 //! The names make_optimizer knows.
 inline constexpr std::array<const char*, 5> optimizer_names{SGD::name, Adam::name, AdamW::name,
                                                             NAdam::name, NAdamW::name};

@@ -6,6 +6,8 @@
 #include <cstdint>
 
 #include "xpipe/backend/backend.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/optim/lr_schedule.hpp"
 
 namespace xpipe {
 
@@ -82,7 +84,29 @@ consteval bool check_optimizer() {
   return true;
 }
 
+//! The optimizer o with learning rate lr, for optimizers with a member `lr` (AnyOptimizer has its
+//! own overload; another optimizer may overload it too). Usage:
+//! `opt.step_with(ctx, with_learning_rate(o, lr))`.
+template <class O>
+requires requires(O& o) {
+  o.lr = 1.f;
+}
+O with_learning_rate(O o, float lr) {
+  o.lr = lr;
+  return o;
+}
+
+namespace detail {
+template <class O>
+concept HasSettableRate = requires(const O& o) {
+  { with_learning_rate(o, 1.f) } -> std::same_as<O>;
+};
+}  // namespace detail
+
 //! Owns a stage's flat weights, gradients and optimizer moments on backend B, and the step count.
+//! With StepRates set, the held optimizer's rate is always the one of the next step (base rate
+//! times factor(steps + 1)): what step() takes, what a remedy deriving its step from optimizer()
+//! takes, and predict() extrapolates with the rates of the steps it predicts.
 //! Usage: `OptimizerState<Adam> st(Adam{}, n); ...; st.step(ctx);`
 template <class O, class B = DefaultBackend>
 class OptimizerState {
@@ -93,7 +117,8 @@ class OptimizerState {
   static constexpr int moment_buffers = O::moment_count > 2 ? 2 : O::moment_count;
 
   OptimizerState(O optimizer, index_t size)
-      : optimizer_(optimizer),
+      : base_(optimizer),
+        optimizer_(optimizer),
         weights_(size),
         grads_(size),
         m0_(O::moment_count > 0 ? size : 0),
@@ -105,15 +130,45 @@ class OptimizerState {
   const float* grads() const { return grads_.data(); }
   index_t size() const { return weights_.size(); }
   long steps_taken() const { return steps_; }
+  //! The optimizer the next step takes: the one set, at the next step's rate under StepRates.
   const O& optimizer() const { return optimizer_; }
-  //! Replaces the held optimizer (its hyper-parameters: another learning rate). Between steps
+  //! The optimizer step n (1-based) takes: the one set, at step n's rate under StepRates
+  //! (a remedy that runs steps ahead takes each at its own rate).
+  O optimizer_at(long n) const {
+    if constexpr (detail::HasSettableRate<O>)
+      if (rates_.active())
+        return with_learning_rate(base_,
+                                  static_cast<float>(base_.learning_rate() * rates_.factor(n)));
+    return base_;
+  }
+  //! Replaces the held optimizer (its hyper-parameters: another base rate). Between steps
   //! only: nothing may be stepping or predicting with this state meanwhile. The weights, the
-  //! moments and the step count stay as they are.
-  void set_optimizer(O optimizer) { optimizer_ = optimizer; }
+  //! moments, the step count and the step rates stay as they are.
+  void set_optimizer(O optimizer) {
+    base_ = optimizer;
+    refresh();
+  }
+  //! Sets the per-step rates (inactive StepRates: the base rate at every step); ConfigError
+  //! when they do not check, or when O's rate cannot be set (no member lr and no
+  //! with_learning_rate overload). Between steps only.
+  void set_step_rates(const StepRates& rates) {
+    rates.check();
+    if constexpr (!detail::HasSettableRate<O>)
+      if (rates.active())
+        throw ConfigError(std::string("xpipe: OptimizerState: optimizer ") + O::name +
+                          " has no learning rate to schedule (no member lr, no "
+                          "with_learning_rate overload)");
+    rates_ = rates;
+    refresh();
+  }
+  const StepRates& step_rates() const { return rates_; }
   const float* moment(int i) const { return i == 0 ? m0_.data() : m1_.data(); }
   float* moment(int i) { return i == 0 ? m0_.data() : m1_.data(); }
   //! Sets the step count (a restored checkpoint's; Adam's bias correction reads it).
-  void set_steps_taken(long steps) { steps_ = steps; }
+  void set_steps_taken(long steps) {
+    steps_ = steps;
+    refresh();
+  }
 
   FlatState flat() {
     return {weights_.data(), grads_.data(), {m0_.data(), m1_.data()}, weights_.size(), steps_};
@@ -124,6 +179,7 @@ class OptimizerState {
   void step(const Ctx& ctx) {
     optimizer_.step(ctx, flat());
     ++steps_;
+    refresh();
   }
   //! One step taken by `o` in place of the held optimizer (a remedy's variant of it: another
   //! learning rate, its Nesterov form), over the same buffers, counted like step().
@@ -134,22 +190,36 @@ class OptimizerState {
                   "than the state holds");
     o.step(ctx, flat());
     ++steps_;
+    refresh();
   }
   //! d = ΔW from the current state.
   template <class Ctx>
   void direction(const Ctx& ctx, float* d) {
     optimizer_.direction(ctx, flat(), d);
   }
-  //! out = W - steps * lr * ΔW.
+  //! out = W - steps * lr * ΔW; under StepRates, out = W - (lr_{n+1} + ... + lr_{n+steps}) ΔW
+  //! with the rates of the steps predicted (n the steps taken).
   template <class Ctx>
   void predict(const Ctx& ctx, float steps, float* out) {
+    if constexpr (detail::HasSettableRate<O>) {
+      if (rates_.active() && steps > 0.f) {
+        const double sum = rates_.rate_sum(base_.learning_rate(), steps_, steps);
+        with_learning_rate(base_, static_cast<float>(sum)).predict(ctx, flat(), 1.f, out);
+        return;
+      }
+    }
     optimizer_.predict(ctx, flat(), steps, out);
   }
 
  private:
-  O optimizer_;
+  // The held optimizer at the next step's rate.
+  void refresh() { optimizer_ = optimizer_at(steps_ + 1); }
+
+  O base_;       // as set: the base rate
+  O optimizer_;  // at the rate of step steps_ + 1
   typename B::template Buffer<float> weights_, grads_, m0_, m1_;
   long steps_ = 0;
+  StepRates rates_;
 };
 
 }  // namespace xpipe

@@ -22,21 +22,6 @@ inline void check_learning_rate(float lr, const char* who) {
                       detail::number_text(lr) + ")");
 }
 
-//! The optimizer o with learning rate lr. Usage: `opt.step_with(ctx, with_learning_rate(o, lr))`.
-template <class O>
-O with_learning_rate(O o, float lr) {
-  if constexpr (std::is_same_v<O, AnyOptimizer>) {
-    std::visit([&](auto& alt) { alt.lr = lr; }, o.impl);
-  } else {
-    static_assert(
-        requires { o.lr; },
-        "xpipe: with_learning_rate: the optimizer has no member lr; overload "
-        "with_learning_rate for it");
-    o.lr = lr;
-  }
-  return o;
-}
-
 //! The momentum coefficient of o: SGD's momentum, the Adam family's beta1.
 inline float momentum_of(const SGD& o) {
   return o.momentum;

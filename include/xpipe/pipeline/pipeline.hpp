@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -43,6 +45,13 @@ struct PipelineOptions {
   //! Measure every weight prediction against the weights it aimed at (prediction_errors());
   //! costs two weight copies per prediction in flight and a pass per step. Host backends only.
   bool measure_prediction = false;
+  //! Global gradient-norm clipping (0: off): before each step every stage scales its gradient
+  //! by min(1, clip_norm / (|g| + 1e-6)), |g| the L2 norm of the whole pipeline's gradient of
+  //! that mini-batch (torch.nn.utils.clip_grad_norm_). One reduction over the stages per step:
+  //! a stage's Step waits until every stage has its gradient of that mini-batch, which an
+  //! asynchronous schedule pays for in idle time (docs/guide.md, "Clipping"). Host backends and
+  //! in-process executors (reference, threaded).
+  float clip_norm = 0;
   //! GPU backends: stage k runs on device `devices[k % devices.size()]`; empty: on device
   //! k % (number of devices). `{0}` puts every stage on device 0 (one stream each).
   std::vector<int> devices = {};
@@ -104,6 +113,14 @@ class Pipeline {
                         std::to_string(options.batch) + " must be a multiple of it, with at " +
                         "least micro_batches = " + std::to_string(options.micro_batches) +
                         " groups");
+    if (!(options.clip_norm >= 0.f) || !std::isfinite(options.clip_norm))
+      throw ConfigError(
+          "xpipe: Pipeline: clip_norm must be finite and >= 0 (0: no clipping), got " +
+          detail::number_text(options.clip_norm));
+    if (on_device && options.clip_norm > 0.f)
+      throw ConfigError(
+          "xpipe: Pipeline: global gradient-norm clipping (clip_norm) runs on host backends only; "
+          "the device pipeline has no cross-stage norm yet");
     // Adjacent stages on different devices read and write each other's queue slots.
     if constexpr (on_device)
       for (int k = 0; k + 1 < stage_count; ++k) connect(ctx_of(k), ctx_of(k + 1));
@@ -135,7 +152,19 @@ class Pipeline {
     for_each_stage(
         [&](auto& rt) { rt.opt.set_optimizer(with_learning_rate(rt.opt.optimizer(), lr)); });
   }
-  //! Stage 0's learning rate (that of every stage, unless a predictor or caller set them apart).
+  //! Sets every stage's per-step rates (StepRates: warmup, then cosine decay) on top of the
+  //! learning rate: the n-th step of each stage's optimizer takes lr * factor(n), and the
+  //! predictors extrapolate with the rates of the steps they predict (OptimizerState::predict)
+  //! and step remedies start from the next step's rate. Keyed by each stage's step count, which
+  //! checkpoints restore: set them again before resuming, as the learning rate. A remedy that
+  //! steps less often than once per mini-batch (AccumulateToBound) walks the schedule by its own
+  //! steps. Between train() calls; ConfigError when they do not check.
+  //! Usage: `p.set_step_rates(schedule.step_rates(epochs * p.mini_batches_for(rows)));`
+  void set_step_rates(const StepRates& rates) {
+    for_each_stage([&](auto& rt) { rt.opt.set_step_rates(rates); });
+  }
+  //! Stage 0's learning rate for its next step (that of every stage, unless a predictor or
+  //! caller set them apart, or their step counts differ under StepRates).
   float learning_rate() const { return std::get<0>(runtimes_)->opt.optimizer().learning_rate(); }
 
   //! Mini-batches of `rows` rows that train() runs (a tail of fewer than M rows is dropped).
@@ -326,6 +355,17 @@ class Pipeline {
     return out;
   }
 
+  //! With PipelineOptions::clip_norm: the global gradient norm (before clipping) of each
+  //! mini-batch of the last train() call, in order; empty without clipping.
+  std::vector<double> gradient_norms() const {
+    std::vector<double> out;
+    if (options_.clip_norm > 0.f)
+      for (int t = 0; t < run_.norms.mini_batches(); ++t)
+        out.push_back(run_.norms.complete(t) ? std::sqrt(run_.norms.total(t))
+                                             : std::numeric_limits<double>::quiet_NaN());
+    return out;
+  }
+
   //! The staleness analysis of the last schedule trained.
   const StalenessAnalysis& analysis() const { return analysis_; }
   //! Weight buffers stage k's predictor held in the last run (live weights included); 0 before
@@ -426,6 +466,8 @@ class Pipeline {
     run_.micro_loss.assign(static_cast<std::size_t>(schedule.total_micro_batches()), 0.0);
     run_.progress = &progress_;
     run_.analysis = &analysis_;
+    run_.clip_norm = options_.clip_norm;
+    if (options_.clip_norm > 0.f) run_.norms.size_for(K, schedule.mini_batches);
     if (options_.measure_prediction && !detail::reads_host_memory<typename backend::Context>)
       throw ConfigError(
           "xpipe: Pipeline: measure_prediction needs a backend whose weights are in host memory");
@@ -473,6 +515,8 @@ class Pipeline {
           rt.probe.emplace(k, S::param_count, analysis_.mini_batches_in_flight[k] + 1,
                            analysis_.max_forward_s(k));
         rt.fresh_grads = true;
+        rt.gradient_parts.assign(
+            options_.clip_norm > 0.f ? static_cast<std::size_t>(schedule.mini_batches) : 0, 0);
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] =
             analysis_.max_in_flight[k] *
@@ -509,7 +553,15 @@ class Pipeline {
   struct RunProgram {
     Pipeline* p;
     const Schedule& schedule() const { return *p->schedule_; }
-    bool ready(int k, const Action& a) const { return p->run_.links.ready(stage_count, k, a); }
+    bool ready(int k, const Action& a) const {
+      // Under global clipping a step also waits for every stage's gradient norm.
+      return p->run_.links.ready(stage_count, k, a) &&
+             (!info(a.kind).applies_gradient || p->run_.clip_norm <= 0.f ||
+              p->run_.norms.complete(a.index));
+    }
+    //! Whether a step needs every stage's gradient first (global clipping): an executor that
+    //! cannot share it across processes refuses the run.
+    bool reduces_across_stages() const { return p->run_.clip_norm > 0.f; }
     bool input_ready(int k, const Action& a) const {
       return p->run_.links.input_arrived(stage_count, k, a);
     }

@@ -63,6 +63,11 @@ class SequentialTrainer {
     check_learning_rate(lr, "SequentialTrainer::set_learning_rate");
     state_.set_optimizer(with_learning_rate(state_.optimizer(), lr));
   }
+  //! Sets the per-step rates (warmup, then cosine decay: StepRates) on top of the learning
+  //! rate, keyed by the step count (restored with a checkpoint); ConfigError when they do not
+  //! check. Usage: `t.set_step_rates(LearningRateSchedule::parse("warmup-cosine:100")
+  //! .step_rates(epochs * batches));`
+  void set_step_rates(const StepRates& rates) { state_.set_step_rates(rates); }
   //! The learning rate its next step takes.
   float learning_rate() const { return state_.optimizer().learning_rate(); }
   //! The model's non-trainable state (BatchNorm running statistics; empty for most models).

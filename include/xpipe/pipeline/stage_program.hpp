@@ -5,8 +5,10 @@
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -43,6 +45,45 @@ struct RunProgress {
   }
 };
 
+//! Global gradient-norm clipping's one reduction per step (PipelineOptions::clip_norm): stage k
+//! posts the squared norm of its gradient for mini-batch t when its last gradient action of t
+//! ends; every stage's S(t) is ready only once all K have posted, and each computes the same
+//! total, summed in stage order (the same bits on every stage and executor). Sized before the
+//! run; posting and reading allocate nothing.
+class GradNormBoard {
+ public:
+  //! K stages, `mini_batches` steps; every entry unposted. Allocates (before a run only).
+  void size_for(int stages, int mini_batches) {
+    stages_ = stages;
+    mini_batches_ = mini_batches;
+    sq_.assign(static_cast<std::size_t>(stages) * mini_batches, 0.0);
+    posted_ = std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(mini_batches));
+    for (int t = 0; t < mini_batches; ++t) posted_[t].store(0, std::memory_order_relaxed);
+  }
+  //! Stage k's squared gradient norm for mini-batch t (from stage k's worker only).
+  void post(int t, int k, double squared) {
+    sq_[static_cast<std::size_t>(t) * stages_ + k] = squared;
+    posted_[t].fetch_add(1, std::memory_order_release);
+  }
+  //! Whether every stage has posted for mini-batch t (false for a t outside the run).
+  bool complete(int t) const {
+    return t >= 0 && t < mini_batches_ && posted_[t].load(std::memory_order_acquire) == stages_;
+  }
+  //! The global squared norm of mini-batch t: the stages' posts in stage order. After
+  //! complete(t).
+  double total(int t) const {
+    double sum = 0;
+    for (int k = 0; k < stages_; ++k) sum += sq_[static_cast<std::size_t>(t) * stages_ + k];
+    return sum;
+  }
+  int mini_batches() const { return mini_batches_; }
+
+ private:
+  int stages_ = 0, mini_batches_ = 0;
+  std::vector<double> sq_;                      // [t * K + k]
+  std::unique_ptr<std::atomic<int>[]> posted_;  // [t]: stages that posted
+};
+
 //! What the stages of one train() call share: the links between them, the epoch's rows and how
 //! they split, and each micro-batch's loss.
 template <class Q>
@@ -57,6 +98,8 @@ struct SharedRun {
   std::vector<double> micro_loss;    // [g]: summed row losses, written by the last stage
   RunProgress* progress = nullptr;
   const StalenessAnalysis* analysis = nullptr;  // s of every action (the prediction probe's)
+  float clip_norm = 0;  // global gradient-norm clipping's bound (0: off; `norms` unused)
+  GradNormBoard norms;
 };
 
 //! Actions of stage I of a K-stage pipeline.
@@ -73,13 +116,13 @@ struct StageProgram {
         backward(rt, run, a.index);
         break;
       case ActionKind::Step:
-        step(rt, a.index);
+        step(rt, run, a.index);
         break;
       case ActionKind::InputGrad:
         input_gradient(rt, run, a.index);
         break;
       case ActionKind::WeightGrad:
-        weight_gradient(rt, a.index);
+        weight_gradient(rt, run, a.index);
         break;
     }
   }
@@ -181,13 +224,14 @@ struct StageProgram {
 
   //! W(g): B(g)'s weight half: the micro-batch's parameter gradient added (written after a
   //! step) from what I(g) kept, then its activation slot freed. Reads no weights.
-  template <class RT>
-  static void weight_gradient(RT& rt, int g) {
+  template <class RT, class Q>
+  static void weight_gradient(RT& rt, SharedRun<Q>& run, int g) {
     using S = typename RT::Stage;
     if constexpr (S::template splits_backward<typename RT::Backend>) {
       const int slot = rt.slot_of[g];
       S::backward_weight(rt.ctx(), rt.opt.grads(), !rt.fresh_grads, rt.acts[slot]);
       rt.fresh_grads = false;
+      gradient_added(rt, run, g);
       rt.free_slots.push_back(slot);
       rt.slot_of[g] = -1;
     } else {
@@ -234,6 +278,7 @@ struct StageProgram {
     if (whole) {
       S::backward(rt.ctx(), w, rt.opt.grads(), !rt.fresh_grads, rt.acts[slot], dy, dx, rt.scratch);
       rt.fresh_grads = false;
+      gradient_added(rt, run, g);
     } else if constexpr (S::template splits_backward<typename RT::Backend>) {
       S::backward_input(rt.ctx(), w, rt.acts[slot], dy, dx, rt.scratch);
     }
@@ -252,14 +297,39 @@ struct StageProgram {
     }
   }
 
+  // Global clipping: after the M-th parameter gradient of micro-batch g's mini-batch t, post
+  // the stage's squared gradient norm for t (host memory: Pipeline refuses clipping on a device).
+  template <class RT, class Q>
+  static void gradient_added(RT& rt, SharedRun<Q>& run, int g) {
+    if (run.clip_norm <= 0.f) return;
+    if constexpr (detail::reads_host_memory<typename RT::Context>) {
+      const int t = g / run.split.micro_batches;
+      if (++rt.gradient_parts[static_cast<std::size_t>(t)] == run.split.micro_batches)
+        run.norms.post(t, static_cast<int>(I), squared_norm(rt.opt.grads(), rt.opt.size()));
+    }
+  }
+
  public:
-  //! S(t): let the predictor save what it still needs, then step the optimizer (or let the
-  //! predictor step it: a remedy that changes the step, or defers it to accumulate gradients).
-  template <class RT>
-  static void step(RT& rt, int t) {
+  //! S(t): under global clipping, scale the gradient by min(1, c / (|g| + 1e-6)) with |g| the
+  //! norm over every stage's gradient of mini-batch t (torch.nn.utils.clip_grad_norm_'s rule;
+  //! ready only once every stage posted); let the predictor save what it still needs, then step
+  //! the optimizer (or let the predictor step it: a remedy that changes the step, or defers it
+  //! to accumulate gradients).
+  template <class RT, class Q>
+  static void step(RT& rt, SharedRun<Q>& run, int t) {
     using State = typename decltype(rt.pred)::value_type;
     using O = std::decay_t<decltype(rt.opt.optimizer())>;
     using B = typename RT::Backend;
+    if (run.clip_norm > 0.f) {
+      const double norm = std::sqrt(run.norms.total(t));
+      if (!std::isfinite(norm))
+        throw NumericError("xpipe: the global gradient norm of mini-batch " + std::to_string(t) +
+                           " is " + detail::number_text(norm) +
+                           " (a stage's gradient holds NaN or inf): not stepped");
+      const double coef = static_cast<double>(run.clip_norm) / (norm + 1e-6);
+      if (coef < 1.0)
+        scale_buffer(rt.ctx(), rt.opt.grads(), rt.opt.size(), static_cast<float>(coef));
+    }
     if constexpr (detail::reads_host_memory<typename RT::Context>)
       if (rt.probe) rt.probe->settle(t, rt.opt.weights());  // the weights S(t) steps from
     rt.pred->before_step(rt.ctx(), rt.opt);

@@ -43,6 +43,7 @@ struct StageRuntime {
   typename S::template Activations<B> eval_acts;
   Buffer<float> running;    // the layers' non-trainable state (BatchNorm running statistics)
   bool fresh_grads = true;  // the next backward overwrites the gradient instead of adding
+  std::vector<int> gradient_parts;  // global clipping: per mini-batch, gradients added so far
 
   StageRuntime(O o, const Placement& where, index_t batch, std::uint64_t seed,
                std::size_t first_layer)

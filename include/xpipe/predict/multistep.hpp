@@ -67,7 +67,9 @@ struct MultiStep {
       if constexpr (moments > 1) copy_buffer(ctx, opt.moment(1), moment1_.data(), n);
       FlatState ahead{
           weights_.data(), grad_.data(), {moment0_.data(), moment1_.data()}, n, opt.steps_taken()};
-      for (int i = 0; i < s; ++i, ++ahead.steps_taken) opt.optimizer().step(ctx, ahead);
+      // Each step ahead at its own rate (StepRates; the one rate without them).
+      for (int i = 0; i < s; ++i, ++ahead.steps_taken)
+        opt.optimizer_at(ahead.steps_taken + 1).step(ctx, ahead);
       return weights_.data();
     }
 

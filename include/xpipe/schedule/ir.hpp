@@ -36,26 +36,28 @@ struct ActionKindInfo {
   const char* name;
   bool on_micro_batch;  // index is a micro-batch g (else a mini-batch t)
   Travel travel;
-  bool reads_weights;   // runs on the weights the predictor chooses (counts in staleness)
-  bool sends_gradient;  // computes the input gradient: ends what the forward's weights serve
-  bool adds_gradient;   // adds the micro-batch's parameter gradient (a step must follow it)
-  bool takes_slot;      // the micro-batch takes an activation slot on its stage
-  bool frees_slot;      // the micro-batch's activation slot is free after it
-  ActionKind needs;     // the action of the same micro-batch that must come first on its stage
-                        // (itself for Forward and Step: none)
+  bool reads_weights;     // runs on the weights the predictor chooses (counts in staleness)
+  bool sends_gradient;    // computes the input gradient: ends what the forward's weights serve
+  bool adds_gradient;     // adds the micro-batch's parameter gradient (a step must follow it)
+  bool takes_slot;        // the micro-batch takes an activation slot on its stage
+  bool frees_slot;        // the micro-batch's activation slot is free after it
+  bool applies_gradient;  // steps the optimizer with the gradient added since the last one
+                          // (under global clipping it waits for every stage's norm)
+  ActionKind needs;       // the action of the same micro-batch that must come first on its stage
+                          // (itself for Forward and Step: none)
 };
 
 inline constexpr std::array<ActionKindInfo, 5> action_kinds{{
     {ActionKind::Forward, 'F', "forward", true, Travel::Down, true, false, false, true, false,
+     false, ActionKind::Forward},
+    {ActionKind::Backward, 'B', "backward", true, Travel::Up, true, true, true, false, true, false,
      ActionKind::Forward},
-    {ActionKind::Backward, 'B', "backward", true, Travel::Up, true, true, true, false, true,
-     ActionKind::Forward},
-    {ActionKind::Step, 'S', "step", false, Travel::None, false, false, false, false, false,
+    {ActionKind::Step, 'S', "step", false, Travel::None, false, false, false, false, false, true,
      ActionKind::Step},
     {ActionKind::InputGrad, 'I', "input-grad", true, Travel::Up, true, true, false, false, false,
-     ActionKind::Forward},
+     false, ActionKind::Forward},
     {ActionKind::WeightGrad, 'W', "weight-grad", true, Travel::None, false, false, true, false,
-     true, ActionKind::InputGrad},
+     true, false, ActionKind::InputGrad},
 }};
 
 //! The table row of `kind`.
