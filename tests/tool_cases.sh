@@ -83,6 +83,7 @@ sweep_check() {
       if ($col["status"] != "ok") next
       seeds[cfg] = seeds[cfg] " " $col["seed"]
       for (e = 1; e <= epochs; ++e) acc[cfg, $col["seed"], e] = $col["test_accuracy_pct_e" e]
+      for (e = 1; e <= epochs; ++e) lss[cfg, $col["seed"], e] = $col["test_loss_e" e]
       if ($col["schedule"] == "gpipe") base[key] = cfg
       next
     }
@@ -117,6 +118,27 @@ sweep_check() {
         got = $col["gap_sd_e" e]
         if (!near(got, sd(sum, sq, m))) print what ": gap_sd_e" e " " got ", expected " sd(sum, sq, m)
         if (e == epochs && $col["gap_n"] != m) print what ": gap_n " $col["gap_n"] ", expected " m
+      }
+      for (e = 1; e <= epochs; ++e) {  # the test loss, and its gap paired by seed
+        sum = sq = m = 0
+        for (i = 1; i <= n; ++i) { a = lss[cfg, s[i], e]; if (a == "") continue; sum += a; sq += a * a; ++m }
+        mean = m ? sum / m : ""
+        got = $col["loss_mean_e" e]
+        if (!near(got, mean)) print what ": loss_mean_e" e " " got ", expected " mean
+        got = $col["loss_sd_e" e]
+        if (!near(got, sd(sum, sq, m))) print what ": loss_sd_e" e " " got ", expected " sd(sum, sq, m)
+        if ($col["schedule"] == "gpipe") continue
+        sum = sq = m = 0
+        for (i = 1; i <= n; ++i)
+          if ((base[key], s[i], e) in lss && lss[cfg, s[i], e] != "" && lss[base[key], s[i], e] != "") {
+            d = lss[cfg, s[i], e] - lss[base[key], s[i], e]
+            sum += d; sq += d * d; ++m
+          }
+        mean = m ? sum / m : ""
+        got = $col["loss_gap_mean_e" e]
+        if (!near(got, mean)) print what ": loss_gap_mean_e" e " " got ", expected " mean
+        got = $col["loss_gap_sd_e" e]
+        if (!near(got, sd(sum, sq, m))) print what ": loss_gap_sd_e" e " " got ", expected " sd(sum, sq, m)
       }
     }
     END { if (rows == 0) print "sweep.csv has no configuration" }
@@ -412,6 +434,8 @@ case $case in
     [ "$(grep -c '^| 2 | 1 | adam | ' out/sweep.md)" -eq 4 ] || fail "sweep.md: not 4 rows"
     grep -q '^| 2 | 1 | adam | 2bw + 2bw | not run (3 seeds) |' out/sweep.md ||
       fail "sweep.md: 2BW not a not-run row"
+    grep -Eq '^\| 2 \| 1 \| adam \| async-1f1b \+ xpipe \| .* \| [0-9.]+ ± [0-9.]+ \| [+-][0-9.]+ ± [0-9.]+ \| [0-9]+ \|' out/sweep.md ||
+      fail "sweep.md: no test loss and its gap for xpipe"
     ;;
   sweep_deep_splits_agree)  # the deep model over 2, 4 and 8 stages is one network: GPipe, whose
     # result does not depend on the split, gives the same loss and accuracies at every K

@@ -133,13 +133,15 @@ std::string pad(std::string s, std::size_t width) {
 }
 
 // "84.12 ± 0.31" (sd left out when undefined).
-std::string mean_sd(const Stat& s, const char* sign = "") {
+// "mean ± sd" with `digits` decimals (a sign when `sign` is "+"); the mean alone when n < 2.
+std::string mean_sd(const Stat& s, const char* sign = "", int digits = 2) {
   if (s.n == 0) return "-";
-  char buf[48];
+  char buf[64];
   if (std::isnan(s.sd))
-    std::snprintf(buf, sizeof buf, sign[0] ? "%+.2f" : "%.2f", s.mean);
+    std::snprintf(buf, sizeof buf, sign[0] ? "%+.*f" : "%.*f", digits, s.mean);
   else
-    std::snprintf(buf, sizeof buf, sign[0] ? "%+.2f ± %.2f" : "%.2f ± %.2f", s.mean, s.sd);
+    std::snprintf(buf, sizeof buf, sign[0] ? "%+.*f ± %.*f" : "%.*f ± %.*f", digits, s.mean, digits,
+                  s.sd);
   return buf;
 }
 
@@ -191,17 +193,25 @@ std::vector<SweepCell> summarize(const std::vector<SweepRun>& runs, int epochs) 
       for (const SweepRun& r : runs)
         if (is_baseline_of(r.point, c.point) && r.status == SweepStatus::ok) base[r.seed] = &r;
     for (int e = 0; e < epochs; ++e) {
-      std::vector<double> acc, gap;
+      std::vector<double> acc, gap, loss, loss_gap;
       for (const SweepRun* r : members[i]) {
         if (r->status != SweepStatus::ok || static_cast<int>(r->epochs.size()) <= e) continue;
-        const double a = 100 * r->epochs[e].test_accuracy;
+        const double a = 100 * r->epochs[e].test_accuracy, l = r->epochs[e].test_loss;
         acc.push_back(a);
+        if (std::isfinite(l)) loss.push_back(l);
         const auto b = base.find(r->seed);
-        if (b != base.end() && static_cast<int>(b->second->epochs.size()) > e)
+        if (b != base.end() && static_cast<int>(b->second->epochs.size()) > e) {
           gap.push_back(a - 100 * b->second->epochs[e].test_accuracy);
+          const double bl = b->second->epochs[e].test_loss;
+          if (std::isfinite(l) && std::isfinite(bl)) loss_gap.push_back(l - bl);
+        }
       }
       c.accuracy.push_back(stat_of(acc));
-      if (!c.point.baseline()) c.gap.push_back(stat_of(gap));
+      c.test_loss.push_back(stat_of(loss));
+      if (!c.point.baseline()) {
+        c.gap.push_back(stat_of(gap));
+        c.loss_gap.push_back(stat_of(loss_gap));
+      }
     }
   }
   return cells;
@@ -267,6 +277,7 @@ void SweepFiles::start() {
       "model,stages,micro_batches,schedule,predictor,optimizer,lr,batch,seed,status,"
       "epochs_done,final_loss,samples_per_second,weight_copies";
   for (int e = 1; e <= plan_.epochs; ++e) head += ",test_accuracy_pct_e" + std::to_string(e);
+  for (int e = 1; e <= plan_.epochs; ++e) head += ",test_loss_e" + std::to_string(e);
   csv_.emplace(dir_ / "sweep-runs.csv");
   csv_->append(head + '\n');
   std::error_code ignored;  // plots of an earlier sweep are redrawn or reported at the end
@@ -318,6 +329,12 @@ std::string SweepFiles::row(const SweepRun& r) const {
   for (int e = 0; e < plan_.epochs; ++e)
     line << ','
          << (e < static_cast<int>(r.epochs.size()) ? num(100 * r.epochs[e].test_accuracy) : "");
+  // The test loss, empty where not measured (NaN) or not reached.
+  for (int e = 0; e < plan_.epochs; ++e)
+    line << ','
+         << (e < static_cast<int>(r.epochs.size()) && std::isfinite(r.epochs[e].test_loss)
+                 ? num(r.epochs[e].test_loss)
+                 : "");
   return line.str() + '\n';
 }
 
@@ -329,6 +346,9 @@ void SweepFiles::write_summaries() const {
          "failed,interrupted,samples_per_second_mean,samples_per_second_sd,weight_copies,gap_n";
   for (int e = 1; e <= plan_.epochs; ++e)
     csv << ",acc_mean_e" << e << ",acc_sd_e" << e << ",gap_mean_e" << e << ",gap_sd_e" << e;
+  for (int e = 1; e <= plan_.epochs; ++e)
+    csv << ",loss_mean_e" << e << ",loss_sd_e" << e << ",loss_gap_mean_e" << e << ",loss_gap_sd_e"
+        << e;
   csv << '\n';
   for (const SweepCell& c : cells) {
     const SweepPoint& p = c.point;
@@ -344,6 +364,13 @@ void SweepFiles::write_summaries() const {
       else
         csv << ',' << num(c.gap[e].mean) << ',' << num(c.gap[e].sd);
     }
+    for (int e = 0; e < plan_.epochs; ++e) {
+      csv << ',' << num(c.test_loss[e].mean) << ',' << num(c.test_loss[e].sd);
+      if (c.loss_gap.empty())
+        csv << ",,";
+      else
+        csv << ',' << num(c.loss_gap[e].mean) << ',' << num(c.loss_gap[e].sd);
+    }
     csv << '\n';
   }
   write_file_atomically(dir_ / "sweep.csv", csv.str());
@@ -351,8 +378,8 @@ void SweepFiles::write_summaries() const {
   // sweep.md: the same summary as a Markdown table, for a results page.
   std::ostringstream md;
   md << "| K | M | optimizer | remedy | test accuracy by epoch, mean ± sd (n) | gap to GPipe, "
-        "last epoch (points) | samples/s | weights per stage "
-        "|\n|--:|--:|---|---|---|---|--:|---|\n";
+        "last epoch (points) | test loss, last epoch | its gap to GPipe | samples/s | weights "
+        "per stage |\n|--:|--:|---|---|---|---|--:|--:|--:|---|\n";
   for (const SweepCell& c : cells) {
     const SweepPoint& p = c.point;
     md << "| " << p.stages << " | " << p.micro_batches << " | " << p.optimizer << " | "
@@ -361,7 +388,7 @@ void SweepFiles::write_summaries() const {
       md << (c.not_run == c.runs    ? "not run"
              : c.diverged == c.runs ? "diverged"
                                     : "no run finished")
-         << " (" << c.runs << " seeds) | | | |\n";
+         << " (" << c.runs << " seeds) | | | | | |\n";
       continue;
     }
     std::string acc;
@@ -369,6 +396,8 @@ void SweepFiles::write_summaries() const {
     md << acc << " (" << c.accuracy.back().n << ")";
     if (c.ok < c.runs) md << "; " << c.runs - c.ok << " of " << c.runs << " did not finish";
     md << " | " << (c.gap.empty() ? "baseline" : mean_sd(c.gap.back(), "+")) << " | "
+       << mean_sd(c.test_loss.back(), "", 4) << " | "
+       << (c.loss_gap.empty() ? "baseline" : mean_sd(c.loss_gap.back(), "+", 4)) << " | "
        << num(std::round(c.samples_per_second.mean)) << " | " << slashed(c.weight_copies) << " |\n";
   }
   write_file_atomically(dir_ / "sweep.md", md.str());
@@ -426,6 +455,13 @@ void SweepFiles::write_summaries() const {
       if (!c.gap.empty())
         je["gap_to_gpipe_points"] = {
             {"n", c.gap[e].n}, {"mean", json_num(c.gap[e].mean)}, {"sd", json_num(c.gap[e].sd)}};
+      je["test_loss"] = {{"n", c.test_loss[e].n},
+                         {"mean", json_num(c.test_loss[e].mean)},
+                         {"sd", json_num(c.test_loss[e].sd)}};
+      if (!c.loss_gap.empty())
+        je["test_loss_gap_to_gpipe"] = {{"n", c.loss_gap[e].n},
+                                        {"mean", json_num(c.loss_gap[e].mean)},
+                                        {"sd", json_num(c.loss_gap[e].sd)}};
       jc["epochs"].push_back(je);
     }
     for (const SweepRun& r : runs_) {
@@ -440,6 +476,7 @@ void SweepFiles::write_summaries() const {
         nlohmann::json je{{"epoch", er.epoch},
                           {"loss", er.loss},
                           {"test_accuracy_pct", 100 * er.test_accuracy},
+                          {"test_loss", json_num(er.test_loss)},
                           {"samples_per_second", er.samples_per_second},
                           {"seconds", er.seconds}};
         // With --measure-prediction: per stage and s, the predictions' mean relative error and

@@ -100,6 +100,10 @@ struct SweepCell {
   SweepPoint point;
   int runs = 0, ok = 0, diverged = 0, not_run = 0, failed = 0, interrupted = 0;
   std::vector<Stat> accuracy, gap;  // per epoch; gap empty for the baseline
+  // Per epoch, the test loss (nats per sample; the gpt's validation loss per token) and its
+  // difference to the baseline's, paired by seed (empty for the baseline); runs whose test
+  // loss was not measured (NaN) left out.
+  std::vector<Stat> test_loss, loss_gap;
   Stat samples_per_second;
   std::vector<int> weight_copies;
   std::string why;  // the first reason a run of it did not finish
