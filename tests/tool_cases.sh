@@ -74,6 +74,30 @@ sweep_check() {
       return (a == "" && b == "") || (a != "" && b != "" && (a - b) ^ 2 <= (1e-5 * (1 + (a < 0 ? -a : a))) ^ 2)
     }
     function sd(sum, sq, n) { return n < 2 ? "" : sqrt((sq - sum * sum / n) / (n - 1)) }
+    # One metric v[cfg, seed, epoch] of this row'"'"'s configuration (cfg, its seeds s[1..n]) at
+    # epoch e: its mean and sd over the seeds with a value, and (not for GPipe) its gap to the
+    # GPipe run of the same seed, against the named columns. Returns the gap'"'"'s count.
+    function check(v, mean_col, sd_col, gap_mean_col, gap_sd_col, e,   i, a, d, sum, sq, m, mean) {
+      sum = sq = m = 0
+      for (i = 1; i <= n; ++i) { a = v[cfg, s[i], e]; if (a == "") continue; sum += a; sq += a * a; ++m }
+      mean = m ? sum / m : ""
+      if (!near($col[mean_col], mean)) print what ": " mean_col " " $col[mean_col] ", expected " mean
+      if (!near($col[sd_col], sd(sum, sq, m)))
+        print what ": " sd_col " " $col[sd_col] ", expected " sd(sum, sq, m)
+      if ($col["schedule"] == "gpipe") return 0
+      sum = sq = m = 0
+      for (i = 1; i <= n; ++i)
+        if ((base[key], s[i], e) in v && v[cfg, s[i], e] != "" && v[base[key], s[i], e] != "") {
+          d = v[cfg, s[i], e] - v[base[key], s[i], e]
+          sum += d; sq += d * d; ++m
+        }
+      mean = m ? sum / m : ""
+      if (!near($col[gap_mean_col], mean))
+        print what ": " gap_mean_col " " $col[gap_mean_col] ", expected " mean
+      if (!near($col[gap_sd_col], sd(sum, sq, m)))
+        print what ": " gap_sd_col " " $col[gap_sd_col] ", expected " sd(sum, sq, m)
+      return m
+    }
     FNR == 1 { delete col; for (i = 1; i <= NF; ++i) col[$i] = i; file++; next }
     file == 1 {  # sweep-runs.csv
       key = $col["stages"] SUBSEP $col["micro_batches"] SUBSEP $col["optimizer"]
@@ -98,47 +122,10 @@ sweep_check() {
       if ($col["diverged"] != status[cfg, "diverged"] + 0) print what ": diverged " $col["diverged"]
       n = split(seeds[cfg], s, " ")
       for (e = 1; e <= epochs; ++e) {
-        sum = sq = 0
-        for (i = 1; i <= n; ++i) { a = acc[cfg, s[i], e]; sum += a; sq += a * a }
-        mean = n ? sum / n : ""
-        got = $col["acc_mean_e" e]
-        if (!near(got, mean)) print what ": acc_mean_e" e " " got ", expected " mean
-        got = $col["acc_sd_e" e]
-        if (!near(got, sd(sum, sq, n))) print what ": acc_sd_e" e " " got ", expected " sd(sum, sq, n)
-        if ($col["schedule"] == "gpipe") continue
-        sum = sq = m = 0
-        for (i = 1; i <= n; ++i)
-          if ((base[key], s[i], e) in acc) {
-            d = acc[cfg, s[i], e] - acc[base[key], s[i], e]
-            sum += d; sq += d * d; ++m
-          }
-        mean = m ? sum / m : ""
-        got = $col["gap_mean_e" e]
-        if (!near(got, mean)) print what ": gap_mean_e" e " " got ", expected " mean
-        got = $col["gap_sd_e" e]
-        if (!near(got, sd(sum, sq, m))) print what ": gap_sd_e" e " " got ", expected " sd(sum, sq, m)
-        if (e == epochs && $col["gap_n"] != m) print what ": gap_n " $col["gap_n"] ", expected " m
-      }
-      for (e = 1; e <= epochs; ++e) {  # the test loss, and its gap paired by seed
-        sum = sq = m = 0
-        for (i = 1; i <= n; ++i) { a = lss[cfg, s[i], e]; if (a == "") continue; sum += a; sq += a * a; ++m }
-        mean = m ? sum / m : ""
-        got = $col["loss_mean_e" e]
-        if (!near(got, mean)) print what ": loss_mean_e" e " " got ", expected " mean
-        got = $col["loss_sd_e" e]
-        if (!near(got, sd(sum, sq, m))) print what ": loss_sd_e" e " " got ", expected " sd(sum, sq, m)
-        if ($col["schedule"] == "gpipe") continue
-        sum = sq = m = 0
-        for (i = 1; i <= n; ++i)
-          if ((base[key], s[i], e) in lss && lss[cfg, s[i], e] != "" && lss[base[key], s[i], e] != "") {
-            d = lss[cfg, s[i], e] - lss[base[key], s[i], e]
-            sum += d; sq += d * d; ++m
-          }
-        mean = m ? sum / m : ""
-        got = $col["loss_gap_mean_e" e]
-        if (!near(got, mean)) print what ": loss_gap_mean_e" e " " got ", expected " mean
-        got = $col["loss_gap_sd_e" e]
-        if (!near(got, sd(sum, sq, m))) print what ": loss_gap_sd_e" e " " got ", expected " sd(sum, sq, m)
+        m = check(acc, "acc_mean_e" e, "acc_sd_e" e, "gap_mean_e" e, "gap_sd_e" e, e)
+        if (e == epochs && $col["schedule"] != "gpipe" && $col["gap_n"] != m)
+          print what ": gap_n " $col["gap_n"] ", expected " m
+        check(lss, "loss_mean_e" e, "loss_sd_e" e, "loss_gap_mean_e" e, "loss_gap_sd_e" e, e)
       }
     }
     END { if (rows == 0) print "sweep.csv has no configuration" }
