@@ -9,7 +9,8 @@
 #                         [--no-limit] [--data-dir DIR | --no-data]
 # --data-dir: the four Fashion-MNIST .gz files (default: xpipe-train's, $XPIPE_DATA_DIR or else
 # the Debian package's /usr/share/datasets/fashion-mnist); without them, or with --no-data,
-# gpu-check.sh skips the xpipe-train run.
+# gpu-check.sh skips the xpipe-train run. The fortunes text ($XPIPE_TEXT_DIR or Debian's
+# /usr/share/games/fortunes) is bundled too when found, for the gpt's run (--no-data: neither).
 # The bundle must fit the device tool's 64 MiB carry limit together with the checkout: it is
 # stored plain when it fits (or --compress is not given), else as bundle.tar.xz; over the limit
 # even compressed, it fails.
@@ -27,6 +28,7 @@ out="$root/gpu-bundle"
 limit=1
 compress=0
 data_dir=${XPIPE_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+text_dir=${XPIPE_TEXT_DIR:-/usr/share/games/fortunes}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --arch) [[ $# -ge 2 ]] || usage; arch=$2; shift 2 ;;
@@ -35,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --no-limit) limit=0; shift ;;
     --compress) compress=1; shift ;;
     --data-dir) [[ $# -ge 2 ]] || usage; data_dir=$2; shift 2 ;;
-    --no-data) data_dir=""; shift ;;
+    --no-data) data_dir=""; text_dir=""; shift ;;
     -h|--help) usage ;;
     *) echo "gpu-bundle.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -139,6 +141,15 @@ if [[ -n "$data_dir" ]]; then
     echo "gpu-bundle: note: $data_dir lacks the four Fashion-MNIST .gz files; no data bundled" \
       "(gpu-check.sh will skip the xpipe-train run)"
   fi
+fi
+# The gpt's corpus: the plain-text files load_text_corpus reads (not the .dat indexes, not the
+# .u8 links), about 2.5 MB.
+if [[ -n "$text_dir" && -d "$text_dir" ]]; then
+  mkdir -p "$stage/data/fortunes"
+  find "$text_dir" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cp {} "$stage/data/fortunes/" \;
+  data_note+="; the fortunes text from $text_dir ($(ls "$stage/data/fortunes" | wc -l) files)"
+else
+  echo "gpu-bundle: note: no fortunes text at '${text_dir}'; gpu-check.sh will skip the gpt run"
 fi
 
 # Libraries: everything ldd resolves except what a machine with the CUDA toolkit and a driver

@@ -237,6 +237,25 @@ else
     save_logs
   done
 fi
+# The GPT over 4 stages (GPipe, M = 4) on 262,144 training and 65,536 validation tokens of the
+# bundled fortunes text: its CUDA attention, embedding and LayerNorm trained end to end.
+gpt_row=""
+if [[ -x "$bundle/bin/xpipe-train" && -d "$bundle/data/fortunes" ]]; then
+  (cd "$work" && run_bundled timeout 300 "$bundle/bin/xpipe-train" --device cuda --model gpt \
+    -K 4 -M 4 --schedule gpipe --predictor latest --epochs 1 --train-samples 262144 \
+    --test-samples 65536 --data-dir "$bundle/data/fortunes" --out "$work/train-gpt") \
+    >"$logs/xpipe-train-gpt.log" 2>&1
+  gpt_rc=$?
+  echo "gpu-check: xpipe-train --device cuda --model gpt exit $gpt_rc (log: $logs/xpipe-train-gpt.log)"
+  if [[ $gpt_rc -ne 0 ]]; then
+    failed=1
+    train_note+="${train_note:+; }xpipe-train --device cuda --model gpt FAILED (exit $gpt_rc)"
+  fi
+  gpt_row=$(awk '/samples\/s/ && /%/ && !/^run/ {print "gpt: " $0}' "$logs/xpipe-train-gpt.log")
+  save_logs
+else
+  train_note+="${train_note:+; }no fortunes text in the bundle: no gpt run"
+fi
 # ---- the schedules on this machine's cores: xpipe-plan validate -------------------------------
 validate_table=""
 validate_note=""
@@ -365,6 +384,15 @@ EOF
     echo
     echo '```'
     printf '%s' "$cnn_rows"
+    echo '```'
+  fi
+  if [[ -n "$gpt_row" ]]; then
+    echo
+    echo "The GPT, --device cuda --model gpt -K 4 -M 4 --schedule gpipe, 262,144 training and" \
+      "65,536 validation tokens, 1 epoch (test = next-byte accuracy, its loss in nats/token):"
+    echo
+    echo '```'
+    echo "$gpt_row"
     echo '```'
   fi
   [[ -n "$train_note" ]] && echo "$train_note"

@@ -136,8 +136,9 @@ TEST_CASE("clip_norm: the threaded executor trains the reference's bits", "[clip
   }
 }
 
-TEST_CASE("clip_norm: zero-bubble and interleaved schedules wait for the norm too",
-          "[clipping][pipeline]") {
+TEST_CASE(
+    "clip_norm: zero-bubble and flushed schedules wait for the norm too, threaded = reference",
+    "[clipping][pipeline]") {
   using P = Pipeline<S0, S1, S2, Latest, Adam>;
   for (const std::string schedule : {"zb-h1", "1f1b-flush", "async-zb"}) {
     INFO(schedule);

@@ -8,8 +8,10 @@
 #include <limits>
 #include <numeric>
 #include <set>
+#include <utility>
 #include <vector>
 
+#include "support/emulated_device.hpp"
 #include "support/support.hpp"
 #include "xpipe/models/gpt.hpp"
 #include "xpipe/pipeline/replicas.hpp"
@@ -266,4 +268,73 @@ TEST_CASE("A NaN reaching attention stops the pipeline naming stage, action, hea
                    "the micro-batch are not finite; input row 1, column 0 (q) holds NaN") !=
                    std::string::npos;
       }));
+}
+
+namespace {
+
+// The tiny GPT over 2 stages on backend B: its weights after `s`, and its evaluation of `d`.
+template <class B>
+std::pair<std::vector<float>, Evaluation> trained_on(const Schedule& s, const test::LabelledData& d,
+                                                     const char* predictor, const Dataset& held) {
+  Pipeline<Tiny::K2a, Tiny::K2b, AnyPredictor, Adam, B> p(
+      Adam{}, {.batch = batch, .micro_batches = s.micro_batches, .seed = 3},
+      make_predictor(predictor));
+  ThreadedExecutor thr;
+  p.train(s, d.epoch(), thr);
+  return {p.weights(), p.evaluation(held)};
+}
+
+Dataset as_dataset(const test::LabelledData& d) {
+  Dataset held;
+  held.count = d.rows;
+  held.width = 2;
+  held.classes = models::gpt::vocab;
+  held.group = context;
+  held.features = HostBuffer<float>(d.rows * 2);
+  std::copy(d.x.begin(), d.x.end(), held.features.data());
+  held.labels = d.y;
+  return held;
+}
+
+}  // namespace
+
+// The device path of attention (a GEMM per sequence and head, one loop over the rows' softmax)
+// and of the embedding, run on the emulated device (the host's GEMM and row math under CUDA's
+// stream rules), against the host's launchers: the same products in the same order, so the same
+// bits, training and evaluating.
+TEST_CASE("A GPT on a device backend (emulated) trains and evaluates the host's bits",
+          "[gpt][pipeline][device]") {
+  const test::LabelledData d = random_text(12, 11), v = random_text(3, 12);
+  const Dataset held = as_dataset(v);
+  for (const auto& [s, predictor] :
+       {std::pair{gpipe(2, 2, 3), "latest"}, std::pair{async_1f1b(2, 2, 3), "xpipe"},
+        std::pair{zb_h1(2, 2, 3), "latest"}}) {
+    INFO(s.name << " + " << predictor);
+    const auto host = trained_on<Host>(s, d, predictor, held);
+    const auto device = trained_on<test::EmulatedDevice>(s, d, predictor, held);
+    REQUIRE(device.first == host.first);
+    REQUIRE(device.second.loss == host.second.loss);
+    REQUIRE(device.second.accuracy == host.second.accuracy);
+  }
+}
+
+TEST_CASE("A device GPT refuses token ids out of range on the host, before any upload",
+          "[gpt][pipeline][device]") {
+  test::LabelledData d = random_text(8, 13);
+  d.x[2 * 6] = 300.f;     // row 6's token id
+  d.x[2 * 9 + 1] = 1.5f;  // row 9's position
+  using P = Pipeline<Tiny::K2a, Tiny::K2b, Latest, Adam, test::EmulatedDevice>;
+  P p(Adam{}, {.batch = batch, .micro_batches = 2, .seed = 3});
+  const std::vector<float> before = p.weights();
+  ThreadedExecutor thr;
+  REQUIRE_THROWS_WITH(p.train(gpipe(2, 2, 2), d.epoch(), thr),
+                      Catch::Contains("xpipe: Pipeline::train: Embedding<256, 4, 16>: row 6, "
+                                      "column 0 (token id): 300 is outside 0..255"));
+  REQUIRE(p.weights() == before);
+  d.x[2 * 6] = 7.f;
+  REQUIRE_THROWS_WITH(p.train(gpipe(2, 2, 2), d.epoch(), thr),
+                      Catch::Contains("row 9, column 1 (position): 1.5 is not a whole number"));
+  Dataset held = as_dataset(d);
+  REQUIRE_THROWS_WITH(p.evaluation(held),
+                      Catch::Contains("xpipe: Pipeline::evaluate: Embedding<256, 4, 16>: row 9"));
 }

@@ -1,5 +1,5 @@
-// xpipe-train's GPU runs (--device cuda): the reference MLP, the VGG and the ResNet over 4 stages
-// on CUDA devices, with every predictor, through the same run_pipeline as the host
+// xpipe-train's GPU runs (--device cuda): the reference MLP, the VGG, the ResNet and the GPT over
+// 4 stages on CUDA devices, with every predictor, through the same run_pipeline as the host
 // (train_run.hpp). A CUDA translation unit (nvcc), built into xpipe-train when the CUDA Toolkit
 // is found.
 #include <string>
@@ -25,6 +25,11 @@ RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const Check
 RunRecord run_resnet4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return run_pipeline<
       Pipeline<resnet::A, resnet::B, resnet::C, resnet::D, AnyPredictor, AnyOptimizer, Cuda>>(
+      c, data, check);
+}
+
+RunRecord run_gpt4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
+  return run_pipeline<Pipeline<Gpt::A, Gpt::B, Gpt::B, Gpt::C, AnyPredictor, AnyOptimizer, Cuda>>(
       c, data, check);
 }
 

@@ -559,11 +559,12 @@ RunRecord run_gpt2(const RunConfig& c, const DatasetPair& data, const CheckPoint
 RunRecord run_gpt4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_gpt8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 #if defined(XPIPE_WITH_CUDA)
-// --device cuda (train_models_cuda.cu): the MLP over 4 stages on CUDA devices, and why no
-// device can run it (empty when one can).
+// --device cuda (train_models_cuda.cu): the MLP, the CNNs and the GPT over 4 stages on CUDA
+// devices, and why no device can run them (empty when one can).
 RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_resnet4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
+RunRecord run_gpt4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 std::string cuda_device_problem();
 #endif
 

@@ -152,6 +152,7 @@ RunRecord run(const RunConfig& c, const DatasetPair& data, const CheckPoint& che
   if (c.device == "cuda")  // main checked the model and stages (cuda_problem)
     return c.model == "vgg"      ? run_vgg4_cuda(c, data, check)
            : c.model == "resnet" ? run_resnet4_cuda(c, data, check)
+           : c.model == "gpt"    ? run_gpt4_cuda(c, data, check)
                                  : run_mlp4_cuda(c, data, check);
 #endif
   const auto it = model_table().find({c.model, c.stages});
@@ -390,9 +391,9 @@ std::vector<std::string> predictors_in_use(const Flags& f) {
 // Why --device cuda cannot run `c` here ("" when it can).
 std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
 #if defined(XPIPE_WITH_CUDA)
-  if (c.model == "gpt") return "the gpt's attention has no CUDA kernel yet (it trains on the host)";
-  if ((c.model != "mlp" && c.model != "vgg" && c.model != "resnet") || c.stages != 4)
-    return "runs the mlp, vgg or resnet over 4 stages only (got " + c.model + " over " +
+  if ((c.model != "mlp" && c.model != "vgg" && c.model != "resnet" && c.model != "gpt") ||
+      c.stages != 4)
+    return "runs the mlp, vgg, resnet or gpt over 4 stages only (got " + c.model + " over " +
            std::to_string(c.stages) + ")";
   if (c.executor == "mpi" || c.dp > 1) return "runs in one process (no --executor mpi, no --dp)";
   if (c.clip_norm > 0)

@@ -2,19 +2,22 @@
 // against a direct convolution in tests/test_im2col.cpp), within tol + |ref| * eps, and against
 // itself bitwise run to run. Then stages of the ResNet (models/resnet.hpp: convolutions,
 // BatchNorm with its running statistics, residual blocks, the head) trained one forward and
-// backward on the GPU against the host the same way. Exits 77 (CTest: skipped) when no CUDA
-// device is present.
+// backward on the GPU against the host the same way, and the GPT's (models/gpt.hpp: the
+// embedding, LayerNorm, causal attention through cuBLAS and the softmax loop, GELU, the head).
+// Exits 77 (CTest: skipped) when no CUDA device is present.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xpipe/backend/cuda.cuh"
 #include "xpipe/core/random.hpp"
 #include "xpipe/kernels/cuda/conv.cuh"
 #include "xpipe/kernels/im2col.hpp"
+#include "xpipe/models/gpt.hpp"
 #include "xpipe/models/resnet.hpp"
 
 namespace {
@@ -222,14 +225,17 @@ StageResults device_stage_pass(const xpipe::CudaContext& ctx, index_t rows,
   return r;
 }
 
+// `inputs`: the stage's input rows (random in [-1, 1) when empty: token ids for an embedding).
 template <class S>
-void stage_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::string& name) {
+void stage_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::string& name,
+                        std::vector<float> inputs = {}) {
   std::vector<float> params(static_cast<std::size_t>(S::param_count)),
       state(static_cast<std::size_t>(S::state_count));
   S::init({params.data(), params.size()}, 3);
   S::init_state({state.data(), state.size()});
-  const std::vector<float> x = random_vector(rows * S::in_width, 21),
-                           dy = random_vector(rows * S::out_width, 22);
+  const std::vector<float> x =
+      inputs.empty() ? random_vector(rows * S::in_width, 21) : std::move(inputs);
+  const std::vector<float> dy = random_vector(rows * S::out_width, 22);
   const StageResults ref = host_stage_pass<S>(rows, params, state, x, dy);
   const StageResults a = device_stage_pass<S>(ctx, rows, params, state, x, dy),
                      b = device_stage_pass<S>(ctx, rows, params, state, x, dy);
@@ -243,6 +249,17 @@ void stage_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::
   check_bitwise(name + " dx run to run", a.dx, b.dx);
   check_bitwise(name + " gradients run to run", a.grads, b.grads);
   check_bitwise(name + " running statistics run to run", a.state, b.state);
+}
+
+// Rows (token id, position) of whole sequences of `context` tokens, ids drawn from `vocab`.
+std::vector<float> token_rows(index_t rows, int vocab, int context) {
+  xpipe::Rng rng{23};
+  std::vector<float> x(static_cast<std::size_t>(2 * rows));
+  for (index_t r = 0; r < rows; ++r) {
+    x[static_cast<std::size_t>(2 * r)] = static_cast<float>(rng.below(vocab));
+    x[static_cast<std::size_t>(2 * r + 1)] = static_cast<float>(r % context);
+  }
+  return x;
 }
 
 }  // namespace
@@ -273,10 +290,17 @@ int main() {
     stage_matches_host<resnet::E0>(ctx, 20, "resnet stem + 16-channel block, 20 rows");
     stage_matches_host<resnet::E2>(ctx, 5, "resnet strided block 16->32, 5 rows");
     stage_matches_host<resnet::Head>(ctx, 3, "resnet pooling head, 3 rows");
+    // xpipe-train's GPT: the first stage (embedding, 2 blocks) on 2 sequences of 128 tokens, and
+    // the last (2 blocks, the final norm, the head) on 1.
+    using Gpt = xpipe::models::gpt::Gpt<64, 4, 128>;
+    stage_matches_host<Gpt::A>(ctx, 256, "gpt embedding + 2 blocks, 256 tokens",
+                               token_rows(256, xpipe::models::gpt::vocab, 128));
+    stage_matches_host<Gpt::C>(ctx, 128, "gpt 2 blocks + norm + head, 128 tokens");
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;
   }
-  std::printf(failures ? "FAILED: %d checks\n" : "all CUDA convolution checks passed\n", failures);
+  std::printf(failures ? "FAILED: %d checks\n" : "all CUDA convolution and GPT checks passed\n",
+              failures);
   return failures ? 1 : 0;
 }

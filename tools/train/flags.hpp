@@ -168,8 +168,8 @@ inline void add_flags(CLI::App& app, Flags& f) {
   auto* device_opt =
       app.add_option(
              "--device", c.device,
-             "host, or cuda: the mlp over 4 stages on CUDA devices (stage k on device k mod "
-             "count), with any predictor; needs a build with CUDA and a device")
+             "host, or cuda: the mlp, vgg, resnet or gpt over 4 stages on CUDA devices (stage k "
+             "on device k mod count), with any predictor; needs a build with CUDA and a device")
           ->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--pin-cpus", c.pin_cpus,
                  "Pin stage k's thread to the (k mod n)-th of these CPUs (--executor threaded; "

@@ -1,10 +1,14 @@
 // Causal self-attention (CausalSelfAttention): the masked softmax of one row of scores and its
-// backward as shared per-row functions (a host loop and a CUDA kernel run the same math), and the
-// host launchers, which run each (sequence, head)'s products through oneDNN's GEMM.
+// backward as shared per-row functions (a host loop and a CUDA kernel run the same math), the
+// host launchers, which run each (sequence, head)'s products through oneDNN's GEMM, and the
+// device launchers (any DeviceBackend: its gemm per (sequence, head), one element loop over every
+// row's softmax): the GEMM-and-softmax path, with the scores in memory.
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
+#include "xpipe/backend/backend.hpp"
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/tensor.hpp"
@@ -84,6 +88,36 @@ struct AttentionShape {
   }
 };
 
+namespace ops {
+
+//! Row r, head h of the scores (index r * heads + h): its causal softmax in place
+//! (math::causal_softmax_row), the row's position in its sequence giving how much it sees. A row
+//! whose scores are not finite is left NaN.
+struct CausalSoftmaxRows {
+  AttentionShape a;
+  float* probs;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    const index_t r = i / a.heads, h = i % a.heads, t = r % a.context;
+    float* row = probs + a.prob_offset(r / a.context, h) + t * a.prob_ld();
+    math::causal_softmax_row(row, t + 1, a.context);
+  }
+};
+
+//! Row r, head h of dP (index r * heads + h): the softmax's backward in place into dS
+//! (math::causal_softmax_row_backward) from the forward's probabilities.
+struct CausalSoftmaxBackwardRows {
+  AttentionShape a;
+  const float* probs;
+  float* grads;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    const index_t r = i / a.heads, h = i % a.heads, t = r % a.context;
+    const index_t at = a.prob_offset(r / a.context, h) + t * a.prob_ld();
+    math::causal_softmax_row_backward(probs + at, grads + at, t + 1, a.context);
+  }
+};
+
+}  // namespace ops
+
 namespace detail {
 // The products of one (sequence, head) run on the thread that owns it, one thread each: their
 // bits then depend on neither the thread count nor which thread runs them. (dnnl_sgemm runs on
@@ -158,6 +192,58 @@ inline void causal_attention_backward(const HostContext& ctx, const AttentionSha
     gemm(one, Trans::No, Trans::No, t, dh, t, scale, ds, ldp, k, x.ld, 0.f, dq, dx.ld);
     gemm(one, Trans::Yes, Trans::No, t, dh, t, scale, ds, ldp, q, x.ld, 0.f, dk, dx.ld);
   });
+}
+
+//! The forward on a device backend (its gemm and element loop, enqueued on ctx's stream): per
+//! (sequence, head) S = Q K^T / sqrt(head_width) into `probs`, then every row's causal softmax in
+//! one loop (ops::CausalSoftmaxRows, the host's row math), then per (sequence, head) O = P V into
+//! y's head columns. The same products and row math as the host's, in the same order within each
+//! row: the bits follow the device's GEMM. A row whose scores are not finite is left NaN (no
+//! check on the device: the loss, read after the run, shows it).
+//! Usage: `causal_attention_forward(cuda_ctx, AttentionShape{x.rows, 2, 4, 4}, x, y, probs);`
+template <class Ctx>
+requires(!std::is_base_of_v<HostContext, Ctx>) void causal_attention_forward(
+    const Ctx& ctx, const AttentionShape& a, ConstMatrix x, Matrix y, float* probs) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(a.head_width));
+  const index_t t = a.context, dh = a.head_width, ldp = a.prob_ld();
+  for (index_t s = 0; s < a.sequences(); ++s)
+    for (index_t h = 0; h < a.heads; ++h)
+      gemm(ctx, Trans::No, Trans::Yes, t, t, dh, scale, x.data + a.qkv_offset(x, s, 0, h), x.ld,
+           x.data + a.qkv_offset(x, s, 1, h), x.ld, 0.f, probs + a.prob_offset(s, h), ldp);
+  for_each_index(ctx, a.rows * a.heads, ops::CausalSoftmaxRows{a, probs});
+  for (index_t s = 0; s < a.sequences(); ++s)
+    for (index_t h = 0; h < a.heads; ++h)
+      gemm(ctx, Trans::No, Trans::No, t, dh, t, 1.f, probs + a.prob_offset(s, h), ldp,
+           x.data + a.qkv_offset(x, s, 2, h), x.ld, 0.f, y.data + s * t * y.ld + h * dh, y.ld);
+}
+
+//! The backward on a device backend, from the forward's probabilities: per (sequence, head) dV =
+//! P^T dO and dP = dO V^T into `grads`, then every row's softmax backward in one loop
+//! (ops::CausalSoftmaxBackwardRows), then per (sequence, head) dQ = dS K / sqrt(head_width) and
+//! dK = dS^T Q / sqrt(head_width). Usage: as the host's.
+template <class Ctx>
+requires(!std::is_base_of_v<HostContext, Ctx>) void causal_attention_backward(
+    const Ctx& ctx, const AttentionShape& a, ConstMatrix x, ConstMatrix dy, Matrix dx,
+    const float* probs, float* grads) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(a.head_width));
+  const index_t t = a.context, dh = a.head_width, ldp = a.prob_ld();
+  for (index_t s = 0; s < a.sequences(); ++s)
+    for (index_t h = 0; h < a.heads; ++h) {
+      const float* d_out = dy.data + s * t * dy.ld + h * dh;
+      gemm(ctx, Trans::Yes, Trans::No, t, dh, t, 1.f, probs + a.prob_offset(s, h), ldp, d_out,
+           dy.ld, 0.f, dx.data + a.qkv_offset(dx, s, 2, h), dx.ld);
+      gemm(ctx, Trans::No, Trans::Yes, t, t, dh, 1.f, d_out, dy.ld,
+           x.data + a.qkv_offset(x, s, 2, h), x.ld, 0.f, grads + a.prob_offset(s, h), ldp);
+    }
+  for_each_index(ctx, a.rows * a.heads, ops::CausalSoftmaxBackwardRows{a, probs, grads});
+  for (index_t s = 0; s < a.sequences(); ++s)
+    for (index_t h = 0; h < a.heads; ++h) {
+      const float* ds = grads + a.prob_offset(s, h);
+      gemm(ctx, Trans::No, Trans::No, t, dh, t, scale, ds, ldp, x.data + a.qkv_offset(x, s, 1, h),
+           x.ld, 0.f, dx.data + a.qkv_offset(dx, s, 0, h), dx.ld);
+      gemm(ctx, Trans::Yes, Trans::No, t, dh, t, scale, ds, ldp, x.data + a.qkv_offset(x, s, 0, h),
+           x.ld, 0.f, dx.data + a.qkv_offset(dx, s, 1, h), dx.ld);
+    }
 }
 
 }  // namespace xpipe

@@ -25,6 +25,12 @@ struct EmbeddingForward {
   }
 };
 
+//! dx(r, c) = 0: token ids and positions are not differentiable.
+struct EmbeddingInputGradient {
+  Matrix dx;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t c) const { dx(r, c) = 0.f; }
+};
+
 //! Per block b of `block` columns: the tables' gradients in those columns, zeroed first unless
 //! accumulating, then dy of every row added to its token's and its position's row, rows in
 //! order. One block per index: each gradient element is summed by one thread in row order, so

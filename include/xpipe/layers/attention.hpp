@@ -24,7 +24,10 @@ namespace xpipe {
 //! outputs side by side. Per sequence and head: S = Q K^T / sqrt(dh), token t attends to tokens
 //! 0..t of its own sequence, P = softmax(S) row-wise, O = P V. It keeps P per activation slot
 //! (its Saved) for the backward, with room for the backward's dS. On the host, scores that are
-//! not finite are a NumericError naming the layer, the row and the head. Host only so far.
+//! not finite are a NumericError naming the layer, the row and the head. On a device backend the
+//! products are its GEMMs per (sequence, head) and the softmax one element loop over the rows
+//! (the host's row math); scores that are not finite go unchecked there until the loss shows
+//! them, after the run.
 //! Usage: `Stage<Linear<64, 192>, CausalSelfAttention<64, 4, 16>, Linear<64, 64>>`.
 template <int Dim, int Heads, int Context>
 struct CausalSelfAttention {
@@ -75,13 +78,12 @@ struct CausalSelfAttention {
   //! Usage: `CausalSelfAttention<8, 2, 4>::forward(ctx, nullptr, x, y, saved);`
   template <class Ctx, class Sv>
   static void forward(const Ctx& ctx, const float* /*params*/, ConstMatrix x, Matrix y, Sv& saved) {
-    static_assert(detail::reads_host_memory<Ctx>,
-                  "xpipe: CausalSelfAttention: only the host backend has it so far");
     check_views(x, y, saved, "forward");
     const AttentionShape a = shape(x.rows);
     causal_attention_forward(ctx, a, x, y, saved.probs.data());
-    if (const index_t bad = first_non_finite_scores(a, saved.probs.data()); bad >= 0)
-      throw_non_finite(x, bad / Heads, bad % Heads);
+    if constexpr (detail::reads_host_memory<Ctx>)
+      if (const index_t bad = first_non_finite_scores(a, saved.probs.data()); bad >= 0)
+        throw_non_finite(x, bad / Heads, bad % Heads);
   }
 
   //! dx = the gradient through P V, the softmax and Q K^T (nothing when dx is empty: there are
@@ -92,8 +94,6 @@ struct CausalSelfAttention {
   static void backward(const Ctx& ctx, const float* /*params*/, float* /*grads*/,
                        bool /*accumulate*/, ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy,
                        Matrix dx, Sv& saved) {
-    static_assert(detail::reads_host_memory<Ctx>,
-                  "xpipe: CausalSelfAttention: only the host backend has it so far");
     check_views(x, dy, saved, "backward");
     if (dx.empty()) return;
     check_views(dx, dy, saved, "backward");

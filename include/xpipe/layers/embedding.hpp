@@ -86,7 +86,7 @@ struct Embedding {
       throw ShapeError("xpipe: " + name() + "::backward_input: the input gradient is " +
                        std::to_string(dx.rows) + "x" + std::to_string(dx.cols) + ", expected " +
                        std::to_string(x.rows) + "x" + std::to_string(in_width));
-    for_each_element(ctx, dx.rows, dx.cols, [dx](index_t r, index_t c) { dx(r, c) = 0.f; });
+    for_each_element(ctx, dx.rows, dx.cols, ops::EmbeddingInputGradient{dx});
   }
 
   //! The weight part: the token table's gradient rows (+)= dy of the rows with that id, the
@@ -102,6 +102,17 @@ struct Embedding {
     for_each_index(ctx, blocks, (Vocab + Context + x.rows) * static_cast<index_t>(Dim),
                    ops::EmbeddingGradColumns{x, dy, grads, grads + token_count, Vocab, Context, Dim,
                                              grad_block, accumulate});
+  }
+
+  //! Every row's id in [0, Vocab) and position in [0, Context), whole numbers, as forward checks
+  //! them on the host: a DataError naming `who`, the layer, the row, the column and the value.
+  //! For rows in host memory that a device will read unchecked (Stage::check_host_input).
+  //! Usage: `Embedding<10, 4, 8>::check_input(x, "xpipe: Pipeline::train");`
+  static void check_input(ConstMatrix x, const char* who) {
+    for (index_t r = 0; r < x.rows; ++r) {
+      check_id(x, r, 0, Vocab, who, nullptr);
+      check_id(x, r, 1, Context, who, nullptr);
+    }
   }
 
  private:
@@ -128,18 +139,22 @@ struct Embedding {
   // output is written; builds no string unless it throws.
   static void check_ids(ConstMatrix x, const char* where) {
     for (index_t r = 0; r < x.rows; ++r) {
-      check_id(x, r, 0, Vocab, where);
-      check_id(x, r, 1, Context, where);
+      check_id(x, r, 0, Vocab, nullptr, where);
+      check_id(x, r, 1, Context, nullptr, where);
     }
   }
-  static void check_id(ConstMatrix x, index_t r, index_t c, int limit, const char* where) {
+  // The message names `who` and the layer, or else the layer's call `where`.
+  static void check_id(ConstMatrix x, index_t r, index_t c, int limit, const char* who,
+                       const char* where) {
     const float v = x(r, c);
     // NaN fails both tests; an infinity is whole but out of range.
     const bool whole = std::floor(v) == v, in_range = v >= 0.f && v < static_cast<float>(limit);
     if (whole && in_range) return;
     const std::string column = c == 0 ? "column 0 (token id)" : "column 1 (position)";
-    throw DataError("xpipe: " + name() + "::" + where + ": row " + std::to_string(r) + ", " +
-                    column + ": " + detail::number_text(v) +
+    const std::string at =
+        who ? std::string(who) + ": " + name() : "xpipe: " + name() + "::" + where;
+    throw DataError(at + ": row " + std::to_string(r) + ", " + column + ": " +
+                    detail::number_text(v) +
                     (whole ? " is outside 0.." + std::to_string(limit - 1)
                            : std::string(" is not a whole number")));
   }

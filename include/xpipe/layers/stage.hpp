@@ -278,6 +278,15 @@ struct Stage {
   //! Rows kept together in every micro-batch: the least common multiple of its layers' groups.
   static constexpr index_t row_group = lcm_of({row_group_of<Ls>()...});
 
+  //! Checks input rows in host memory the way the stage's first layer would before reading them,
+  //! where it says how (a static `check_input(ConstMatrix, const char* who)`: Embedding's ids
+  //! and positions): what a device pipeline runs before uploading its inputs, since the device's
+  //! loops check nothing. A no-op for other stages. Usage:
+  //! `S0::check_host_input(x, "xpipe: Pipeline::train");`
+  static void check_host_input(ConstMatrix x, const char* who) {
+    if constexpr (requires { layer<0>::check_input(x, who); }) layer<0>::check_input(x, who);
+  }
+
   //! The initial non-trainable state (BatchNorm: running mean 0, variance 1), on the host.
   static void init_state(std::span<float> state) {
     if (static_cast<index_t>(state.size()) != state_count)

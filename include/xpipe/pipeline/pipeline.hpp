@@ -218,6 +218,8 @@ class Pipeline {
     const index_t chunk = options_.batch;
     EvaluationSums sums(chunk, out_width, "xpipe: Pipeline::evaluate");
     if constexpr (on_device) {
+      // The device reads the rows unchecked: the first layer's check (Embedding's ids) here.
+      stage<0>::check_host_input(data.matrix(), "xpipe: Pipeline::evaluate");
       device_.evaluate(ctx_of(0), ctx_of(stage_count - 1), data, chunk, in_width, sums,
                        [&](ConstMatrix x) {
                          for_each_stage([&](auto& rt) {
@@ -443,6 +445,10 @@ class Pipeline {
                       " at row " + std::to_string(r) + " (mini-batch " +
                       std::to_string(r / options_.batch) + ") is outside 0.." +
                       std::to_string(out_width - 1));
+    // A device reads the inputs unchecked: its first layer's check (Embedding's ids) here, on
+    // the host, before anything is uploaded (the host's layers check as they read).
+    if constexpr (on_device)
+      stage<0>::check_host_input(data.inputs.slice_rows(0, used), "xpipe: Pipeline::train");
     analysis_ = analyze_staleness(schedule);  // validates
     // The stages whose list splits a backward into I and W: their layers must split, and their
     // slots keep what W needs (a stage that runs whole backwards needs neither).
