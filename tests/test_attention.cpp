@@ -221,6 +221,80 @@ TEST_CASE("CausalSelfAttention matches PyTorch", "[layers][attention][torch]") {
   }
 }
 
+namespace {
+
+// The fused kernels' row math (kernels/attention.hpp: what kernels/cuda/attention.cuh runs per
+// thread), run row by row on the host over every (sequence, head): y, each row's log-sum-exp,
+// then dx from x, y and dy.
+template <int Dh>
+void fused_on_host(const AttentionShape& a, ConstMatrix x, Matrix y, ConstMatrix dy, Matrix dx) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(Dh));
+  const index_t t = a.context;
+  std::vector<float> lse(static_cast<std::size_t>(t)), delta(static_cast<std::size_t>(t));
+  for (index_t s = 0; s < a.sequences(); ++s)
+    for (index_t h = 0; h < a.heads; ++h) {
+      const float* q = x.data + a.qkv_offset(x, s, 0, h);
+      const float* k = x.data + a.qkv_offset(x, s, 1, h);
+      const float* v = x.data + a.qkv_offset(x, s, 2, h);
+      const float* d_out = dy.data + s * t * dy.ld + h * Dh;
+      for (index_t i = 0; i < t; ++i) {
+        float* o = y.data + (s * t + i) * y.ld + h * Dh;
+        lse[static_cast<std::size_t>(i)] =
+            math::fused_attention_row<Dh>(q + i * x.ld, k, v, x.ld, i, scale, o);
+        float dot = 0.f;
+        for (int d = 0; d < Dh; ++d) dot += d_out[i * dy.ld + d] * o[d];
+        delta[static_cast<std::size_t>(i)] = dot;
+      }
+      for (index_t i = 0; i < t; ++i) {
+        math::fused_attention_row_dq<Dh>(q + i * x.ld, k, v, x.ld, i, scale, lse[i], delta[i],
+                                         d_out + i * dy.ld,
+                                         dx.data + a.qkv_offset(dx, s, 0, h) + i * dx.ld);
+        math::fused_attention_row_dkv<Dh>(q, x.ld, k + i * x.ld, v + i * x.ld, d_out, dy.ld, i, t,
+                                          scale, lse.data(), delta.data(),
+                                          dx.data + a.qkv_offset(dx, s, 1, h) + i * dx.ld,
+                                          dx.data + a.qkv_offset(dx, s, 2, h) + i * dx.ld);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("The fused attention's row math matches PyTorch and the GEMM path",
+          "[layers][attention][torch]") {
+  // PyTorch's values for Attention (the fixture above): the online softmax and the recomputed
+  // probabilities reach the same y and dx within float rounding.
+  std::vector<float> x(8 * 24), y(8 * 8), dy(8 * 8), dx(8 * 24);
+  for (index_t r = 0; r < 8; ++r) {
+    for (index_t c = 0; c < 24; ++c) x[r * 24 + c] = x_value(r, c);
+    for (index_t c = 0; c < 8; ++c) dy[r * 8 + c] = dy_value(r, c);
+  }
+  fused_on_host<4>(AttentionShape{8, 2, 4, 4}, {x.data(), 8, 24}, {y.data(), 8, 8},
+                   {dy.data(), 8, 8}, {dx.data(), 8, 24});
+  xpipe::test::require_close(y, torch_y, "y", 1e-6f, 1e-5f);
+  xpipe::test::require_close(dx, torch_dx, "dx", 1e-6f, 1e-5f);
+  // xpipe-train's heads (16 wide) over 2 sequences of 128 tokens, random inputs: against the
+  // host's GEMM-and-softmax layer.
+  using L = CausalSelfAttention<64, 4, 128>;
+  AttentionSlot<L> gemm_path(256);
+  Rng rng{52};
+  xpipe::test::fill_uniform(gemm_path.x, rng, -2.f, 2.f);
+  xpipe::test::fill_uniform(gemm_path.dy, rng);
+  gemm_path.forward(HostContext{});
+  gemm_path.backward(HostContext{});
+  std::vector<float> fy(gemm_path.y.size()), fdx(gemm_path.dx.size());
+  fused_on_host<16>(AttentionShape{256, 4, 16, 128}, gemm_path.input(), {fy.data(), 256, 64},
+                    {gemm_path.dy.data(), 256, 64}, {fdx.data(), 256, 192});
+  xpipe::test::require_close(fy, gemm_path.y, "y", 1e-6f, 1e-4f);
+  xpipe::test::require_close(fdx, gemm_path.dx, "dx", 1e-5f, 1e-3f);
+  // A NaN among a row's scores makes that row's output NaN (and leaves earlier rows alone).
+  gemm_path.x[5 * 192 + 0] = std::numeric_limits<float>::quiet_NaN();  // row 5's q, head 0
+  fused_on_host<16>(AttentionShape{256, 4, 16, 128}, gemm_path.input(), {fy.data(), 256, 64},
+                    {gemm_path.dy.data(), 256, 64}, {fdx.data(), 256, 192});
+  REQUIRE(std::isnan(fy[5 * 64 + 0]));
+  REQUIRE_FALSE(std::isnan(fy[5 * 64 + 16]));  // head 1 of the same row
+  REQUIRE_FALSE(std::isnan(fy[4 * 64 + 0]));
+}
+
 TEST_CASE("CausalSelfAttention on a hand-worked sequence", "[layers][attention]") {
   // Context 2, one head of width 1 (scale 1 / sqrt(1) = 1). Rows (q, k, v): token 0 (5, 0, 2),
   // token 1 (1, ln 3, 6).

@@ -731,6 +731,38 @@ void write_json(const std::string& path, const cudaDeviceProp& p) {
 
 }  // namespace
 
+// ---- attention: the fused kernels against the GEMM-and-softmax path ---------------------------
+// CausalSelfAttention's forward and backward over 16 sequences of T tokens, 4 heads of 16
+// (xpipe-train's GPT heads), both paths replayed from a CUDA graph: tokens/s of the fused kernels
+// (kernels/cuda/attention.cuh) against cuBLAS per (sequence, head) and the softmax loop
+// (kernels/attention.hpp's device launchers). The issue's aim: 1.5x at T = 256.
+template <int T>
+void attention_paths(const xpipe::CudaContext& ctx, const Options& o) {
+  const index_t rows = 16 * T;
+  const xpipe::AttentionShape a{rows, 4, 16, T};
+  xpipe::DeviceBuffer<float> x(rows * 192), y(rows * 64), dy(rows * 64), dx(rows * 192),
+      probs(rows * 4 * T), grads(rows * 4 * T);
+  fill(x.data(), rows * 192, -1.f, 1.f, 41);
+  fill(dy.data(), rows * 64, -0.1f, 0.1f, 42);
+  const xpipe::ConstMatrix xm{x.data(), rows, 192}, ym{y.data(), rows, 64},
+      dym{dy.data(), rows, 64};
+  const int reps = o.quick ? 5 : 21;
+  const double fused = graph_median_ms(ctx.stream, reps, 5, 5, [&] {
+    xpipe::fused_attention_forward(ctx, std::integral_constant<int, 16>{}, a, xm,
+                                   {y.data(), rows, 64}, probs.data());
+    xpipe::fused_attention_backward(ctx, std::integral_constant<int, 16>{}, a, xm, ym, dym,
+                                    {dx.data(), rows, 192}, probs.data());
+  });
+  const double gemm = graph_median_ms(ctx.stream, reps, 5, 5, [&] {
+    xpipe::causal_attention_forward(ctx, a, xm, {y.data(), rows, 64}, probs.data());
+    xpipe::causal_attention_backward(ctx, a, xm, dym, {dx.data(), rows, 192}, probs.data(),
+                                     grads.data());
+  });
+  if (fused > 0 && gemm > 0)
+    add({"attention fwd+bwd fused, T " + std::to_string(T), rows / (fused * 1e-3), "tokens/s",
+         rows / (gemm * 1e-3), "GEMM per (sequence, head) + softmax loop", T == 256 ? 1.5 : 0});
+}
+
 int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -769,6 +801,8 @@ int main(int argc, char** argv) {
     if (o.gemm_detail) gemm_detail(ctx, o);
     training_steps(ctx, o);
     convolutions(ctx, o);
+    attention_paths<128>(ctx, o);
+    attention_paths<256>(ctx, o);
     stream.synchronize();
     pipelines(o, devices, two_gpus_with_peer_access(devices));
     if (!o.json.empty()) write_json(o.json, prop);

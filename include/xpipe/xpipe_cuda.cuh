@@ -6,6 +6,7 @@
 
 #include "xpipe/backend/cuda.cuh"
 #include "xpipe/exec/cuda.cuh"
+#include "xpipe/kernels/cuda/attention.cuh"
 #include "xpipe/kernels/cuda/conv.cuh"
 #include "xpipe/kernels/cuda/linear.cuh"
 #include "xpipe/layers/loss.cuh"

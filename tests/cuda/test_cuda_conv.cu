@@ -15,6 +15,7 @@
 
 #include "xpipe/backend/cuda.cuh"
 #include "xpipe/core/random.hpp"
+#include "xpipe/kernels/cuda/attention.cuh"
 #include "xpipe/kernels/cuda/conv.cuh"
 #include "xpipe/kernels/im2col.hpp"
 #include "xpipe/models/gpt.hpp"
@@ -262,6 +263,48 @@ std::vector<float> token_rows(index_t rows, int vocab, int context) {
   return x;
 }
 
+// Attention on 2 sequences of 128 tokens, 4 heads of 16 (xpipe-train's GPT): the device's
+// GEMM-and-softmax path (cuBLAS per sequence and head, the softmax loop) and the fused kernels
+// against the host's layer, y and dx, and each run to run.
+void attention_matches_host(const xpipe::CudaContext& ctx) {
+  using L = xpipe::CausalSelfAttention<64, 4, 128>;
+  const index_t rows = 256;
+  const xpipe::AttentionShape a{rows, 4, 16, 128};
+  const std::vector<float> x = random_vector(rows * 192, 31), dy = random_vector(rows * 64, 32);
+  std::vector<float> ref_y(rows * 64), ref_dx(rows * 192);
+  typename L::template Saved<xpipe::Host> saved(rows);
+  L::forward(xpipe::HostContext{}, nullptr, {x.data(), rows, 192}, {ref_y.data(), rows, 64}, saved);
+  L::backward(xpipe::HostContext{}, nullptr, nullptr, false, {x.data(), rows, 192},
+              {ref_y.data(), rows, 64}, {dy.data(), rows, 64}, {ref_dx.data(), rows, 192}, saved);
+  auto run = [&](bool fused) {
+    auto xs = to_device(x), d = to_device(dy);
+    xpipe::DeviceBuffer<float> y(rows * 64), dx(rows * 192), probs(rows * 4 * 128),
+        grads(rows * 4 * 128);
+    const xpipe::ConstMatrix xm{xs.data(), rows, 192}, ym{y.data(), rows, 64},
+        dym{d.data(), rows, 64};
+    if (fused) {
+      xpipe::fused_attention_forward(ctx, std::integral_constant<int, 16>{}, a, xm,
+                                     {y.data(), rows, 64}, probs.data());
+      xpipe::fused_attention_backward(ctx, std::integral_constant<int, 16>{}, a, xm, ym, dym,
+                                      {dx.data(), rows, 192}, probs.data());
+    } else {
+      xpipe::causal_attention_forward(ctx, a, xm, {y.data(), rows, 64}, probs.data());
+      xpipe::causal_attention_backward(ctx, a, xm, dym, {dx.data(), rows, 192}, probs.data(),
+                                       grads.data());
+    }
+    XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    return std::pair{to_host(y), to_host(dx)};
+  };
+  for (bool fused : {false, true}) {
+    const std::string name = fused ? "attention, fused kernels" : "attention, GEMM + softmax loop";
+    const auto first = run(fused), second = run(fused);
+    check(name + " y", ref_y, first.first, 1e-5f, 1e-4f);
+    check(name + " dx", ref_dx, first.second, 1e-5f, 1e-3f);
+    check_bitwise(name + " y run to run", first.first, second.first);
+    check_bitwise(name + " dx run to run", first.second, second.second);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -292,6 +335,7 @@ int main() {
     stage_matches_host<resnet::Head>(ctx, 3, "resnet pooling head, 3 rows");
     // xpipe-train's GPT: the first stage (embedding, 2 blocks) on 2 sequences of 128 tokens, and
     // the last (2 blocks, the final norm, the head) on 1.
+    attention_matches_host(ctx);
     using Gpt = xpipe::models::gpt::Gpt<64, 4, 128>;
     stage_matches_host<Gpt::A>(ctx, 256, "gpt embedding + 2 blocks, 256 tokens",
                                token_rows(256, xpipe::models::gpt::vocab, 128));

@@ -63,6 +63,93 @@ XPIPE_HOST_DEVICE void causal_softmax_row_backward(const float* p, float* dp, in
   for (index_t j = valid; j < n; ++j) dp[j] = 0.f;
 }
 
+//! The fused ("flash") forward of one query row of one (sequence, head): o = sum over keys j <=
+//! i of softmax_j(q . k_j * scale) v_j, by an online softmax over the keys in order, so the row
+//! of scores is never stored. Key j's k and v are Dh floats at k + j ld and v + j ld. Returns
+//! the row's log-sum-exp (max + log of the sum of exps), what the fused backward recomputes the
+//! probabilities from. A score that is not finite makes o and the result NaN. Usage:
+//! `float lse = math::fused_attention_row<16>(q, k, v, 16, i, 0.25f, o);`
+template <int Dh>
+XPIPE_HOST_DEVICE float fused_attention_row(const float* q, const float* k, const float* v,
+                                            index_t ld, index_t i, float scale, float* o) {
+  float acc[Dh];
+  for (int d = 0; d < Dh; ++d) acc[d] = 0.f;
+  float m = 0.f, l = 0.f;
+  bool finite = true;
+  for (index_t j = 0; j <= i; ++j) {
+    float s = 0.f;
+    for (int d = 0; d < Dh; ++d) s += q[d] * k[j * ld + d];
+    s *= scale;
+    finite = finite && finite_value(s);
+    if (j == 0 || s > m) {  // a new maximum: rescale what was summed under the old one
+      const float c = j == 0 ? 0.f : exp_poly(m - s);
+      l *= c;
+      for (int d = 0; d < Dh; ++d) acc[d] *= c;
+      m = s;
+    }
+    const float p = exp_poly(s - m);
+    l += p;
+    for (int d = 0; d < Dh; ++d) acc[d] += p * v[j * ld + d];
+  }
+  if (!finite) {
+    for (int d = 0; d < Dh; ++d) o[d] = nanf("");
+    return nanf("");
+  }
+  for (int d = 0; d < Dh; ++d) o[d] = acc[d] / l;
+  return m + logf(l);
+}
+
+//! The fused backward's query side for row i: dq = scale * sum over j <= i of ds_ij k_j, with
+//! p_ij = exp(q . k_j * scale - lse_i) recomputed, dp_ij = do . v_j and ds_ij = p_ij (dp_ij -
+//! delta_i), delta_i = do . o_i (= sum_j p_ij dp_ij). Keys as in fused_attention_row.
+template <int Dh>
+XPIPE_HOST_DEVICE void fused_attention_row_dq(const float* q, const float* k, const float* v,
+                                              index_t ld, index_t i, float scale, float lse,
+                                              float delta, const float* d_out, float* dq) {
+  float acc[Dh];
+  for (int d = 0; d < Dh; ++d) acc[d] = 0.f;
+  for (index_t j = 0; j <= i; ++j) {
+    float s = 0.f, dp = 0.f;
+    for (int d = 0; d < Dh; ++d) {
+      s += q[d] * k[j * ld + d];
+      dp += d_out[d] * v[j * ld + d];
+    }
+    const float ds = exp_poly(s * scale - lse) * (dp - delta);
+    for (int d = 0; d < Dh; ++d) acc[d] += ds * k[j * ld + d];
+  }
+  for (int d = 0; d < Dh; ++d) dq[d] = acc[d] * scale;
+}
+
+//! The fused backward's key side for key row j of a sequence of n rows: dv = sum over queries i
+//! >= j of p_ij do_i, dk = scale * sum of ds_ij q_i (p, ds as in fused_attention_row_dq). Query
+//! i's q and do are Dh floats at q + i ld_q and d_out + i ld_do, its lse and delta at lse[i] and
+//! delta[i]; k and v are key j's.
+template <int Dh>
+XPIPE_HOST_DEVICE void fused_attention_row_dkv(const float* q, index_t ld_q, const float* k,
+                                               const float* v, const float* d_out, index_t ld_do,
+                                               index_t j, index_t n, float scale, const float* lse,
+                                               const float* delta, float* dk, float* dv) {
+  float acc_k[Dh], acc_v[Dh];
+  for (int d = 0; d < Dh; ++d) acc_k[d] = acc_v[d] = 0.f;
+  for (index_t i = j; i < n; ++i) {
+    float s = 0.f, dp = 0.f;
+    for (int d = 0; d < Dh; ++d) {
+      s += q[i * ld_q + d] * k[d];
+      dp += d_out[i * ld_do + d] * v[d];
+    }
+    const float p = exp_poly(s * scale - lse[i]);
+    const float ds = p * (dp - delta[i]);
+    for (int d = 0; d < Dh; ++d) {
+      acc_v[d] += p * d_out[i * ld_do + d];
+      acc_k[d] += ds * q[i * ld_q + d];
+    }
+  }
+  for (int d = 0; d < Dh; ++d) {
+    dk[d] = acc_k[d] * scale;
+    dv[d] = acc_v[d];
+  }
+}
+
 }  // namespace math
 
 //! Where causal self-attention's operands lie. Rows are tokens, `context` consecutive rows one

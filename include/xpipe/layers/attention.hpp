@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/error.hpp"
@@ -26,8 +27,9 @@ namespace xpipe {
 //! (its Saved) for the backward, with room for the backward's dS. On the host, scores that are
 //! not finite are a NumericError naming the layer, the row and the head. On a device backend the
 //! products are its GEMMs per (sequence, head) and the softmax one element loop over the rows
-//! (the host's row math); scores that are not finite go unchecked there until the loss shows
-//! them, after the run.
+//! (the host's row math), or, on CUDA with kernels/cuda/attention.cuh included, fused kernels
+//! that never store the scores (one block per sequence and head, the host's row math per token);
+//! scores that are not finite go unchecked there until the loss shows them, after the run.
 //! Usage: `Stage<Linear<64, 192>, CausalSelfAttention<64, 4, 16>, Linear<64, 64>>`.
 template <int Dim, int Heads, int Context>
 struct CausalSelfAttention {
@@ -80,10 +82,16 @@ struct CausalSelfAttention {
   static void forward(const Ctx& ctx, const float* /*params*/, ConstMatrix x, Matrix y, Sv& saved) {
     check_views(x, y, saved, "forward");
     const AttentionShape a = shape(x.rows);
-    causal_attention_forward(ctx, a, x, y, saved.probs.data());
-    if constexpr (detail::reads_host_memory<Ctx>)
+    if constexpr (detail::reads_host_memory<Ctx>) {
+      causal_attention_forward(ctx, a, x, y, saved.probs.data());
       if (const index_t bad = first_non_finite_scores(a, saved.probs.data()); bad >= 0)
         throw_non_finite(x, bad / Heads, bad % Heads);
+    } else if constexpr (fused_on<Ctx>) {
+      // Each (row, head)'s log-sum-exp in the first rows x Heads floats of the slot's `probs`.
+      fused_attention_forward(ctx, head_width_c{}, a, x, y, saved.probs.data());
+    } else {
+      causal_attention_forward(ctx, a, x, y, saved.probs.data());
+    }
   }
 
   //! dx = the gradient through P V, the softmax and Q K^T (nothing when dx is empty: there are
@@ -92,16 +100,31 @@ struct CausalSelfAttention {
   //! saved);`
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* /*params*/, float* /*grads*/,
-                       bool /*accumulate*/, ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy,
-                       Matrix dx, Sv& saved) {
+                       bool /*accumulate*/, ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx,
+                       Sv& saved) {
     check_views(x, dy, saved, "backward");
     if (dx.empty()) return;
     check_views(dx, dy, saved, "backward");
-    causal_attention_backward(ctx, shape(x.rows), x, dy, dx, saved.probs.data(),
-                              saved.grads.data());
+    if constexpr (fused_on<Ctx>)
+      fused_attention_backward(ctx, head_width_c{}, shape(x.rows), x, y, dy, dx,
+                               saved.probs.data());
+    else
+      causal_attention_backward(ctx, shape(x.rows), x, dy, dx, saved.probs.data(),
+                                saved.grads.data());
   }
 
  private:
+  using head_width_c = std::integral_constant<int, head_width>;
+  // Whether a device backend offers fused kernels for these heads (kernels/cuda/attention.cuh on
+  // CUDA, found by argument-dependent lookup): they never store the scores; otherwise a device
+  // takes the GEMM-and-softmax path.
+  template <class Ctx>
+  static constexpr bool fused_on =
+      !detail::reads_host_memory<Ctx> && Context <= 1024 && head_width <= 64 &&
+      requires(const Ctx& ctx, AttentionShape a, ConstMatrix x, Matrix y, float* lse) {
+    fused_attention_forward(ctx, head_width_c{}, a, x, y, lse);
+  };
+
   static constexpr AttentionShape shape(index_t rows) {
     return AttentionShape{rows, Heads, head_width, Context};
   }
