@@ -135,6 +135,19 @@ test::LabelledData random_text(index_t seqs, std::uint64_t seed) {
 
 constexpr index_t batch = 4 * context;  // 4 sequences
 
+// The rows of `d` as a data set of whole sequences (what an evaluation reads).
+Dataset as_dataset(const test::LabelledData& d) {
+  Dataset held;
+  held.count = d.rows;
+  held.width = 2;
+  held.classes = models::gpt::vocab;
+  held.group = context;
+  held.features = HostBuffer<float>(d.rows * 2);
+  std::copy(d.x.begin(), d.x.end(), held.features.data());
+  held.labels = d.y;
+  return held;
+}
+
 std::vector<float> sequential(const test::LabelledData& d, int chunks) {
   SequentialTrainer<Tiny::K1, Adam> t(Adam{}, batch, 3);
   for (index_t first = 0; first + batch <= d.rows; first += batch)
@@ -220,14 +233,7 @@ TEST_CASE("Evaluation: accuracy and mean cross-entropy, worked by hand", "[gpt][
 
 TEST_CASE("A GPT's evaluation: the pipeline's equals the sequential trainer's", "[gpt][loss]") {
   const test::LabelledData d = random_text(12, 8);
-  Dataset held;
-  held.count = d.rows;
-  held.width = 2;
-  held.classes = models::gpt::vocab;
-  held.group = context;
-  held.features = HostBuffer<float>(d.rows * 2);
-  std::copy(d.x.begin(), d.x.end(), held.features.data());
-  held.labels = d.y;
+  Dataset held = as_dataset(d);
 
   SequentialTrainer<Tiny::K1, Adam> t(Adam{}, batch, 3);
   Pipeline<Tiny::K2a, Tiny::K2b, Latest, Adam> p(Adam{},
@@ -282,18 +288,6 @@ std::pair<std::vector<float>, Evaluation> trained_on(const Schedule& s, const te
   ThreadedExecutor thr;
   p.train(s, d.epoch(), thr);
   return {p.weights(), p.evaluation(held)};
-}
-
-Dataset as_dataset(const test::LabelledData& d) {
-  Dataset held;
-  held.count = d.rows;
-  held.width = 2;
-  held.classes = models::gpt::vocab;
-  held.group = context;
-  held.features = HostBuffer<float>(d.rows * 2);
-  std::copy(d.x.begin(), d.x.end(), held.features.data());
-  held.labels = d.y;
-  return held;
 }
 
 }  // namespace

@@ -26,6 +26,15 @@ run() {
 }
 says() { grep -Eq -- "$1" out.txt || fail "output does not match '$1'"; }
 never_says() { grep -Eq -- "$1" out.txt && fail "output matches '$1'"; }
+# same_epochs <folder> <folder> <what>: the two runs.csv agree on every epoch's number, loss,
+# test accuracy and test loss (columns 9-12), or the case fails saying <what> and the diff.
+same_epochs() {
+  cut -d, -f9-12 "$1/runs.csv" >want.txt
+  cut -d, -f9-12 "$2/runs.csv" >got.txt
+  cmp -s want.txt got.txt || fail "$3: $(diff want.txt got.txt | tr '\n' ' ')"
+}
+# epoch_loss <folder> <epoch>: that epoch's training loss in runs.csv.
+epoch_loss() { sed -n "$(($2 + 1))p" "$1/runs.csv" | cut -d, -f10; }
 # statuses <runs.json>: its run count and each run's status, read by CMake's JSON parser (so the
 # file must parse), e.g. "2 ok interrupted".
 statuses() { "$cmake" -DFILE="$1" -P "$here/runs_json_statuses.cmake" 2>&1; }
@@ -258,9 +267,7 @@ case $case in
     run 0 "${ck[@]}" --epochs 3 --checkpoint-dir ck --resume --out resumed
     says "resumed from ck/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done\\)"
     # loss, test accuracy and test loss of every epoch (columns 9-12), the resumed run's first two restored
-    cut -d, -f9-12 straight/runs.csv >want.txt
-    cut -d, -f9-12 resumed/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs straight resumed "resumed epochs differ"
     [ -d ck/async-1f1b_xpipe_adam/ckpt-000003 ] || fail "no checkpoint after epoch 3"
     # and the prediction errors of every epoch, those of the restored epochs included
     grep -o '"relative_error": [-0-9.e]*' straight/runs.json >want.txt
@@ -277,9 +284,7 @@ case $case in
     [ -f ck/async-1f1b_xpipe_adam/ckpt-000001/stage-0.state.bin ] ||
       fail "the checkpoint lacks stage 0's BatchNorm state"
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir ck --resume --out resumed
-    cut -d, -f9-12 straight/runs.csv >want.txt
-    cut -d, -f9-12 resumed/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs straight resumed "resumed epochs differ"
     grep -Eq '"augment": ?"pad=2,flip=1"' resumed/runs.json || fail "runs.json lacks the augmentation"
     # Another augmentation is another computation: refused, named.
     run 1 "${base[@]}" --augment-pad 1 --epochs 3 --checkpoint-dir ck --resume --out other
@@ -289,27 +294,21 @@ case $case in
     v=(--model vgg --stages 4 -M 4 --batch 64 --train-samples 512 --test-samples 100 --epochs 2)
     run 0 "${v[@]}" --executor reference --out ref
     run 0 "${v[@]}" --executor threaded --out thr
-    cut -d, -f9-12 ref/runs.csv >want.txt
-    cut -d, -f9-12 thr/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "threaded differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs ref thr "threaded differs"
     ;;
   zero_bubble_trains_like_1f1b)  # ZB-H1 prints 1F1B-flush's numbers: the MLP and the ResNet's splits
     # (every digit runs.csv prints; the unit tests compare the weights bit for bit)
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule zb-h1 --out zb
-    cut -d, -f9-12 one/runs.csv >want.txt
-    cut -d, -f9-12 zb/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs one zb "zb-h1 differs"
     grep -q 'class="I"' zb/timeline-zb-h1_latest_adam.svg &&
       grep -q 'class="W"' zb/timeline-zb-h1_latest_adam.svg || fail "the timeline lacks I or W"
     r=(--model resnet --stages 4 -M 2 --batch 32 --train-samples 256 --test-samples 100 --epochs 1
       --predictor latest)
     run 0 "${r[@]}" --schedule 1f1b-flush --out rone
     run 0 "${r[@]}" --schedule zb-h1 --out rzb
-    cut -d, -f9-12 rone/runs.csv >want.txt
-    cut -d, -f9-12 rzb/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "resnet zb-h1 differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs rone rzb "resnet zb-h1 differs"
     ;;
   interleaved_trains_like_1f1b)  # 4 stages on 2 workers print 1F1B-flush's numbers on 4 stages
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
@@ -319,9 +318,7 @@ case $case in
     IFS=/ read -r b0 b1 b2 b3 <<<"$(awk '/^interleaved-1f1b\+latest/ { print $5 }' out.txt)"
     [ -n "$b0" ] && [ "$b0" = "$b2" ] && [ "$b1" = "$b3" ] ||
       fail "bubble per stage '$b0/$b1/$b2/$b3' is not per worker"
-    cut -d, -f9-12 one/runs.csv >want.txt
-    cut -d, -f9-12 v/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "interleaved differs: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs one v "interleaved differs"
     svg=v/timeline-interleaved-1f1b_latest_adam.svg
     grep -q '>worker 1<' $svg && ! grep -q '>worker 2<' $svg || fail "not a row per worker"
     run 1 --stages 2 --schedule interleaved-1f1b "${small[@]}" --out bad  # a failed run
@@ -722,17 +719,14 @@ case $case in
     # Epoch 1 trains at --lr under both; epochs 2 and 3 at less under cosine: another loss.
     run 0 "${base[@]}" --out constant
     grep -Eq '"lr_schedule": ?"constant"' constant/runs.json || fail "runs.json lacks constant"
-    loss() { sed -n "$(($2 + 1))p" "$1/runs.csv" | cut -d, -f10; }  # loss <out> <epoch>
-    [ "$(loss straight 1)" = "$(loss constant 1)" ] || fail "cosine changed epoch 1"
-    [ "$(loss straight 3)" != "$(loss constant 3)" ] || fail "cosine and constant trained alike"
+    [ "$(epoch_loss straight 1)" = "$(epoch_loss constant 1)" ] || fail "cosine changed epoch 1"
+    [ "$(epoch_loss straight 3)" != "$(epoch_loss constant 3)" ] || fail "cosine and constant trained alike"
     # Stopped in epoch 3 before its checkpoint was committed: resumed from epoch 2, epoch 3 at
     # its own rate (a checkpoint does not store the rate; each epoch sets it)
     rm $dir/ckpt-000003/MANIFEST
     run 0 "${ck[@]}" --checkpoint-dir ck --resume --out resumed
     says "resumed from $dir/ckpt-000002 \\(2 epochs done\\)"
-    cut -d, -f9-12 straight/runs.csv >want.txt
-    cut -d, -f9-12 resumed/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs straight resumed "resumed epochs differ"
     [ -f $dir/ckpt-000003/MANIFEST ] || fail "epoch 3 was not checkpointed again"
     # Another schedule is another computation: refused, named.
     run 1 "${base[@]}" --lr-schedule step:2 --checkpoint-dir ck --resume --out other
@@ -752,9 +746,7 @@ case $case in
     run 0 "${base[@]}" --epochs 1 --executor reference --out ref
     run 0 "${base[@]}" --epochs 1 --out thr
     says "test [0-9.]+% \\(loss [0-9.]+\\)"
-    cut -d, -f9-12 ref/runs.csv >want.txt
-    cut -d, -f9-12 thr/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "executors differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs ref thr "executors differ"
     # Below the initial loss (about 6.5 nats) after 8 steps, above 0.
     awk -F, 'FNR == 2 { exit !($12 > 0 && $12 < 6) }' ref/runs.csv ||
       fail "test loss out of range: $(tail -1 ref/runs.csv)"
@@ -763,9 +755,7 @@ case $case in
     run 0 "${base[@]}" --epochs 2 --checkpoint-dir ck-straight --out straight
     run 0 "${base[@]}" --epochs 1 --checkpoint-dir ck --out first
     run 0 "${base[@]}" --epochs 2 --checkpoint-dir ck --resume --out resumed
-    cut -d, -f9-12 straight/runs.csv >want.txt
-    cut -d, -f9-12 resumed/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs straight resumed "resumed epochs differ"
     run 2 --model gpt --batch 100 "${small[@]}"
     says "--batch 100: the gpt trains on whole sequences of 128 tokens"
     run 2 --model gpt -K 2 -M 32 "${small[@]}"
@@ -797,15 +787,12 @@ case $case in
       fail "the MANIFEST does not record run.lr_schedule"
     # The warmup's low rates change epoch 1 already (unlike the per-epoch cosine).
     run 0 "${base[@]}" --out constant
-    loss() { sed -n "$(($2 + 1))p" "$1/runs.csv" | cut -d, -f10; }  # loss <out> <epoch>
-    [ "$(loss straight 1)" != "$(loss constant 1)" ] || fail "the warmup did not change epoch 1"
+    [ "$(epoch_loss straight 1)" != "$(epoch_loss constant 1)" ] || fail "the warmup did not change epoch 1"
     # Stopped in epoch 3: resumed from epoch 2's checkpoint, its steps' rates from the step count.
     rm $dir/ckpt-000003/MANIFEST
     run 0 "${ck[@]}" --checkpoint-dir ck --resume --out resumed
     says "resumed from $dir/ckpt-000002 \\(2 epochs done\\)"
-    cut -d, -f9-12 straight/runs.csv >want.txt
-    cut -d, -f9-12 resumed/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "resumed epochs differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs straight resumed "resumed epochs differ"
     # 16 mini-batches an epoch, 3 epochs: 48 steps, so a warmup of 48 cannot fit.
     run 1 "${base[@]}" --lr-schedule warmup-cosine:48 --out long
     says "'warmup-cosine:48': the warmup \\(48 steps\\) must be shorter than the run \\(48 optimizer"
@@ -817,9 +804,7 @@ case $case in
       --clip-norm 0.25)
     run 0 "${base[@]}" --executor reference --checkpoint-dir ck --out ref
     run 0 "${base[@]}" --out thr
-    cut -d, -f9-12 ref/runs.csv >want.txt
-    cut -d, -f9-12 thr/runs.csv >got.txt
-    cmp -s want.txt got.txt || fail "executors differ: $(diff want.txt got.txt | tr '\n' ' ')"
+    same_epochs ref thr "executors differ"
     grep -Eq '"clip_norm": ?0.25' ref/runs.json || fail "runs.json lacks clip_norm"
     grep -q '^field run.clip_norm 0.25$' ck/async-1f1b_xpipe_adam/ckpt-000002/MANIFEST ||
       fail "the MANIFEST does not record run.clip_norm"
