@@ -298,6 +298,10 @@ std::pair<std::vector<float>, Evaluation> trained_on(const Schedule& s, const te
 // bits, training and evaluating.
 TEST_CASE("A GPT on a device backend (emulated) trains and evaluates the host's bits",
           "[gpt][pipeline][device]") {
+  // The emulated device has no fused kernels: it runs the GEMM-and-softmax path.
+  using L = CausalSelfAttention<16, 2, 4>;
+  static_assert(!L::fused_kernels_on<test::EmulatedDevice> && !L::fused_kernels_on<Host>);
+  REQUIRE(L::Saved<test::EmulatedDevice>(8).probs.size() == 8 * 2 * 4);
   const test::LabelledData d = random_text(12, 11), v = random_text(3, 12);
   const Dataset held = as_dataset(v);
   for (const auto& [s, predictor] :

@@ -268,6 +268,9 @@ std::vector<float> token_rows(index_t rows, int vocab, int context) {
 // against the host's layer, y and dx, and each run to run.
 void attention_matches_host(const xpipe::CudaContext& ctx) {
   using L = xpipe::CausalSelfAttention<64, 4, 128>;
+  static_assert(L::fused_kernels_on<xpipe::Cuda> && !L::fused_kernels_on<xpipe::Host>,
+                "the layer does not find the fused kernels on CUDA: the GPT stages below would "
+                "test the GEMM path");
   const index_t rows = 256;
   const xpipe::AttentionShape a{rows, 4, 16, 128};
   const std::vector<float> x = random_vector(rows * 192, 31), dy = random_vector(rows * 64, 32);

@@ -41,6 +41,20 @@ struct CausalSelfAttention {
   static constexpr int in_width = 3 * Dim;
   static constexpr int out_width = Dim;
   static constexpr index_t param_count = 0;
+
+ private:
+  using head_width_c = std::integral_constant<int, head_width>;
+  // Whether a device backend offers fused kernels for these heads (kernels/cuda/attention.cuh on
+  // CUDA, found by argument-dependent lookup): they never store the scores; otherwise a device
+  // takes the GEMM-and-softmax path.
+  template <class Ctx>
+  static constexpr bool fused_on =
+      !detail::reads_host_memory<Ctx> && Context <= 1024 && head_width <= 64 &&
+      requires(const Ctx& ctx, AttentionShape a, ConstMatrix x, Matrix y, float* lse) {
+    fused_attention_forward(ctx, head_width_c{}, a, x, y, lse);
+  };
+
+ public:
   //! A micro-batch's rows come in whole sequences.
   static constexpr index_t row_group = Context;
   //! Multiply-adds of the forward per row, counting only what causality needs: token t's row of
@@ -52,17 +66,26 @@ struct CausalSelfAttention {
 
   //! Per activation slot of up to max_rows rows, on backend B: the probabilities P (`probs`,
   //! Heads x Context a row, the future's entries 0) and room for the backward's dP and dS
-  //! (`grads`, as large).
+  //! (`grads`, as large); where B takes the fused kernels, only each (row, head)'s log-sum-exp
+  //! (`probs`, Heads a row) and no `grads`.
   //! Usage: `CausalSelfAttention<8, 2, 4>::Saved<Host> saved(rows);`
   template <class B>
   struct Saved {
     explicit Saved(index_t rows)
-        : max_rows(rows), probs(rows * Heads * Context), grads(rows * Heads * Context) {}
+        : max_rows(rows),
+          probs(rows * Heads * (fused_on<typename B::Context> ? 1 : Context)),
+          grads(fused_on<typename B::Context> ? 0 : rows * Heads * Context) {}
     index_t max_rows;
     typename B::template Buffer<float> probs, grads;
   };
 
-  //! Floats a slot of `rows` rows keeps beyond its output (Stage::activation_floats).
+  //! Whether backend B runs the fused kernels (CUDA with kernels/cuda/attention.cuh included).
+  //! Usage: `static_assert(CausalSelfAttention<64, 4, 128>::fused_kernels_on<Cuda>);`
+  template <class B>
+  static constexpr bool fused_kernels_on = fused_on<typename B::Context>;
+
+  //! Floats a slot of `rows` rows keeps beyond its output (Stage::activation_floats), on the
+  //! host and the GEMM-and-softmax path (the fused kernels keep Heads a row).
   static constexpr index_t saved_floats(index_t rows) {
     return 2 * rows * static_cast<index_t>(Heads) * Context;
   }
@@ -114,17 +137,6 @@ struct CausalSelfAttention {
   }
 
  private:
-  using head_width_c = std::integral_constant<int, head_width>;
-  // Whether a device backend offers fused kernels for these heads (kernels/cuda/attention.cuh on
-  // CUDA, found by argument-dependent lookup): they never store the scores; otherwise a device
-  // takes the GEMM-and-softmax path.
-  template <class Ctx>
-  static constexpr bool fused_on =
-      !detail::reads_host_memory<Ctx> && Context <= 1024 && head_width <= 64 &&
-      requires(const Ctx& ctx, AttentionShape a, ConstMatrix x, Matrix y, float* lse) {
-    fused_attention_forward(ctx, head_width_c{}, a, x, y, lse);
-  };
-
   static constexpr AttentionShape shape(index_t rows) {
     return AttentionShape{rows, Heads, head_width, Context};
   }
