@@ -166,12 +166,18 @@ struct LearningRateSchedule {
         return "cosine";
       case Kind::step: {
         std::string out = "step:";
-        for (std::size_t i = 0; i < milestones.size(); ++i)
-          out += (i > 0 ? "," : "") + std::to_string(milestones[i]);
+        // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "," + std::to_string().
+        for (std::size_t i = 0; i < milestones.size(); ++i) {
+          if (i > 0) out += ',';
+          out += std::to_string(milestones[i]);
+        }
         return out;
       }
-      case Kind::warmup_cosine:
-        return "warmup-cosine:" + std::to_string(warmup);
+      case Kind::warmup_cosine: {
+        std::string out = "warmup-cosine:";
+        out += std::to_string(warmup);
+        return out;
+      }
     }
     return "?";
   }
