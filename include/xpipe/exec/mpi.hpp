@@ -269,8 +269,8 @@ class MpiExecutor {
       const auto& list = s.actions[static_cast<std::size_t>(mine[i].stage)];
       if (!info(list[mine[i].position].kind).adds_gradient) continue;
       for (std::size_t j = mine[i].position + 1; j < list.size(); ++j)
-        if (info(list[j].kind).adds_gradient || list[j].kind == ActionKind::Step) {
-          reduce_after[i] = list[j].kind == ActionKind::Step;
+        if (info(list[j].kind).adds_gradient || info(list[j].kind).applies_gradient) {
+          reduce_after[i] = info(list[j].kind).applies_gradient;
           break;
         }
     }
@@ -283,7 +283,7 @@ class MpiExecutor {
         const auto [k, p] = mine[i];
         const Action& a = action_at(i);
         wait_ready(program, s, k, a);
-        if (a.kind == ActionKind::Step && replicas_ > 1)
+        if (info(a.kind).applies_gradient && replicas_ > 1)
           finish_reduce(program, k, a, reduce[static_cast<std::size_t>(k)]);
         const double start = detail::seconds_since(t0);
         program.execute(k, a);
