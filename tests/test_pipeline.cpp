@@ -83,8 +83,8 @@ TEST_CASE("GPipe and 1F1B-flush equal sequential training on the mini-batch",
           "[pipeline][oracle]") {
   const Data d = make_data();
   for (int M : {2, 4}) {
-    for (const char* name :
-         {"gpipe", "1f1b-flush", "zb-h1", "interleaved-1f1b", "looped-bfs", "zb-v", "dualpipev"}) {
+    for (const char* name : {"gpipe", "1f1b-flush", "zb-h1", "zb-h2", "interleaved-1f1b",
+                             "looped-bfs", "zb-v", "dualpipev"}) {
       if (M < 4 && (std::string(name) == "zb-v" || std::string(name) == "dualpipev"))
         continue;  // the V schedules need M >= 2P = 4
       INFO(name << " M=" << M);

@@ -184,10 +184,11 @@ TEST_CASE("Every generator's output validates for K in 1..8 and M in 1..16", "[s
       REQUIRE_NOTHROW(validate(async_1f1b(K, M, 3)));
       if (M >= K) REQUIRE_NOTHROW(validate(pipedream_2bw(K, M, 3)));
       REQUIRE_NOTHROW(validate(zb_h1(K, M, 3)));
+      REQUIRE_NOTHROW(validate(zb_h2(K, M, 3)));
       REQUIRE_NOTHROW(validate(async_zb(K, M, 3)));
     }
   REQUIRE_THROWS_WITH(pipedream_2bw(4, 2, 1), Contains("micro_batches >= stages"));
-  REQUIRE_THROWS_WITH(make_schedule("zb-h2", 2, 2, 2), Contains("unknown schedule 'zb-h2'"));
+  REQUIRE_THROWS_WITH(make_schedule("zb-h3", 2, 2, 2), Contains("unknown schedule 'zb-h3'"));
 }
 
 TEST_CASE("Apply-time staleness of async 1F1B - M = 1: forward K-k-1 - backward 0", "[staleness]") {
@@ -331,6 +332,70 @@ TEST_CASE("ZB-H1 holds at most K micro-batches per stage - 1F1B's peak", "[sched
   REQUIRE(one.max_in_flight == std::vector<int>{4, 3, 2, 1});
   REQUIRE(analyze_staleness(zb_h1(4, 2, 2)).max_in_flight == std::vector<int>{2, 2, 2, 2});  // <= M
   for (int k = 0; k < 4; ++k) REQUIRE(zb.max_forward_s(k) == 0);  // synchronous
+}
+
+TEST_CASE("ZB-H2: extra warm-up forwards and W's in the drain - worked by hand", "[schedule][zb]") {
+  // K = 2, M = 3, at most 2K - 1 = 3 in flight, unit steps; each stage runs its I if the gradient
+  // is in, else its F if the input is in, else its oldest W. Stage 1 runs F0 at t = 1 (stage 0's
+  // F0 ends at 1), I0 at 2, F1 at 3, I1 at 4, F2 at 5, I2 at 6, W0 W1 W2 at 7, 8, 9. Stage 0
+  // runs F0 F1 F2 at 0-2 (no gradient yet), I0 at 3 (stage 1's I0 ends at 3), W0 at 4 (I1 is
+  // not in before 5), I1 at 5, W1 at 6, I2 at 7, W2 at 8. ZB-H1's stage 0 is F0 F1 I0 W0 F2 ...
+  REQUIRE(zb_h2(2, 3, 1).to_text() ==
+          "xpipe-schedule name=zb-h2 stages=2 micro_batches=3 mini_batches=1\n"
+          "0: F0 F1 F2 I0 W0 I1 W1 I2 W2 S0\n"
+          "1: F0 I0 F1 I1 F2 I2 W0 W1 W2 S0\n");
+  // The same order repeats each mini-batch; the text round-trips.
+  const Schedule two = zb_h2(2, 3, 2);
+  REQUIRE(two.actions[1][10] == fwd(3));
+  REQUIRE(parse_schedule(zb_h2(4, 8, 2).to_text()).actions == zb_h2(4, 8, 2).actions);
+  REQUIRE(make_schedule("zb-h2", 4, 8, 2).actions == zb_h2(4, 8, 2).actions);
+}
+
+TEST_CASE("ZB-H2 has no bubble once M >= 2K - 1: a mini-batch in max(3M, 2M + 2K - 1) T",
+          "[schedule][zb]") {
+  // Qi et al. (section 2.2): with T_F = T_I = T_W = T and 2K - 1 micro-batches in flight the
+  // pipeline is a parallelogram: stage k busy from kT to (k + 3M)T, one mini-batch in
+  // (3M + K - 1)T, and mini-batches follow each other every 3M T (no bubble). With fewer
+  // micro-batches the first I reaches stage 0 after 2K - 1 steps, while stage 0 has only M
+  // forwards to fill them: a mini-batch takes (2M + 2K - 1) T (M = 1: K forwards, K input
+  // gradients and one W, the critical path). The same gaps were found by an independent unit-
+  // step simulation of the rule (Python, not in the tests).
+  const ActionCost cost = kind_costs(1, 1, 1);
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 3 * K + 1; ++M) {
+      INFO("K=" << K << " M=" << M);
+      const double period = std::max(3 * M, 2 * M + 2 * K - 1);
+      const double two = dry_run(zb_h2(K, M, 2), cost).seconds;
+      const double three = dry_run(zb_h2(K, M, 3), cost).seconds;
+      REQUIRE(three - two == Approx(period));
+      if (M >= 2 * K - 1) {
+        const ExecutionTrace one = dry_run(zb_h2(K, M, 1), cost);
+        REQUIRE(one.seconds == Approx(3 * M + K - 1));
+        for (int k = 0; k < K; ++k)  // the parallelogram: stage k starts at k and never waits
+          REQUIRE(one.bubble_fraction(k) * one.seconds == Approx(K - 1));
+      }
+    }
+  // ZB-H1 keeps its (K - 1)(T_F + T_I - T_W) = 3 T per mini-batch at K = 4, M = 8: 27 against 24.
+  REQUIRE(dry_run(zb_h1(4, 8, 3), cost).seconds - dry_run(zb_h1(4, 8, 2), cost).seconds ==
+          Approx(27));
+}
+
+TEST_CASE("ZB-H2 holds at most 2K - 1 micro-batches per stage - twice ZB-H1's K, less one",
+          "[schedule][zb]") {
+  // K = 4, M = 8: every stage fills to 2K - 1 = 7 (ZB-H1: 4); with M = 3 all three at once at
+  // stage 0 (its 3 warm-up forwards). Synchronous: every forward reads the last step's weights.
+  const StalenessAnalysis zb = analyze_staleness(zb_h2(4, 8, 2));
+  REQUIRE(zb.max_in_flight == std::vector<int>{7, 7, 7, 7});
+  REQUIRE(analyze_staleness(zb_h2(4, 3, 2)).max_in_flight[0] == 3);
+  for (int K = 1; K <= 8; ++K)
+    for (int M = 1; M <= 16; ++M) {
+      const StalenessAnalysis a = analyze_staleness(zb_h2(K, M, 2));
+      for (int k = 0; k < K; ++k) {
+        INFO("K=" << K << " M=" << M << " k=" << k);
+        REQUIRE(a.max_in_flight[static_cast<std::size_t>(k)] <= std::min(M, 2 * K - 1));
+        REQUIRE(a.max_forward_s(k) == 0);
+      }
+    }
 }
 
 TEST_CASE("Asynchronous ZB: deferring W defers the steps - s derived, not assumed",

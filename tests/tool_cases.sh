@@ -296,12 +296,14 @@ case $case in
     run 0 "${v[@]}" --executor threaded --out thr
     same_epochs ref thr "threaded differs"
     ;;
-  zero_bubble_trains_like_1f1b)  # ZB-H1 prints 1F1B-flush's numbers: the MLP and the ResNet's splits
-    # (every digit runs.csv prints; the unit tests compare the weights bit for bit)
+  zero_bubble_trains_like_1f1b)  # ZB-H1 and ZB-H2 print 1F1B-flush's numbers: the MLP and the
+    # ResNet's splits (every digit runs.csv prints; the unit tests compare the weights bit for bit)
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule zb-h1 --out zb
     same_epochs one zb "zb-h1 differs"
+    run 0 "${m[@]}" --schedule zb-h2 --out zb2
+    same_epochs one zb2 "zb-h2 differs"
     grep -q 'class="I"' zb/timeline-zb-h1_latest_adam.svg &&
       grep -q 'class="W"' zb/timeline-zb-h1_latest_adam.svg || fail "the timeline lacks I or W"
     r=(--model resnet --stages 4 -M 2 --batch 32 --train-samples 256 --test-samples 100 --epochs 1

@@ -1,6 +1,6 @@
 // Schedule generators: GPipe (fill-drain), 1F1B with flush, asynchronous 1F1B (PipeDream /
 // XPipe, no flush) and its PipeDream-2BW form, and their zero-bubble forms with the backward
-// split into input and weight gradients (ZB-H1, asynchronous ZB), each taking K stages, M
+// split into input and weight gradients (ZB-H1, ZB-H2, asynchronous ZB), each taking K stages, M
 // micro-batches per mini-batch and N mini-batches; and the schedules of P workers holding
 // several stages each (interleaved 1F1B, looped BFS, ZB-V, DualPipeV). Users may write their own
 // and pass the IR to an executor.
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -183,6 +184,65 @@ inline Schedule zb_h1(int K, int M, int N) {
   for (int k = 0; k < K; ++k)
     s.actions[static_cast<std::size_t>(k)] =
         detail::defer_weight_gradients(s, s.actions[static_cast<std::size_t>(k)], k, true);
+  return s;
+}
+
+//! ZB-H2 (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, section 2.2): ZB-H1's split
+//! backward with up to 2K - 1 micro-batches in flight per stage (ZB-H1 holds K), which buys extra
+//! warm-up forwards and moves the W's to fill the drain: each mini-batch is a parallelogram
+//! instead of a trapezoid. The order of one mini-batch is what a list scheduler gives on unit
+//! costs (T_F = T_I = T_W): at each time step every stage runs its next input gradient if that
+//! gradient has arrived, else its next forward if the input has arrived and fewer than 2K - 1
+//! micro-batches are in flight, else its oldest pending W; the same order repeats for every
+//! mini-batch, with a step after the last W. Stage k warms up with min(M, 2(K - 1 - k) + 1)
+//! forwards. With equal costs T a mini-batch occupies max(3M, 2M + 2K - 1) T per stage: no bubble
+//! at all once M >= 2K - 1 (against ZB-H1's (K - 1) T), and a single one takes (3M + K - 1) T
+//! there (dry run, tests/test_schedule.cpp). Gradients add in micro-batch order: trains bitwise
+//! like GPipe. Each stage steps on its own, so the paper's "optimizer post-validation" (which
+//! removes the all-reduce before a step) is not needed, except with gradient clipping, which
+//! waits for every stage's norm as it does in any schedule.
+inline Schedule zb_h2(int K, int M, int N) {
+  Schedule s = detail::empty_schedule("zb-h2", K, M, N);
+  const int limit = 2 * K - 1;
+  constexpr int never = std::numeric_limits<int>::max();
+  // When stage k's forward / input gradient of micro-batch j ends (unit steps); never: not yet.
+  std::vector<std::vector<int>> f_end(static_cast<std::size_t>(K),
+                                      std::vector<int>(static_cast<std::size_t>(M), never));
+  std::vector<std::vector<int>> i_end = f_end;
+  std::vector<int> f(static_cast<std::size_t>(K), 0), i = f, w = f;
+  std::vector<std::vector<Action>> order(static_cast<std::size_t>(K));
+  auto at = [](std::vector<std::vector<int>>& v, int k, int j) -> int& {
+    return v[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)];
+  };
+  for (int t = 0, finished = 0; finished < K; ++t)
+    for (int k = 0; k < K; ++k) {
+      const std::size_t u = static_cast<std::size_t>(k);
+      if (w[u] == M) continue;
+      const int next_i = i[u], next_f = f[u];
+      const bool gradient_in =
+          next_i < next_f && (k == K - 1 ? at(f_end, k, next_i) : at(i_end, k + 1, next_i)) <= t;
+      const bool input_in =
+          next_f < M && next_f - w[u] < limit && (k == 0 || at(f_end, k - 1, next_f) <= t);
+      if (gradient_in) {
+        order[u].push_back(input_grad(next_i));
+        at(i_end, k, i[u]++) = t + 1;
+      } else if (input_in) {
+        order[u].push_back(fwd(next_f));
+        at(f_end, k, f[u]++) = t + 1;
+      } else if (w[u] < i[u]) {
+        order[u].push_back(weight_grad(w[u]++));
+        if (w[u] == M) ++finished;
+      }
+    }
+  for (int k = 0; k < K; ++k)
+    for (int t = 0; t < N; ++t) {
+      auto& list = s.actions[static_cast<std::size_t>(k)];
+      for (Action a : order[static_cast<std::size_t>(k)]) {
+        a.index += t * M;
+        list.push_back(a);
+      }
+      list.push_back(step(t));
+    }
   return s;
 }
 
@@ -500,12 +560,13 @@ struct NamedSchedule {
   int stages_per_worker;
   Schedule (*make)(int K, int M, int N);
 };
-inline constexpr std::array<NamedSchedule, 11> named_schedules{{
+inline constexpr std::array<NamedSchedule, 12> named_schedules{{
     {"gpipe", 1, gpipe},
     {"1f1b-flush", 1, one_f_one_b_flush},
     {"async-1f1b", 1, [](int K, int M, int N) { return async_1f1b(K, M, N); }},
     {"2bw", 1, pipedream_2bw},
     {"zb-h1", 1, zb_h1},
+    {"zb-h2", 1, zb_h2},
     {"async-zb", 1, async_zb},
     {"interleaved-1f1b", 2, [](int K, int M, int N) { return interleaved_1f1b(K / 2, 2, M, N); }},
     {"looped-bfs", 2, [](int K, int M, int N) { return looped_bfs(K / 2, 2, M, N); }},

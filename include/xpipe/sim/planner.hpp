@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "xpipe/core/error.hpp"
@@ -268,6 +269,7 @@ inline PlanResult make_plans(PlanRequest r) {
       if (pp > 1) {
         schedules.push_back({"1f1b-flush", "latest", 1});
         schedules.push_back({"zb-h1", "latest", 1});
+        schedules.push_back({"zb-h2", "latest", 1});  // faster, for 2 pp - 1 slots a stage
         // Two stages per device (2 pp stages), where the model has the layers for them.
         if (2 * pp <= static_cast<int>(r.layers.size()))
           for (const char* v : {"interleaved-1f1b", "zb-v", "dualpipev"})
@@ -371,10 +373,14 @@ inline PlanResult make_plans(PlanRequest r) {
                       std::to_string(out.dropped_revocations) +
                       " plans never finish between revocations)");
   }
-  std::stable_sort(out.plans.begin(), out.plans.end(), [](const Plan& a, const Plan& b) {
-    return a.expected_seconds != b.expected_seconds ? a.expected_seconds < b.expected_seconds
-                                                    : a.expected_cost < b.expected_cost;
-  });
+  // Fastest first, then cheapest; at equal time and cost (compared in single precision, so that
+  // the simulation's rounding does not decide a tie) the plan needing less memory first.
+  const auto rank = [](const Plan& p) {
+    return std::tuple{static_cast<float>(p.expected_seconds), static_cast<float>(p.expected_cost),
+                      p.peak_memory_bytes};
+  };
+  std::stable_sort(out.plans.begin(), out.plans.end(),
+                   [&](const Plan& a, const Plan& b) { return rank(a) < rank(b); });
   return out;
 }
 
