@@ -8,9 +8,10 @@
 # xpipe-train --device cuda --compare --epochs N (its table in the report, its CSV/JSON in the
 # logs; N from --train-epochs, 1 by default), then the VGG and the ResNet over 4 stages. Where
 # the machine has a core for each of 4 stage threads and more (8 or more cores), the schedules on
-# them: xpipe-plan validate at K = 4, M = 4 and 8 (1F1B-flush, ZB-H1, interleaved 1F1B, ZB-V,
-# DualPipeV; each stage thread pinned to a core), measured against the simulator, with each
-# worker's idle fraction; its traces go to the logs.
+# them: xpipe-plan validate on the GPT (its 4 stages balanced within 12%, so the published bubble
+# formulas apply) at K = 4, M = 8 (1F1B-flush, ZB-H1, ZB-H2, interleaved 1F1B, ZB-V, DualPipeV;
+# each worker thread pinned to a core), measured against the simulator, with each worker's idle
+# fraction; its traces go to the logs.
 #   scripts/gpu-check.sh [--report gpu-report.md] [--logs gpu-logs | --logs gpu-logs.tar.gz]
 #                        [--data-dir DIR] [--train-epochs N]
 # --logs names a folder for every log, or a .tar.gz file that gets them all in one (for a tool
@@ -265,9 +266,9 @@ if [[ ! -x "$bundle/bin/xpipe-plan" ]]; then
 elif [[ $cores -lt 8 ]]; then
   validate_note="$cores cores here, fewer than 8: the schedules are not timed (a core per stage thread, and more, is the point)"
 else
-  (cd "$work" && run_bundled timeout 420 "$bundle/bin/xpipe-plan" validate --stages 4 -M 4,8 \
-    --schedules 1f1b-flush,zb-h1,interleaved-1f1b,zb-v,dualpipev --mini-batches 16 --repeats 3 \
-    --out "$logs/validate") >"$logs/xpipe-plan-validate.log" 2>&1
+  (cd "$work" && run_bundled timeout 420 "$bundle/bin/xpipe-plan" validate --model gpt --stages 4 \
+    -M 8 --schedules 1f1b-flush,zb-h1,zb-h2,interleaved-1f1b,zb-v,dualpipev --mini-batches 16 \
+    --repeats 3 --out "$logs/validate") >"$logs/xpipe-plan-validate.log" 2>&1
   validate_rc=$?
   echo "gpu-check: xpipe-plan validate exit $validate_rc (log: $logs/xpipe-plan-validate.log)"
   if [[ $validate_rc -ne 0 ]]; then
