@@ -291,11 +291,11 @@ TEST_CASE("Name lists: every listed schedule, predictor and optimizer is found b
                        []<class P>(std::type_identity<P>) { return std::is_same_v<P, Stash>; }));
   CHECK(with_predictor("xpipe",
                        []<class P>(std::type_identity<P>) { return std::is_same_v<P, XPipe>; }));
-  REQUIRE_THROWS_WITH(with_predictor("dc-asgd", [](auto) { return 0; }),
-                      Contains("unknown predictor 'dc-asgd'") &&
+  REQUIRE_THROWS_WITH(with_predictor("lookahead", [](auto) { return 0; }),
+                      Contains("unknown predictor 'lookahead'") &&
                           Contains("latest, stash, 2bw, spectrain, xpipe, pipeoptim, pipenag, "
                                    "pipenag-k, pipemare, multistep, fit-linear, fit-quadratic, "
-                                   "2bw-ef, paci"));
+                                   "2bw-ef, paci, dc-asgd"));
   REQUIRE_THROWS_WITH(make_optimizer("lamb", 0.1f),
                       Contains("unknown optimizer 'lamb'") && Contains("sgd, adam, adamw"));
   REQUIRE_THROWS_WITH(

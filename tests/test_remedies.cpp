@@ -318,6 +318,87 @@ TEST_CASE("PACI: a stage steps once per delay with the mean gradient, the epoch'
   REQUIRE(opt.steps_taken() == 3);
 }
 
+TEST_CASE("DC-ASGD: g + lambda g^2 (W - W_bak), constant and adaptive, worked by hand",
+          "[predict][remedies]") {
+  // K = 2, M = 1, 3 mini-batches, stage 0: F0 F1 B0 S0 F2 B1 S1 B2 S2. F0 and F1 read version 0,
+  // F2 version 1; micro-batch g's gradient is applied by step g. SGD, lr 0.1, no momentum,
+  // w = 1, gradients 1, 2, -1 as each backward leaves them, lambda = 0.5.
+  Setup s(async_1f1b(2, 1, 3));
+  auto run = [&](DelayCompensated p) {
+    DelayCompensated::State<SGD, Host> st(s.at(0, 1), p);
+    auto opt = state(SGD{.lr = 0.1f, .momentum = 0.f}, {1.f});
+    std::vector<float> read;  // what each backward reads
+    REQUIRE(st.forward_weights(ctx, opt, 0) == opt.weights());
+    REQUIRE(st.forward_weights(ctx, opt, 1) == opt.weights());
+    for (int g = 0; g < 3; ++g) {
+      if (g == 2) REQUIRE(st.forward_weights(ctx, opt, 2) == opt.weights());
+      read.push_back(*st.backward_weights(ctx, opt, g));
+      set_grads(opt, {std::vector<float>{1.f, 2.f, -1.f}[static_cast<std::size_t>(g)]});
+      st.before_step(ctx, opt);
+      REQUIRE(st.apply_step(ctx, opt));
+    }
+    return std::pair{read, opt.weights()[0]};
+  };
+  // Constant (mean_square = 0): step 0 is on the live weights, no correction: w = 0.9. Step 1:
+  // B1 read version 0 (w = 1): g = 2 + 0.5 * 4 * (0.9 - 1) = 1.8, w = 0.9 - 0.18 = 0.72. Step 2:
+  // B2 read version 1 (0.9): g = -1 + 0.5 * 1 * (0.72 - 0.9) = -1.09, w = 0.72 + 0.109.
+  const auto [read_c, w_c] = run({.lambda = 0.5f, .mean_square = 0.f});
+  REQUIRE(read_c[0] == 1.f);
+  REQUIRE(read_c[1] == 1.f);  // B1 reads the saved version 0, not the live 0.9
+  REQUIRE(read_c[2] == Approx(0.9));
+  REQUIRE(w_c == Approx(0.829).epsilon(1e-6));
+  // Adaptive, m = 0.5: ms = 0.5 after step 0 (no correction); step 1: ms = 0.25 + 2 = 2.25,
+  // g = 2 + 0.5 * 4 / 1.5 * (0.9 - 1), w1 = 0.9 - 0.1 g; step 2: ms = 1.125 + 0.5 = 1.625,
+  // g = -1 + 0.5 / sqrt(1.625) * (w1 - 0.9).
+  const double g1 = 2 - 0.5 * 4 / 1.5 * 0.1, w1 = 0.9 - 0.1 * g1;
+  const double g2 = -1 + 0.5 / std::sqrt(1.625) * (w1 - 0.9), w2 = w1 - 0.1 * g2;
+  const auto [read_a, w_a] = run({.lambda = 0.5f, .mean_square = 0.5f});
+  REQUIRE(read_a[2] == Approx(0.9));
+  REQUIRE(w_a == Approx(w2).epsilon(1e-6));
+  REQUIRE(w2 == Approx(0.8206552).epsilon(1e-6));  // the same numbers on a calculator
+
+  // M = 2 mixes versions in a step. K = 2, stage 0: F0 F1 B0 F2 B1 S0 F3 B2 F4 B3 S1 F5 B4 B5 S2.
+  // Step 1 applies B2 (F2 read version 0) and B3 (version 1), step 2 B4 (version 1) and B5
+  // (version 2): W_bak is their mean. Constant form, lambda = 0.5, the same SGD, step gradients
+  // 1, 2, -1. Step 0: w = 0.9. Step 1: W_bak = (1 + 0.9) / 2 = 0.95, g = 2 + 0.5 * 4 * (0.9 -
+  // 0.95) = 1.9, w = 0.71. Step 2: W_bak = (0.9 + 0.71) / 2 = 0.805, g = -1 + 0.5 * (0.71 -
+  // 0.805) = -1.0475, w = 0.71 + 0.10475 = 0.81475.
+  Setup mixed(async_1f1b(2, 2, 3));
+  DelayCompensated::State<SGD, Host> st(mixed.at(0, 1), {.lambda = 0.5f, .mean_square = 0.f});
+  auto opt = state(SGD{.lr = 0.1f, .momentum = 0.f}, {1.f});
+  std::vector<float> read;
+  int step = 0;
+  for (const Action& a : mixed.schedule.actions[0]) {
+    if (a.kind == ActionKind::Forward) {
+      REQUIRE(st.forward_weights(ctx, opt, a.index) == opt.weights());
+    } else if (a.kind == ActionKind::Backward) {
+      read.push_back(*st.backward_weights(ctx, opt, a.index));
+    } else {
+      set_grads(opt, {std::vector<float>{1.f, 2.f, -1.f}[static_cast<std::size_t>(step++)]});
+      st.before_step(ctx, opt);
+      REQUIRE(st.apply_step(ctx, opt));
+    }
+  }
+  REQUIRE(step == 3);
+  REQUIRE(read.size() == 6);
+  REQUIRE(read[2] == 1.f);  // B2 on the saved version 0, B4 on the saved version 1
+  REQUIRE(read[3] == Approx(0.9));
+  REQUIRE(read[4] == Approx(0.9));
+  REQUIRE(read[5] == Approx(0.71));
+  REQUIRE(opt.weights()[0] == Approx(0.81475).epsilon(1e-6));
+  REQUIRE(st.weight_copies() == 3);  // the live weights, one saved version, the mean
+
+  // Versions held: stage 0 of K = 4, M = 1 keeps versions t until step t + 3, one saved after
+  // the step frees the oldest: 3 copies and the live weights, as Stash; the adaptive form adds
+  // its mean square. The last stage applies each gradient on the weights it was computed on.
+  Setup four(async_1f1b(4, 1, 10));
+  REQUIRE(DelayCompensated::State<SGD, Host>(four.at(0, 1), {.mean_square = 0.f}).weight_copies() ==
+          4);
+  REQUIRE(DelayCompensated::State<SGD, Host>(four.at(0, 1), {}).weight_copies() == 5);
+  REQUIRE(DelayCompensated::State<SGD, Host>(four.at(3, 1), {.mean_square = 0.f}).weight_copies() ==
+          1);
+}
+
 namespace {
 using S0 = Stage<Linear<20, 32>, ReLU>;
 using S1 = Stage<Linear<32, 32>, GELU>;
@@ -365,7 +446,8 @@ TEST_CASE(
     (one(std::type_identity<P>{}), ...);
   }(static_cast<BuiltinPredictors*>(nullptr));
 
-  // On GPipe nothing is stale: PipeMare, multi-step, the fits and PACI must be Latest exactly.
+  // On GPipe nothing is stale: PipeMare, multi-step, the fits, PACI and DC-ASGD must be Latest
+  // exactly.
   // ZB-H1 with M = 2 sums its gradients in GPipe's order: the same bits.
   const Schedule sync = gpipe(4, 2, 11);
   const auto latest = four_stages<Latest>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
@@ -379,12 +461,26 @@ TEST_CASE(
   REQUIRE(four_stages<FitQuadratic>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == latest);
   REQUIRE(four_stages<AccumulateToBound>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) ==
           latest);
+  REQUIRE(four_stages<DelayCompensated>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == latest);
   // And on async 1F1B each of them computes something else than Latest.
   const Schedule async = async_1f1b(4, 1, 11);
   const auto stale = four_stages<Latest>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
   REQUIRE(four_stages<PipeMare>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) != stale);
   REQUIRE(four_stages<MultiStep>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) != stale);
   REQUIRE(four_stages<FitLinear>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) != stale);
+  // DC-ASGD with lambda = 0 is weight stashing, bit for bit, on every schedule of the oracle (a
+  // second bookkeeping of which version each backward reads); with lambda > 0 it is not.
+  for (const auto& [name, M] : test::oracle_schedules) {
+    INFO(name << " M=" << M);
+    const Schedule sch = make_schedule(name, 4, M, 11);
+    const auto stash = four_stages<Stash>(sch, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+    REQUIRE(four_stages<DelayCompensated>(sch, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}, nullptr,
+                                          DelayCompensated{.lambda = 0.f}) == stash);
+  }
+  const auto stash = four_stages<Stash>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  REQUIRE(four_stages<DelayCompensated>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) != stash);
+  REQUIRE(four_stages<DelayCompensated>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}, nullptr,
+                                        DelayCompensated{.mean_square = 0.f}) != stash);
   std::vector<long> steps;
   four_stages<AccumulateToBound>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}, &steps);
   // 11 mini-batches (10 of 16 rows and a tail of 6); delays 3, 2, 1, 0 -> ceil(11 / 3) = 4,
@@ -530,9 +626,9 @@ TEST_CASE("Hyper-parameters by name: set, listed, and refused with what they acc
   REQUIRE(x.hyper_names().empty());
   REQUIRE_FALSE(x.has_hyper_parameter("momentum"));
   REQUIRE_THROWS_WITH(x.set("momentum", 0.9), Catch::Contains("(it has none)"));
-  REQUIRE_THROWS_WITH(make_predictor("dc-asgd"), Catch::StartsWith("xpipe: unknown predictor "
-                                                                   "'dc-asgd' (available: latest, "
-                                                                   "stash, 2bw"));
+  REQUIRE_THROWS_WITH(make_predictor("lookahead"), Catch::StartsWith("xpipe: unknown predictor "
+                                                                     "'lookahead' (available: "
+                                                                     "latest, stash, 2bw"));
   // Every built-in name is a choice, in BuiltinPredictors' order; the default is Latest.
   for (std::size_t i = 0; i < predictor_names.size(); ++i) {
     REQUIRE(std::string(make_predictor(predictor_names[i]).chosen_name()) == predictor_names[i]);
@@ -580,5 +676,5 @@ TEST_CASE("A user's predictor joins AnyPredictor in one line", "[predict][any]")
                                 make_predictor<MyAny>("mine"));
   REQUIRE(mine == four_stages<Latest>(s, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}));
   REQUIRE(std::string(make_predictor<MyAny>("xpipe").chosen_name()) == "xpipe");
-  REQUIRE_THROWS_WITH(make_predictor<MyAny>("yours"), Catch::EndsWith("2bw-ef, paci, mine)"));
+  REQUIRE_THROWS_WITH(make_predictor<MyAny>("yours"), Catch::EndsWith("paci, dc-asgd, mine)"));
 }

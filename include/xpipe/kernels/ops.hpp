@@ -304,6 +304,30 @@ struct VelocityUpdate {
   }
 };
 
+//! y += a x per element (x and y distinct).
+struct AddScaled {
+  float* XPIPE_RESTRICT y;
+  const float* XPIPE_RESTRICT x;
+  float a;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const { y[i] += a * x[i]; }
+};
+
+//! DC-ASGD's correction of gradient i (math::delay_compensation, or its adaptive form where ms
+//! is given).
+struct DelayCompensation {
+  float* XPIPE_RESTRICT g;
+  float* XPIPE_RESTRICT ms;  // nullptr: the constant form
+  const float* XPIPE_RESTRICT w;
+  const float* XPIPE_RESTRICT w_bak;
+  float lambda, m;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    if (ms)
+      math::delay_compensation_adaptive(g[i], ms[i], w[i], w_bak[i], lambda, m);
+    else
+      math::delay_compensation(g[i], w[i], w_bak[i], lambda);
+  }
+};
+
 }  // namespace ops
 
 //! y[r][c] = Act(z[r][c] + bias[c]); y may alias z.
@@ -480,6 +504,22 @@ template <class Ctx>
 void velocity_update(const Ctx& ctx, float* XPIPE_RESTRICT delta, const float* XPIPE_RESTRICT w,
                      const float* XPIPE_RESTRICT before, index_t n, float gamma) {
   for_each_index(ctx, n, ops::VelocityUpdate{delta, w, before, gamma});
+}
+
+//! y += a x over n floats (x and y distinct buffers).
+template <class Ctx>
+void add_scaled(const Ctx& ctx, float* XPIPE_RESTRICT y, const float* XPIPE_RESTRICT x, index_t n,
+                float a) {
+  for_each_index(ctx, n, ops::AddScaled{y, x, a});
+}
+
+//! DC-ASGD's delay compensation over a flat gradient g computed on w_bak, applied at w
+//! (math::delay_compensation); with ms non-null its adaptive form, ms updated in the same pass.
+template <class Ctx>
+void delay_compensation(const Ctx& ctx, float* XPIPE_RESTRICT g, float* XPIPE_RESTRICT ms,
+                        const float* XPIPE_RESTRICT w, const float* XPIPE_RESTRICT w_bak, index_t n,
+                        float lambda, float m) {
+  for_each_index(ctx, n, ops::DelayCompensation{g, ms, w, w_bak, lambda, m});
 }
 
 // copy_buffer (dst = src) is a backend primitive, next to the element loops in backend/host.hpp

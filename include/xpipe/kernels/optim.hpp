@@ -215,4 +215,18 @@ XPIPE_HOST_DEVICE void velocity_update(float& delta, float w, float before, floa
   delta = gamma * delta + (1.f - gamma) * (w - before);
 }
 
+//! DC-ASGD's delay compensation of one weight's gradient g, computed on w_bak and applied at w:
+//! g + lambda g^2 (w - w_bak), g g^T's diagonal standing in for the Hessian's (the constant form).
+XPIPE_HOST_DEVICE void delay_compensation(float& g, float w, float w_bak, float lambda) {
+  g += lambda * g * g * (w - w_bak);
+}
+
+//! The adaptive form: ms = m ms + (1 - m) g^2 first, then g + (lambda / sqrt(ms)) g^2 (w - w_bak),
+//! so the correction scales with |g| (ms is zero only where g and every earlier g were).
+XPIPE_HOST_DEVICE void delay_compensation_adaptive(float& g, float& ms, float w, float w_bak,
+                                                   float lambda, float m) {
+  ms = m * ms + (1.f - m) * g * g;
+  if (ms > 0.f) g += lambda * g * g / sqrtf(ms) * (w - w_bak);
+}
+
 }  // namespace xpipe::math

@@ -11,6 +11,7 @@
 
 #include "xpipe/core/error.hpp"
 #include "xpipe/predict/accumulate.hpp"
+#include "xpipe/predict/delay_compensation.hpp"
 #include "xpipe/predict/error_feedback.hpp"
 #include "xpipe/predict/extrapolate.hpp"
 #include "xpipe/predict/history.hpp"
@@ -26,7 +27,8 @@ namespace xpipe {
 //! Every built-in predictor, in the order tools list them.
 using BuiltinPredictors =
     std::tuple<Latest, Stash, DoubleBuffered, SpecTrain, XPipe, PipeOptim, PipeNAG, PipeNAGStaged,
-               PipeMare, MultiStep, FitLinear, FitQuadratic, DoubleBufferedEF, AccumulateToBound>;
+               PipeMare, MultiStep, FitLinear, FitQuadratic, DoubleBufferedEF, AccumulateToBound,
+               DelayCompensated>;
 
 namespace detail {
 template <class... P>
@@ -36,7 +38,8 @@ constexpr std::array<const char*, sizeof...(P)> names_of(std::tuple<P...>*) {
 }  // namespace detail
 
 //! Their names ("latest", "stash", "2bw", "spectrain", "xpipe", "pipeoptim", "pipenag",
-//! "pipenag-k", "pipemare", "multistep", "fit-linear", "fit-quadratic", "2bw-ef", "paci").
+//! "pipenag-k", "pipemare", "multistep", "fit-linear", "fit-quadratic", "2bw-ef", "paci",
+//! "dc-asgd").
 inline constexpr auto predictor_names = detail::names_of(static_cast<BuiltinPredictors*>(nullptr));
 
 //! Calls f(std::type_identity<P>{}) for the built-in predictor P named `name` and returns what it
