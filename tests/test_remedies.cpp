@@ -399,6 +399,55 @@ TEST_CASE("DC-ASGD: g + lambda g^2 (W - W_bak), constant and adaptive, worked by
           1);
 }
 
+TEST_CASE("PACI with prediction: a forward reads the weights one real step ahead, by hand",
+          "[predict][remedies]") {
+  // K = 4, M = 1, 7 mini-batches, stage 0: F0 F1 F2 F3 B0 S0 F4 B1 S1 F5 B2 S2 F6 B3 S3 B4 S4 B5
+  // S5 B6 S6. F(g) reads version max(0, g - 3) and its gradient is added before step g; a = 3,
+  // so the real steps are 2, 5 and 6 (the last). F0-F2 are applied by step 2 with no real step
+  // between: u = 0. F3-F5 (versions 0-2) are applied by step 5 after real step 2: u = 1. F6
+  // (version 3) is applied by step 6 after real step 5: u = 1.
+  Setup s(async_1f1b(4, 1, 7));
+  AccumulateToBound::State<SGD, Host> st(s.at(0, 1), {.predict = 1});
+  REQUIRE(st.interval() == 3);
+  std::vector<int> ahead;
+  for (int g = 0; g < 7; ++g) ahead.push_back(st.steps_ahead(g));
+  REQUIRE(ahead == std::vector<int>{0, 0, 0, 1, 1, 1, 1});
+  REQUIRE(st.weight_copies() == 2);
+  // SGD, lr 0.1, no momentum, so the direction is the last step's gradient: one step from
+  // w = 1.1 with g = 1 first (w = 1, m = 1). Mini-batch t adds gradient t + 1; the real steps
+  // take the means 2 (w = 0.8, m = 2) and 5 (w = 0.3), then 7.
+  auto opt = state(SGD{.lr = 0.1f, .momentum = 0.f}, {1.1f});
+  set_grads(opt, {1.f});
+  opt.step(ctx);
+  std::vector<float> read;
+  float sum = 0;
+  int t = 0;
+  for (const Action& a : s.schedule.actions[0]) {
+    if (a.kind == ActionKind::Forward) {
+      const float* w = st.forward_weights(ctx, opt, a.index);
+      REQUIRE((w == opt.weights()) == (a.index < 3));  // the live weights, or the scratch
+      read.push_back(*w);
+    } else if (a.kind == ActionKind::Backward) {
+      REQUIRE(st.backward_weights(ctx, opt, a.index) == opt.weights());
+      sum += static_cast<float>(++t);
+      set_grads(opt, {sum});
+    } else if (st.apply_step(ctx, opt)) {
+      sum = 0;
+    }
+  }
+  // F0-F2 live (1); F3-F5 before the first real step: 1 - 0.1 * 1; F6 after it: 0.8 - 0.1 * 2.
+  REQUIRE(read[0] == Approx(1.0));
+  REQUIRE(read[3] == Approx(0.9));
+  REQUIRE(read[5] == Approx(0.9));
+  REQUIRE(read[6] == Approx(0.6));
+  REQUIRE(opt.weights()[0] == Approx(1 - 0.2 - 0.5 - 0.7));  // the steps are PACI's own
+  // Without `predict` every forward reads the live weights; at interval 1 (every step real) F6
+  // is 3 real steps from its gradient's.
+  REQUIRE(AccumulateToBound::State<SGD, Host>(s.at(0, 1)).steps_ahead(6) == 0);
+  REQUIRE(AccumulateToBound::State<SGD, Host>(s.at(0, 1), {.interval = 1, .predict = 1})
+              .steps_ahead(6) == 3);
+}
+
 namespace {
 using S0 = Stage<Linear<20, 32>, ReLU>;
 using S1 = Stage<Linear<32, 32>, GELU>;
@@ -462,6 +511,8 @@ TEST_CASE(
   REQUIRE(four_stages<AccumulateToBound>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) ==
           latest);
   REQUIRE(four_stages<DelayCompensated>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}) == latest);
+  REQUIRE(four_stages<AccumulateToBound>(sync, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}, nullptr,
+                                         AccumulateToBound{.predict = 1}) == latest);
   // And on async 1F1B each of them computes something else than Latest.
   const Schedule async = async_1f1b(4, 1, 11);
   const auto stale = four_stages<Latest>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
@@ -486,6 +537,17 @@ TEST_CASE(
   // 11 mini-batches (10 of 16 rows and a tail of 6); delays 3, 2, 1, 0 -> ceil(11 / 3) = 4,
   // ceil(11 / 2) = 6, 11 and 11 steps.
   REQUIRE(steps == std::vector<long>{4, 6, 11, 11});
+  // PACI with prediction: its own bits, the same on both executors and the same step count.
+  const AccumulateToBound predicting{.predict = 1};
+  std::vector<long> predicted_steps;
+  const auto paci =
+      four_stages<AccumulateToBound>(async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{});
+  const auto ahead = four_stages<AccumulateToBound>(
+      async, d, Adam{.lr = 1e-2f}, ReferenceExecutor{}, &predicted_steps, predicting);
+  REQUIRE(ahead != paci);
+  REQUIRE(predicted_steps == steps);
+  REQUIRE(four_stages<AccumulateToBound>(async, d, Adam{.lr = 1e-2f}, ThreadedExecutor{}, nullptr,
+                                         predicting) == ahead);
 }
 
 TEST_CASE("PredictionProbe: relative error and cosine of the predicted change, by hand",

@@ -120,8 +120,8 @@ inline void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--predictor-param", f.predictor_params,
                  "A predictor's hyper-parameter, key=value (repeatable), e.g. momentum=0.95 "
                  "(pipenag, pipenag-k), gamma (2bw-ef), anneal_steps (pipemare), max_steps "
-                 "(multistep), interval (paci), lambda and mean_square (dc-asgd); applied to "
-                 "each predictor run that has the key");
+                 "(multistep), interval and predict (paci), lambda and mean_square (dc-asgd); "
+                 "applied to each predictor run that has the key");
   app.add_option("--optimizer", c.optimizer,
                  "Optimizer (sgd has momentum 0.9): " + join_names(optimizer_names))
       ->check(CLI::IsMember(name_list(optimizer_names)));
