@@ -374,7 +374,16 @@ case $case in
       fail "momentum_decay 0.004 and 0 trained the same loss"
     run 1 "${tiny[@]}" --epochs 2 --predictor pipenag --predictor-param momentum=0.95 \
       --checkpoint-dir ck --resume --out out2
-    says "cannot resume .*: it was run with run.predictor_params = momentum=0.9,momentum_decay=0, this run has momentum=0.95,momentum_decay=0"
+    says "cannot resume .*: it was run with run.predictor_params = momentum=0.9,momentum_decay=0, this run has momentum=0.95,momentum_decay=0 \\(differs in momentum\\)"
+    # A checkpoint written before PipeNAG had momentum_decay (its params then: momentum=0.9)
+    # resumes when the run keeps that parameter's default, and is refused when it does not.
+    set_field ck/async-1f1b_pipenag_adam/ckpt-000001/MANIFEST run.predictor_params momentum=0.9
+    run 1 "${tiny[@]}" --epochs 2 --predictor pipenag --predictor-param momentum=0.9 \
+      --predictor-param momentum_decay=0.004 --checkpoint-dir ck --resume --out out3
+    says "it was run with run.predictor_params = momentum=0.9, this run has momentum=0.9,momentum_decay=0.004 \\(differs in momentum_decay\\)"
+    run 0 "${tiny[@]}" --epochs 2 --predictor pipenag --predictor-param momentum=0.9 \
+      --checkpoint-dir ck --resume --out out4
+    says "resumed from ck/async-1f1b_pipenag_adam/ckpt-000001 \\(1 epochs? done\\)"
     ;;
   kill_then_resume)  # kill -9 mid-study; --resume finishes it with every run whole
     ck=(--compare --train-samples 1024 --test-samples 100 --epochs 2 --checkpoint-dir ck)

@@ -95,12 +95,46 @@ inline std::vector<EpochRecord> parse_records(const std::string& text, const std
   return out;
 }
 
+//! "k=v,k=v" (a predictor's hyper_text) as a map; "" is the empty map.
+inline std::map<std::string, std::string> key_values(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(at, end - at);
+    const std::size_t eq = item.find('=');
+    out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
+    at = end + 1;
+  }
+  return out;
+}
+
+//! What differs between a saved "k=v,..." list and this run's, key by key: a key the saved list
+//! lacks was added to the predictor later and means its default there (`defaults`, the same
+//! form), so an older checkpoint resumes. "" when they agree, else "key: was → now".
+inline std::string key_value_difference(const std::string& saved, const std::string& now,
+                                        const std::string& defaults) {
+  const auto was = key_values(saved), is = key_values(now), fallback = key_values(defaults);
+  for (const auto& [key, value] : was)
+    if (!is.contains(key)) return key + " (which this run's predictor does not have)";
+  for (const auto& [key, value] : is) {
+    const auto it = was.find(key);
+    const auto def = fallback.find(key);
+    if (it == was.end() && def == fallback.end()) return key + " (which the checkpoint lacks)";
+    if ((it != was.end() ? it->second : def->second) != value) return key;
+  }
+  return "";
+}
+
 //! Refuses to resume a run whose configuration differs from the checkpoint's, naming the first
 //! field that differs (the fields are those that change what the run computes). Fields that
 //! xpipe-train added later are missing from older checkpoints: run.dp means 1 there, and the
 //! data's CRCs cannot be checked (said on stderr, and resumed). `defaults` adds fields whose
 //! value in an older checkpoint depends on the run (run.predictor_params: the predictor's
-//! default hyper-parameters).
+//! default hyper-parameters); run.predictor_params is compared key by key, so a checkpoint
+//! written before its predictor gained a hyper-parameter resumes when this run keeps that
+//! parameter's default (which every added parameter's default must mean: the old behaviour).
 inline void check_run_fields(const std::map<std::string, std::string>& saved,
                              const std::map<std::string, std::string>& now,
                              const std::string& where,
@@ -126,6 +160,12 @@ inline void check_run_fields(const std::map<std::string, std::string>& saved,
     if (it == saved.end() && later == added_later.end())
       throw CheckpointError("xpipe-train: " + where + ": field '" + key + "' is missing");
     const std::string& was = it != saved.end() ? it->second : later->second;
+    if (key == "run.predictor_params" && was != value && later != added_later.end()) {
+      if (const std::string what = key_value_difference(was, value, later->second); !what.empty())
+        throw ConfigError("xpipe-train: cannot resume " + where + ": it was run with " + key +
+                          " = " + was + ", this run has " + value + " (differs in " + what + ")");
+      continue;
+    }
     if (was != value)
       throw ConfigError("xpipe-train: cannot resume " + where + ": it was run with " + key + " = " +
                         was + ", this run has " + value);
