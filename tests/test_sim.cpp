@@ -319,6 +319,56 @@ TEST_CASE("Stages pinned to cores share only their own core, as counted by hand"
   REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), bad), Contains("core_of entries must be >= 0"));
 }
 
+TEST_CASE(
+    "Run to completion: a core runs one action at a time, first ready first, as counted by "
+    "hand",
+    "[sim]") {
+  // GPipe K = 2, M = 2, unit costs, both stages on core 0. At 1, F1@0 and F0@1 are both ready:
+  // a tie, the lower stage first: F1@0 [1,2], F0@1 [2,3]; F1@1 [3,4]; B0@1 [4,5]; at 5 B0@0 and
+  // B1@1 tie again: B0@0 [5,6], B1@1 [6,7]; B1@0 [7,8]. Each action at the core's full speed, the
+  // same makespan (8) as the shared core's, where F1@0 and F0@1 both ran [1,3].
+  CostModel one = uniform(2, 1, 1);
+  one.core_of = {0, 0};
+  one.run_to_completion = true;
+  const SimResult r = simulate(gpipe(2, 2, 1), one);
+  REQUIRE(end_of(r, 0, fwd(1)) == Approx(2));
+  REQUIRE(start_of(r, 1, fwd(0)) == Approx(2));
+  REQUIRE(end_of(r, 1, fwd(0)) == Approx(3));
+  REQUIRE(start_of(r, 0, bwd(0)) == Approx(5));
+  REQUIRE(start_of(r, 1, bwd(1)) == Approx(6));
+  REQUIRE(end_of(r, 0, bwd(1)) == Approx(8));
+  REQUIRE(r.seconds == Approx(8));
+  // Stage 1 computed 4 of the 8 (idle 1/2); shared, it was busy [1,3] and [5,7] for 4 units of
+  // work stretched over 6 (idle 1/4).
+  REQUIRE(r.bubble_fraction(1) == Approx(0.5));
+  CostModel shared = one;
+  shared.run_to_completion = false;
+  REQUIRE(simulate(gpipe(2, 2, 1), shared).bubble_fraction(1) == Approx(0.25));
+  // Never idle on one core either way: async 1F1B K = 2, M = 1 is all the work, 2 x 2 x N.
+  REQUIRE(simulate(async_1f1b(2, 1, 5), one).seconds == Approx(2 * 2 * 5));
+  // First ready, first run: GPipe K = 3, M = 3, stages 0 and 2 on core 0, stage 1 on core 1,
+  // stage 0's forward 2, every other action 1. F0@0 [0,2]; F1@0 [2,4] and F0@1 [2,3]; F0@2 is
+  // ready at 3 but core 0 is busy; at 4 F2@0 becomes ready too, after F0@2, so F0@2 [4,5], then
+  // F2@0 [5,7] (the lower stage first would have run F2@0 [4,6] and F0@2 [6,7]).
+  CostModel pinned = uniform(3, 1, 1);
+  pinned.stages[0].forward = 2;
+  pinned.core_of = {0, 1, 0};
+  pinned.run_to_completion = true;
+  const SimResult p = simulate(gpipe(3, 3, 1), pinned);
+  REQUIRE(start_of(p, 2, fwd(0)) == Approx(4));
+  REQUIRE(end_of(p, 2, fwd(0)) == Approx(5));
+  REQUIRE(start_of(p, 0, fwd(2)) == Approx(5));
+  REQUIRE(end_of(p, 0, fwd(2)) == Approx(7));
+  REQUIRE(start_of(p, 1, fwd(1)) == Approx(4));
+  // A core this process gets half of: each action takes twice as long, one at a time (16).
+  one.core_speed = {0.5};
+  REQUIRE(simulate(gpipe(2, 2, 1), one).seconds == Approx(16));
+  CostModel unplaced = uniform(2, 1, 1);
+  unplaced.run_to_completion = true;
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), unplaced),
+                      Contains("run_to_completion needs core_of"));
+}
+
 TEST_CASE("Simulated peak memory counts weight copies, state and activations in flight", "[sim]") {
   CostModel m = uniform(4, 1, 1);
   for (auto& c : m.stages)

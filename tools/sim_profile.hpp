@@ -234,6 +234,10 @@ struct Cell {
   double available_cores = 0;          // what `cores` busy threads got around each run (median)
   Schedule plan;
   ExecutionTrace measured_trace, simulated_trace;
+  // Pinned cells: the same costs under run-to-completion cores (CostModel::run_to_completion),
+  // which differ from the shared cores' where workers share a core.
+  double simulated_run_to_completion = 0;
+  ExecutionTrace run_to_completion_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
 };
 
@@ -372,6 +376,13 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   const sim::SimResult sr = sim::simulate(c.plan, c.model);
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;
+  if (!c.model.core_of.empty()) {
+    sim::CostModel one_at_a_time = c.model;
+    one_at_a_time.run_to_completion = true;
+    const sim::SimResult rr = sim::simulate(c.plan, one_at_a_time);
+    c.simulated_run_to_completion = rr.per_mini_batch;
+    c.run_to_completion_trace = rr.trace;
+  }
   return c;
 }
 

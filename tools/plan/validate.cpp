@@ -59,8 +59,10 @@ int run(const Options& o) {
               ring.latency * 1e6);
   std::printf(
       "| K | schedule | M | measured ms | simulated ms | error | cores free | "
-      "simulated quiet ms | error if quiet | idle per worker, measured (simulated) |\n"
-      "|--:|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
+      "simulated quiet ms | error if quiet | idle per worker, measured (simulated) |%s\n"
+      "|--:|---|--:|--:|--:|--:|--:|--:|--:|---|%s\n",
+      pin ? " the same, run to completion (simulated ms, idle per worker) |" : "",
+      pin ? "---|" : "");
   json cells = json::array();
   std::string csv =
       "stages,schedule,predictor,micro_batches,measured_ms,simulated_ms,error,available_cores,"
@@ -90,22 +92,35 @@ int run(const Options& o) {
         }
         const double quiet_error = c.simulated_quiet / c.measured - 1;
         // Each worker's idle fraction over the whole run (the bubble): measured, then simulated.
-        std::vector<double> idle_measured, idle_simulated;
-        std::string measured_idle, simulated_idle;
+        std::vector<double> idle_measured, idle_simulated, idle_one_at_a_time;
+        std::string measured_idle, simulated_idle, one_at_a_time_idle;
+        auto add = [](std::string& to, int w, double v) {
+          char b[32];
+          std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * v);
+          to += b;
+        };
         for (int w = 0; w < c.plan.workers(); ++w) {
           idle_measured.push_back(worker_bubble_fraction(c.measured_trace, c.plan, w));
           idle_simulated.push_back(worker_bubble_fraction(c.simulated_trace, c.plan, w));
-          char b[32];
-          std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * idle_measured.back());
-          measured_idle += b;
-          std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * idle_simulated.back());
-          simulated_idle += b;
+          add(measured_idle, w, idle_measured.back());
+          add(simulated_idle, w, idle_simulated.back());
+          if (pin) {
+            idle_one_at_a_time.push_back(
+                worker_bubble_fraction(c.run_to_completion_trace, c.plan, w));
+            add(one_at_a_time_idle, w, idle_one_at_a_time.back());
+          }
+        }
+        std::string one_at_a_time;
+        if (pin) {
+          char b[64];
+          std::snprintf(b, sizeof b, " %.3f, ", c.simulated_run_to_completion * 1e3);
+          one_at_a_time = b + one_at_a_time_idle + "% |";
         }
         std::printf(
-            "| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% | %s%% (%s%%) |\n", K,
+            "| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% | %s%% (%s%%) |%s\n", K,
             s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(), free.c_str(),
             c.simulated_quiet * 1e3, 100 * quiet_error, measured_idle.c_str(),
-            simulated_idle.c_str());
+            simulated_idle.c_str(), one_at_a_time.c_str());
         std::fflush(stdout);
         char line[320];
         std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.6f\n", K,
@@ -125,6 +140,10 @@ int run(const Options& o) {
                   {"simulated_quiet_ms", c.simulated_quiet * 1e3},
                   {"idle_per_worker_measured", idle_measured},
                   {"idle_per_worker_simulated", idle_simulated}};
+        if (pin) {
+          cell["simulated_run_to_completion_ms"] = c.simulated_run_to_completion * 1e3;
+          cell["idle_per_worker_run_to_completion"] = idle_one_at_a_time;
+        }
         for (const auto& st : c.model.stages) {
           json costs{{"forward", st.forward * 1e3},
                      {"backward", st.backward * 1e3},

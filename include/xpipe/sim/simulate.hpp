@@ -98,6 +98,19 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   std::size_t total = 0, done = 0;
   for (const auto& l : s.actions) total += l.size();
   double now = 0;
+  // Under run_to_completion: whether each core runs an action, and since when each stage's next
+  // action has been ready to start (-1: not yet), which orders the wait for a busy core.
+  const bool one_per_core = cost.run_to_completion;
+  std::vector<bool> core_busy(
+      cost.core_of.empty()
+          ? 0
+          : static_cast<std::size_t>(*std::max_element(cost.core_of.begin(), cost.core_of.end())) +
+                1,
+      false);
+  std::vector<double> ready_since(K, -1);
+  std::vector<int> startable;
+  startable.reserve(static_cast<std::size_t>(K));
+  auto core = [&](int k) { return static_cast<std::size_t>(cost.core_of[k]); };
 
   auto can_start = [&](int k, const Action& a) {
     const ActionChannels io = channels_of(K, k, a);
@@ -114,12 +127,29 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   while (done < total) {
     // Start every action that can start now; a forward pops its input as it starts (the
     // consumer copies the message out first thing), which may free room for its producer.
+    // Starting an action never stops another from starting (it pops, never pushes), so the
+    // stages that can start are found first; under run_to_completion they then take their
+    // cores in the order they became ready.
     for (bool started = true; started;) {
       started = false;
-      for (int k = 0; k < K; ++k) {
-        if (running[k] || next[k] >= s.actions[k].size() || !workers_turn(k)) continue;
+      startable.clear();
+      for (int k = 0; k < K; ++k)
+        if (!running[k] && next[k] < s.actions[k].size() && workers_turn(k) &&
+            can_start(k, s.actions[k][next[k]]))
+          startable.push_back(k);
+      if (one_per_core) {
+        for (int k : startable)
+          if (ready_since[k] < 0) ready_since[k] = now;
+        std::stable_sort(startable.begin(), startable.end(),
+                         [&](int i, int j) { return ready_since[i] < ready_since[j]; });
+      }
+      for (int k : startable) {
+        if (one_per_core) {
+          if (core_busy[core(k)]) continue;
+          core_busy[core(k)] = true;
+          ready_since[k] = -1;
+        }
         const Action& a = s.actions[k][next[k]];
-        if (!can_start(k, a)) continue;
         running[k] = true;
         worker_busy[static_cast<std::size_t>(owner[static_cast<std::size_t>(k)])] = true;
         remaining[k] = cost.seconds(k, a);
@@ -198,6 +228,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       if (info(a.kind).travel == Travel::Up && io.in.exists()) queue(io.in).pop_front();
       if (info(a.kind).frees_slot) --in_flight[k];
       running[k] = false;
+      if (one_per_core) core_busy[core(k)] = false;
       const std::size_t w = static_cast<std::size_t>(owner[static_cast<std::size_t>(k)]);
       worker_busy[w] = false;
       ++worker_next[w];
