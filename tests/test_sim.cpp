@@ -329,7 +329,7 @@ TEST_CASE(
   // same makespan (8) as the shared core's, where F1@0 and F0@1 both ran [1,3].
   CostModel one = uniform(2, 1, 1);
   one.core_of = {0, 0};
-  one.run_to_completion = true;
+  one.sharing = CoreSharing::run_to_completion;
   const SimResult r = simulate(gpipe(2, 2, 1), one);
   REQUIRE(end_of(r, 0, fwd(1)) == Approx(2));
   REQUIRE(start_of(r, 1, fwd(0)) == Approx(2));
@@ -342,7 +342,7 @@ TEST_CASE(
   // work stretched over 6 (idle 1/4).
   REQUIRE(r.bubble_fraction(1) == Approx(0.5));
   CostModel shared = one;
-  shared.run_to_completion = false;
+  shared.sharing = CoreSharing::processor;
   REQUIRE(simulate(gpipe(2, 2, 1), shared).bubble_fraction(1) == Approx(0.25));
   // Never idle on one core either way: async 1F1B K = 2, M = 1 is all the work, 2 x 2 x N.
   REQUIRE(simulate(async_1f1b(2, 1, 5), one).seconds == Approx(2 * 2 * 5));
@@ -353,7 +353,7 @@ TEST_CASE(
   CostModel pinned = uniform(3, 1, 1);
   pinned.stages[0].forward = 2;
   pinned.core_of = {0, 1, 0};
-  pinned.run_to_completion = true;
+  pinned.sharing = CoreSharing::run_to_completion;
   const SimResult p = simulate(gpipe(3, 3, 1), pinned);
   REQUIRE(start_of(p, 2, fwd(0)) == Approx(4));
   REQUIRE(end_of(p, 2, fwd(0)) == Approx(5));
@@ -364,9 +364,48 @@ TEST_CASE(
   one.core_speed = {0.5};
   REQUIRE(simulate(gpipe(2, 2, 1), one).seconds == Approx(16));
   CostModel unplaced = uniform(2, 1, 1);
-  unplaced.run_to_completion = true;
-  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), unplaced),
-                      Contains("run_to_completion needs core_of"));
+  unplaced.sharing = CoreSharing::newest_first;
+  REQUIRE_THROWS_WITH(simulate(gpipe(2, 2, 1), unplaced), Contains("needs core_of"));
+}
+
+TEST_CASE(
+    "Newest first: an action that becomes ready preempts its core's running one, as counted "
+    "by hand",
+    "[sim]") {
+  // GPipe K = 2, M = 2, unit costs, both stages on core 0. At 1, F1@0 and F0@1 become ready
+  // together: the lower stage runs, F1@0 [1,2], while F0@1 (started at 1) waits and ends at 3;
+  // F1@1 [3,4]; B0@1 [4,5]; at 5 B0@0 [5,6] runs ahead of B1@1, which started at 5 and ends at
+  // 7; at 7 B1@0 [7,8] runs ahead of stage 1's step (no work, but it waits for the core: it
+  // spans [7,8]). Stage 0 computes 4 of 8 (idle 1/2); stage 1 spans 7 of 8 (idle 1/8).
+  CostModel one = uniform(2, 1, 1);
+  one.core_of = {0, 0};
+  one.sharing = CoreSharing::newest_first;
+  const SimResult r = simulate(gpipe(2, 2, 1), one);
+  REQUIRE(end_of(r, 0, fwd(1)) == Approx(2));
+  REQUIRE(start_of(r, 1, fwd(0)) == Approx(1));
+  REQUIRE(end_of(r, 1, fwd(0)) == Approx(3));
+  REQUIRE(start_of(r, 1, bwd(1)) == Approx(5));
+  REQUIRE(end_of(r, 1, bwd(1)) == Approx(7));
+  REQUIRE(end_of(r, 0, bwd(1)) == Approx(8));
+  REQUIRE(r.seconds == Approx(8));
+  REQUIRE(r.bubble_fraction(0) == Approx(0.5));
+  REQUIRE(r.bubble_fraction(1) == Approx(0.125));
+  // Preemption: GPipe K = 3, M = 3, stages 0 and 2 on core 0, stage 1 on core 1, stage 0's
+  // forward 2, every other action 1. F0@0 [0,2]; F1@0 from 2 and F0@1 [2,3]; at 3 F0@2 preempts
+  // F1@0 (half done): F0@2 [3,4], F1@0 resumes and ends at 5; F2@0 from 5, F1@1 [5,6]; at 6
+  // F1@2 preempts F2@0: F1@2 [6,7], F2@0 ends at 8.
+  CostModel pinned = uniform(3, 1, 1);
+  pinned.stages[0].forward = 2;
+  pinned.core_of = {0, 1, 0};
+  pinned.sharing = CoreSharing::newest_first;
+  const SimResult p = simulate(gpipe(3, 3, 1), pinned);
+  REQUIRE(start_of(p, 0, fwd(1)) == Approx(2));
+  REQUIRE(end_of(p, 0, fwd(1)) == Approx(5));
+  REQUIRE(start_of(p, 2, fwd(0)) == Approx(3));
+  REQUIRE(end_of(p, 2, fwd(0)) == Approx(4));
+  REQUIRE(start_of(p, 2, fwd(1)) == Approx(6));
+  REQUIRE(end_of(p, 2, fwd(1)) == Approx(7));
+  REQUIRE(end_of(p, 0, fwd(2)) == Approx(8));
 }
 
 TEST_CASE("Simulated peak memory counts weight copies, state and activations in flight", "[sim]") {

@@ -234,10 +234,11 @@ struct Cell {
   double available_cores = 0;          // what `cores` busy threads got around each run (median)
   Schedule plan;
   ExecutionTrace measured_trace, simulated_trace;
-  // Pinned cells: the same costs under run-to-completion cores (CostModel::run_to_completion),
-  // which differ from the shared cores' where workers share a core.
-  double simulated_run_to_completion = 0;
-  ExecutionTrace run_to_completion_trace;
+  // Pinned cells: the same costs under another core sharing (CostModel::sharing), which differs
+  // from processor sharing where workers share a core.
+  sim::CoreSharing other_sharing = sim::CoreSharing::newest_first;
+  double simulated_other = 0;
+  ExecutionTrace other_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
 };
 
@@ -268,7 +269,8 @@ struct StageSamples {
 //! and the simulator shares each core between its own stages; otherwise one pool of measured cores.
 template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
-              int repeats, int cores, double hop = 0, bool pin = false) {
+              int repeats, int cores, double hop = 0, bool pin = false,
+              sim::CoreSharing other_sharing = sim::CoreSharing::newest_first) {
   constexpr int K = P::stage_count;
   P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M},
          make_predictor<typename P::predictor>(predictor));
@@ -376,12 +378,13 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   const sim::SimResult sr = sim::simulate(c.plan, c.model);
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;
+  c.other_sharing = other_sharing;
   if (!c.model.core_of.empty()) {
-    sim::CostModel one_at_a_time = c.model;
-    one_at_a_time.run_to_completion = true;
-    const sim::SimResult rr = sim::simulate(c.plan, one_at_a_time);
-    c.simulated_run_to_completion = rr.per_mini_batch;
-    c.run_to_completion_trace = rr.trace;
+    sim::CostModel other = c.model;
+    other.sharing = other_sharing;
+    const sim::SimResult rr = sim::simulate(c.plan, other);
+    c.simulated_other = rr.per_mini_batch;
+    c.other_trace = rr.trace;
   }
   return c;
 }
@@ -395,19 +398,23 @@ inline std::string validation_predictor(const std::string& schedule) {
 //! Runs one validation cell of a model split over K = 2 (Pipeline type P2) or 4 stages (P4).
 template <class P2, class P4>
 Cell validation_cell_of(int K, const std::string& schedule, int M, index_t batch, int N,
-                        int repeats, int cores, double hop = 0, bool pin = false) {
+                        int repeats, int cores, double hop = 0, bool pin = false,
+                        sim::CoreSharing other = sim::CoreSharing::newest_first) {
   const std::string predictor = validation_predictor(schedule);
-  if (K == 2) return run_cell<P2>(schedule, predictor, M, batch, N, repeats, cores, hop, pin);
-  if (K == 4) return run_cell<P4>(schedule, predictor, M, batch, N, repeats, cores, hop, pin);
+  if (K == 2)
+    return run_cell<P2>(schedule, predictor, M, batch, N, repeats, cores, hop, pin, other);
+  if (K == 4)
+    return run_cell<P4>(schedule, predictor, M, batch, N, repeats, cores, hop, pin, other);
   throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
 }
 
 //! Runs one validation cell of the reference MLP at K = 2 or 4.
 inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
-                            int repeats, int cores, double hop = 0, bool pin = false) {
+                            int repeats, int cores, double hop = 0, bool pin = false,
+                            sim::CoreSharing other = sim::CoreSharing::newest_first) {
   return validation_cell_of<Pipeline<mlp::K2a, mlp::K2b, AnyPredictor, AnyOptimizer>,
                             Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
-      K, schedule, M, batch, N, repeats, cores, hop, pin);
+      K, schedule, M, batch, N, repeats, cores, hop, pin, other);
 }
 
 //! The stages of Pipeline type P as the layers of a model, measured: P runs GPipe on the CPU-time

@@ -85,12 +85,21 @@ inline LinkCost fit_link_cost(const std::vector<LinkSample>& samples) {
 //! evenly as one shared pool would, and pinning makes that placement known). `core_speed[c]`,
 //! where given, is the share of core c this process gets (1: the whole core; less when other
 //! processes run there), and each action on core c then runs at core_speed[c] / running.
-//! `run_to_completion` (with `core_of`) replaces that sharing by what Linux does with actions
-//! shorter than its time slice: a core runs one action at a time to its end, at core_speed[c],
-//! the others of its stages waiting in the order they became ready (a tie: the lower stage
-//! first). The work per core, and so the time per mini-batch, is the same either way; each
-//! action's start and end, and so each worker's idle time, are not. Usage:
+//! `sharing` (with `core_of`) may replace that processor sharing by what Linux does with actions
+//! shorter than its time slice (CoreSharing). The work per core, and so the time per
+//! mini-batch, hardly changes; each action's start and end, and each worker's idle time, do.
+//! Usage:
 //! `CostModel m; m.stages = {{.forward = 1e-3, .backward = 2e-3}}; m.cores = 2;`
+//! How the stages pinned to one core share it (CostModel::sharing).
+enum class CoreSharing {
+  processor,          //!< each of the n actions running there at 1 / n of the core
+  run_to_completion,  //!< one at a time, to its end; the others wait, first ready first
+  //! One at a time; an action that becomes ready preempts the one running, which resumes when
+  //! the core is free again (newest first). What Linux's wakeup preemption does: a thread that
+  //! slept on a queue wakes ahead of the one that kept the core busy.
+  newest_first,
+};
+
 struct CostModel {
   std::vector<StageCost> stages;
   std::vector<LinkCost> links;  // one per boundary b (stage b to b + 1); empty: `link` for all
@@ -99,8 +108,8 @@ struct CostModel {
   std::vector<double> cores_with;
   std::vector<int> core_of;
   std::vector<double> core_speed;
-  bool run_to_completion = false;
-  std::string source = "unspecified";  // where the numbers come from, for reports
+  CoreSharing sharing = CoreSharing::processor;  // with core_of only
+  std::string source = "unspecified";            // where the numbers come from, for reports
 
   int stage_count() const { return static_cast<int>(stages.size()); }
   const LinkCost& link_at(int boundary) const {
@@ -180,9 +189,10 @@ struct CostModel {
     if (!core_of.empty() && static_cast<int>(core_of.size()) != stage_count())
       throw ConfigError("xpipe: cost model: core_of needs one core per stage (" +
                         std::to_string(stage_count()) + "), got " + std::to_string(core_of.size()));
-    if (run_to_completion && core_of.empty())
+    if (sharing != CoreSharing::processor && core_of.empty())
       throw ConfigError(
-          "xpipe: cost model: run_to_completion needs core_of (which stage runs on which core)");
+          "xpipe: cost model: a core sharing other than processor sharing needs core_of (which "
+          "stage runs on which core)");
     for (int c : core_of) {
       if (c < 0) throw ConfigError("xpipe: cost model: core_of entries must be >= 0");
       if (!core_speed.empty() && c >= static_cast<int>(core_speed.size()))

@@ -99,8 +99,12 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   for (const auto& l : s.actions) total += l.size();
   double now = 0;
   // Under run_to_completion: whether each core runs an action, and since when each stage's next
-  // action has been ready to start (-1: not yet), which orders the wait for a busy core.
-  const bool one_per_core = cost.run_to_completion;
+  // action has been ready to start (-1: not yet), which orders the wait for a busy core. Under
+  // newest_first: when each running action started (a count), the newest running on its core.
+  const bool one_per_core = cost.sharing == CoreSharing::run_to_completion;
+  const bool newest_first = cost.sharing == CoreSharing::newest_first;
+  std::vector<long> started_as(K, 0);
+  long starts = 0;
   std::vector<bool> core_busy(
       cost.core_of.empty()
           ? 0
@@ -143,6 +147,9 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
         std::stable_sort(startable.begin(), startable.end(),
                          [&](int i, int j) { return ready_since[i] < ready_since[j]; });
       }
+      // Newest first: of those ready at once, the lower stage is the newer (it runs first, as
+      // under run_to_completion).
+      if (newest_first) std::reverse(startable.begin(), startable.end());
       for (int k : startable) {
         if (one_per_core) {
           if (core_busy[core(k)]) continue;
@@ -151,6 +158,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
         }
         const Action& a = s.actions[k][next[k]];
         running[k] = true;
+        started_as[k] = ++starts;
         worker_busy[static_cast<std::size_t>(owner[static_cast<std::size_t>(k)])] = true;
         remaining[k] = cost.seconds(k, a);
         r.trace.stages[k][next[k]].start = now;
@@ -199,14 +207,19 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       }
       const int core = cost.core_of[k];
       int sharing = 0;
-      for (int j = 0; j < K; ++j) sharing += running[j] && cost.core_of[j] == core;
+      bool newest = true;  // (newest_first: only the newest on its core runs; the others wait)
+      for (int j = 0; j < K; ++j)
+        if (running[j] && cost.core_of[j] == core) {
+          ++sharing;
+          newest = newest && started_as[j] <= started_as[k];
+        }
       const double speed =
           cost.core_speed.empty() ? 1.0 : cost.core_speed[static_cast<std::size_t>(core)];
-      rate[k] = speed / sharing;
+      rate[k] = newest_first ? (newest ? speed : 0.0) : speed / sharing;
     }
     double finish = std::numeric_limits<double>::infinity();
     for (int k = 0; k < K; ++k)
-      if (running[k]) finish = std::min(finish, now + remaining[k] / rate[k]);
+      if (running[k] && rate[k] > 0) finish = std::min(finish, now + remaining[k] / rate[k]);
     const double until = std::min(finish, arrival);
     for (int k = 0; k < K; ++k)
       if (running[k]) remaining[k] -= (until - now) * rate[k];
