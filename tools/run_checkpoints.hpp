@@ -112,7 +112,8 @@ inline std::map<std::string, std::string> key_values(const std::string& text) {
 
 //! What differs between a saved "k=v,..." list and this run's, key by key: a key the saved list
 //! lacks was added to the predictor later and means its default there (`defaults`, the same
-//! form), so an older checkpoint resumes. "" when they agree, else "key: was → now".
+//! form), so an older checkpoint resumes. "" when they agree, else the first key that differs
+//! (with why, where one side lacks it).
 inline std::string key_value_difference(const std::string& saved, const std::string& now,
                                         const std::string& defaults) {
   const auto was = key_values(saved), is = key_values(now), fallback = key_values(defaults);

@@ -267,6 +267,7 @@ struct StageSamples {
 //! action's time per stage and kind; the measurement is the median of the threaded runs' seconds
 //! per mini-batch. `pin`: stage k on the (k mod cores)-th CPU this process may use in both runs,
 //! and the simulator shares each core between its own stages; otherwise one pool of measured cores.
+//! Pinned, the cell is also simulated with `other_sharing` (Cell::other_trace).
 template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
               int repeats, int cores, double hop = 0, bool pin = false,
@@ -398,23 +399,19 @@ inline std::string validation_predictor(const std::string& schedule) {
 //! Runs one validation cell of a model split over K = 2 (Pipeline type P2) or 4 stages (P4).
 template <class P2, class P4>
 Cell validation_cell_of(int K, const std::string& schedule, int M, index_t batch, int N,
-                        int repeats, int cores, double hop = 0, bool pin = false,
-                        sim::CoreSharing other = sim::CoreSharing::newest_first) {
+                        int repeats, int cores, double hop = 0, bool pin = false) {
   const std::string predictor = validation_predictor(schedule);
-  if (K == 2)
-    return run_cell<P2>(schedule, predictor, M, batch, N, repeats, cores, hop, pin, other);
-  if (K == 4)
-    return run_cell<P4>(schedule, predictor, M, batch, N, repeats, cores, hop, pin, other);
+  if (K == 2) return run_cell<P2>(schedule, predictor, M, batch, N, repeats, cores, hop, pin);
+  if (K == 4) return run_cell<P4>(schedule, predictor, M, batch, N, repeats, cores, hop, pin);
   throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
 }
 
 //! Runs one validation cell of the reference MLP at K = 2 or 4.
 inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
-                            int repeats, int cores, double hop = 0, bool pin = false,
-                            sim::CoreSharing other = sim::CoreSharing::newest_first) {
+                            int repeats, int cores, double hop = 0, bool pin = false) {
   return validation_cell_of<Pipeline<mlp::K2a, mlp::K2b, AnyPredictor, AnyOptimizer>,
                             Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
-      K, schedule, M, batch, N, repeats, cores, hop, pin, other);
+      K, schedule, M, batch, N, repeats, cores, hop, pin);
 }
 
 //! The stages of Pipeline type P as the layers of a model, measured: P runs GPipe on the CPU-time

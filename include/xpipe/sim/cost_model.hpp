@@ -73,6 +73,16 @@ inline LinkCost fit_link_cost(const std::vector<LinkSample>& samples) {
   return {a, 1 / c};
 }
 
+//! How the stages pinned to one core share it (CostModel::sharing).
+enum class CoreSharing {
+  processor,          //!< each of the n actions running there at 1 / n of the core
+  run_to_completion,  //!< one at a time, to its end; the others wait, first ready first
+  //! One at a time; an action that becomes ready preempts the one running, which resumes when
+  //! the core is free again (newest first). What Linux's wakeup preemption does: a thread that
+  //! slept on a queue wakes ahead of the one that kept the core busy.
+  newest_first,
+};
+
 //! The whole pipeline's costs. `cores`: compute units the stage threads share (0: one each;
 //! fractional on a shared machine, where the stage threads get only part of it); when more
 //! actions run than there are cores, each runs at cores / running of its speed (processor
@@ -86,20 +96,10 @@ inline LinkCost fit_link_cost(const std::vector<LinkSample>& samples) {
 //! where given, is the share of core c this process gets (1: the whole core; less when other
 //! processes run there), and each action on core c then runs at core_speed[c] / running.
 //! `sharing` (with `core_of`) may replace that processor sharing by what Linux does with actions
-//! shorter than its time slice (CoreSharing). The work per core, and so the time per
-//! mini-batch, hardly changes; each action's start and end, and each worker's idle time, do.
+//! shorter than its time slice (CoreSharing). The work per core is the same, and the time per
+//! mini-batch changes little; each action's start and end, and each worker's idle time, do.
 //! Usage:
 //! `CostModel m; m.stages = {{.forward = 1e-3, .backward = 2e-3}}; m.cores = 2;`
-//! How the stages pinned to one core share it (CostModel::sharing).
-enum class CoreSharing {
-  processor,          //!< each of the n actions running there at 1 / n of the core
-  run_to_completion,  //!< one at a time, to its end; the others wait, first ready first
-  //! One at a time; an action that becomes ready preempts the one running, which resumes when
-  //! the core is free again (newest first). What Linux's wakeup preemption does: a thread that
-  //! slept on a queue wakes ahead of the one that kept the core busy.
-  newest_first,
-};
-
 struct CostModel {
   std::vector<StageCost> stages;
   std::vector<LinkCost> links;  // one per boundary b (stage b to b + 1); empty: `link` for all
