@@ -234,9 +234,8 @@ struct Cell {
   double available_cores = 0;          // what `cores` busy threads got around each run (median)
   Schedule plan;
   ExecutionTrace measured_trace, simulated_trace;
-  // Pinned cells: the same costs under another core sharing (CostModel::sharing), which differs
-  // from processor sharing where workers share a core.
-  sim::CoreSharing other_sharing = sim::CoreSharing::newest_first;
+  // Pinned cells: the same costs under newest-first cores (CoreSharing::newest_first), which
+  // differ from processor sharing where workers share a core.
   double simulated_other = 0;
   ExecutionTrace other_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
@@ -267,11 +266,10 @@ struct StageSamples {
 //! action's time per stage and kind; the measurement is the median of the threaded runs' seconds
 //! per mini-batch. `pin`: stage k on the (k mod cores)-th CPU this process may use in both runs,
 //! and the simulator shares each core between its own stages; otherwise one pool of measured cores.
-//! Pinned, the cell is also simulated with `other_sharing` (Cell::other_trace).
+//! Pinned, the cell is also simulated with newest-first cores (Cell::other_trace).
 template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
-              int repeats, int cores, double hop = 0, bool pin = false,
-              sim::CoreSharing other_sharing = sim::CoreSharing::newest_first) {
+              int repeats, int cores, double hop = 0, bool pin = false) {
   constexpr int K = P::stage_count;
   P pipe(make_optimizer("adam", 1e-4f), PipelineOptions{.batch = batch, .micro_batches = M},
          make_predictor<typename P::predictor>(predictor));
@@ -379,10 +377,9 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   const sim::SimResult sr = sim::simulate(c.plan, c.model);
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;
-  c.other_sharing = other_sharing;
   if (!c.model.core_of.empty()) {
     sim::CostModel other = c.model;
-    other.sharing = other_sharing;
+    other.sharing = sim::CoreSharing::newest_first;
     const sim::SimResult rr = sim::simulate(c.plan, other);
     c.simulated_other = rr.per_mini_batch;
     c.other_trace = rr.trace;

@@ -98,23 +98,21 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
   std::size_t total = 0, done = 0;
   for (const auto& l : s.actions) total += l.size();
   double now = 0;
-  // Under run_to_completion: whether each core runs an action, and since when each stage's next
-  // action has been ready to start (-1: not yet), which orders the wait for a busy core. Under
-  // newest_first: when each running action started (a count), the newest running on its core.
+  // Under run_to_completion: since when each stage's next action has been ready to start (-1:
+  // not yet), which orders the wait for a busy core. Under newest_first: when each running
+  // action started (a count), the newest running on its core.
   const bool one_per_core = cost.sharing == CoreSharing::run_to_completion;
   const bool newest_first = cost.sharing == CoreSharing::newest_first;
   std::vector<long> started_as(K, 0);
   long starts = 0;
-  std::vector<bool> core_busy(
-      cost.core_of.empty()
-          ? 0
-          : static_cast<std::size_t>(*std::max_element(cost.core_of.begin(), cost.core_of.end())) +
-                1,
-      false);
   std::vector<double> ready_since(K, -1);
   std::vector<int> startable;
   startable.reserve(static_cast<std::size_t>(K));
-  auto core = [&](int k) { return static_cast<std::size_t>(cost.core_of[k]); };
+  auto core_taken = [&](int k) {
+    for (int j = 0; j < K; ++j)
+      if (running[j] && cost.core_of[j] == cost.core_of[k]) return true;
+    return false;
+  };
 
   auto can_start = [&](int k, const Action& a) {
     const ActionChannels io = channels_of(K, k, a);
@@ -152,8 +150,7 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       if (newest_first) std::reverse(startable.begin(), startable.end());
       for (int k : startable) {
         if (one_per_core) {
-          if (core_busy[core(k)]) continue;
-          core_busy[core(k)] = true;
+          if (core_taken(k)) continue;
           ready_since[k] = -1;
         }
         const Action& a = s.actions[k][next[k]];
@@ -241,7 +238,6 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
       if (info(a.kind).travel == Travel::Up && io.in.exists()) queue(io.in).pop_front();
       if (info(a.kind).frees_slot) --in_flight[k];
       running[k] = false;
-      if (one_per_core) core_busy[core(k)] = false;
       const std::size_t w = static_cast<std::size_t>(owner[static_cast<std::size_t>(k)]);
       worker_busy[w] = false;
       ++worker_next[w];
