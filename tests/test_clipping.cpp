@@ -152,6 +152,36 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "clip_norm: a schedule whose worker steps a stage before its other stage's gradient "
+    "is refused before any action, naming the step",
+    "[clipping][pipeline]") {
+  // async-interleaved, 4 stages on 2 workers, M = 4: worker 0 runs S0@s2 (position 8 of stage
+  // 2's list) before B2@s0 and B3@s0, the rest of stage 0's gradient of mini-batch 0, so under
+  // global clipping the step would wait for its own worker forever (worker 1 likewise, S0@s3).
+  using P = Pipeline<S0, S1, S2, Stage<Linear<4, 4>>, Latest, Adam>;
+  P pipe(Adam{.lr = 1e-2f}, options(0.5f, 4));
+  const auto d = test::random_classification(48, 12, 4, 3);
+  for (const bool threaded : {false, true}) {
+    ReferenceExecutor reference;
+    ThreadedExecutor threads;
+    const std::string why = test::message_of<ConfigError>([&] {
+      const Schedule s = make_schedule("async-interleaved", 4, 4, 3);
+      threaded ? pipe.train(s, d.epoch(), threads) : pipe.train(s, d.epoch(), reference);
+    });
+    REQUIRE_THAT(why, Contains("clipping (clip_norm) cannot run schedule 'async-interleaved'"));
+    REQUIRE_THAT(why, Contains("worker 0, stage 2: S0 (position 8) waits for every stage's "
+                               "gradient of mini-batch 0"));
+  }
+  // Without clipping it trains; the flushed interleaved schedule clips (its steps follow every
+  // gradient of their mini-batch).
+  P free_run(Adam{.lr = 1e-2f}, options(0, 4)), flushed(Adam{.lr = 1e-2f}, options(0.5f, 4));
+  ReferenceExecutor reference;
+  free_run.train(make_schedule("async-interleaved", 4, 4, 3), d.epoch(), reference);
+  flushed.train(make_schedule("interleaved-1f1b", 4, 4, 3), d.epoch(), reference);
+  REQUIRE(flushed.gradient_norms().size() == 3);
+}
+
 TEST_CASE("clip_norm: a bound that is not finite and >= 0, or a device pipeline, is refused",
           "[clipping][pipeline]") {
   using P = Pipeline<S0, S1, S2, Latest, Adam>;

@@ -1,9 +1,10 @@
 // The MPI executor under mpirun: bitwise equality with the threaded executor for every schedule
 // x predictor (dp = 1; a stage per rank, and 4 stages on 2 ranks for the schedules of two stages
-// per worker), data parallelism (replicas bitwise equal; dp = 2 x 2 ranks, of 2 stages and of 4,
-// against one process at the same global batch), and the faults (a killed, a stopped, a NaN rank; a
-// rank stopped in a wait and continued after the others gave up), which fault_case.sh times. Usage:
-// mpirun -np N xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
+// per worker) and for every schedule under global gradient-norm clipping, data parallelism
+// (replicas bitwise equal; dp = 2 x 2 ranks, of 2 stages and of 4, against one process at the same
+// global batch), and the faults (a killed, a stopped, a NaN rank; a rank stopped in a wait and
+// continued after the others gave up), which fault_case.sh times. Usage: mpirun -np N
+// xpipe_test_mpi bitwise|dp|fault <kind> [timeout s].
 #include <mpi.h>
 #include <signal.h>
 
@@ -70,22 +71,25 @@ void fail(const std::string& what) {
 struct Outcome {
   std::vector<float> weights;
   std::vector<double> losses;  // per epoch
+  std::vector<double> norms;   // with clipping: the last epoch's global gradient norms
   std::string error;           // what train() threw, if it threw
 };
 
 // Trains `epochs` epochs of `d` with the threaded executor in this process.
 template <class P>
 Outcome train_threaded(const std::string& sched, const std::string& pred, int M, index_t batch,
-                       const test::LabelledData& d, int epochs) {
+                       const test::LabelledData& d, int epochs, float clip = 0) {
   Outcome o;
   try {
-    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7},
+    P pipe(optimizer_for(pred),
+           PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7, .clip_norm = clip},
            make_predictor(pred));
     const Schedule s =
         make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
     ThreadedExecutor exec;
     for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
     o.weights = pipe.weights();
+    o.norms = pipe.gradient_norms();
   } catch (const std::exception& e) {
     o.error = e.what();
   }
@@ -95,16 +99,18 @@ Outcome train_threaded(const std::string& sched, const std::string& pred, int M,
 // The same on the ranks: each runs its stage; afterwards every rank holds every stage's state.
 template <class P>
 Outcome train_mpi(MpiExecutor& exec, const std::string& sched, const std::string& pred, int M,
-                  index_t batch, const test::LabelledData& d, int epochs) {
+                  index_t batch, const test::LabelledData& d, int epochs, float clip = 0) {
   Outcome o;
   try {
-    P pipe(optimizer_for(pred), PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7},
+    P pipe(optimizer_for(pred),
+           PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7, .clip_norm = clip},
            make_predictor(pred));
     const Schedule s =
         make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
     for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
     exec.share_stage_states(pipe);
     o.weights = pipe.weights();
+    o.norms = pipe.gradient_norms();
     // World rank 0 holds a row per stage, every action timed after the common start.
     if (exec.rank() == 0)
       for (const auto& row : exec.trace().stages)
@@ -156,6 +162,41 @@ void bitwise_for_model(bool virtual_stages) {
         "bitwise: %d schedule x predictor runs of %d stages on %d ranks, %d compared (the rest "
         "refused alike)\n",
         combos, K, world_size(), compared);
+  // Global gradient-norm clipping: the ranks share each stage's norm per mini-batch, and every
+  // schedule clips with the threaded executor's bits (the norms too, on every rank). The bound
+  // is below the norms of these gradients, so the steps are scaled.
+  const float clip = 0.05f;
+  int clipped_runs = 0, scaled_steps = 0;
+  for (const char* sched : schedule_names)
+    for (const char* pred : {"latest", "xpipe"}) {
+      if ((stages_per_worker(sched) > 1) != virtual_stages) continue;
+      const std::string what = std::string(sched) + " x " + pred + " clipped at 0.05";
+      const Outcome thr = train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer>>(
+          sched, pred, M, 16, d, 2, clip);
+      const Outcome mpi = train_mpi<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(
+          exec, sched, pred, M, 16, d, 2, clip);
+      if (!thr.error.empty() || !mpi.error.empty()) {
+        // A schedule that steps a stage before another of its worker's stages has added its
+        // gradient (async-interleaved) cannot clip globally: refused alike, before any action.
+        if (thr.error != mpi.error || thr.error.find("cannot run schedule") == std::string::npos)
+          fail(what + ": threaded says '" + thr.error + "', mpi says '" + mpi.error + "'");
+        continue;
+      }
+      ++clipped_runs;
+      if (thr.weights.size() != mpi.weights.size() ||
+          std::memcmp(thr.weights.data(), mpi.weights.data(), thr.weights.size() * 4) != 0)
+        fail(what + ": weights differ from the threaded executor's");
+      if (thr.losses != mpi.losses) fail(what + ": losses differ from the threaded executor's");
+      if (thr.norms.empty() || thr.norms != mpi.norms)
+        fail(what + ": gradient norms differ from the threaded executor's (" +
+             std::to_string(mpi.norms.size()) + " against " + std::to_string(thr.norms.size()) +
+             ")");
+      for (double n : mpi.norms) scaled_steps += n > clip;
+    }
+  if (scaled_steps == 0) fail("clipping: no step had a norm above 0.05 (nothing was clipped)");
+  if (world_rank() == 0)
+    std::printf("bitwise: %d clipped runs equal to threaded, %d steps scaled\n", clipped_runs,
+                scaled_steps);
   if (virtual_stages) return;
   // A schedule of two stages per worker on as many ranks as stages is refused, with the
   // reason, before any action (2 ranks: no 2-stage interleaved schedule exists; 4: 4 stages
@@ -243,6 +284,11 @@ void data_parallel_for(bool virtual_stages) {
             fail(what + ": epoch loss " + std::to_string(mpi.losses[e]) + ", one process " +
                  std::to_string(one.losses[e]));
       }();
+  // Clipping's norm is of the gradient averaged over the replicas: refused, before any action.
+  const Outcome clipped = train_mpi<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(
+      exec, "gpipe", "latest", M, B / R, mine, 1, 0.5f);
+  if (clipped.error.find("clip_norm) with 2 replicas is not supported") == std::string::npos)
+    fail("clipping with 2 replicas: expected a refusal, got '" + clipped.error + "'");
   if (world_rank() == 0)
     std::printf(
         "dp: 2 replicas x 2 ranks of %d stages: replicas bitwise equal; worst |dp - one| = %.3g "

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# xpipe-train --executor mpi against the threaded executor on the same flags: the per-epoch loss
-# and test accuracy of runs.csv must be the same text (the same bits, printed to 6 digits), and
-# rank 0 alone must write (the files exist once, in --out). With --dp 2, the loss must agree
-# within 1% (the gradient sums run in another order; see below and docs/results.md, "MPI"). The runs get a
-# TMPDIR of their own, where no rank may leave a private folder (xpipe-train-rank-*): ctest gives
+# xpipe-train --executor mpi against the threaded executor on the same flags (--clip-norm too):
+# the per-epoch loss and test accuracy of runs.csv must be the same text (the same bits, printed
+# to 6 digits), and rank 0 alone must write (the files exist once, in --out). With --dp 2, the
+# loss must agree within 1% (the gradient sums run in another order; see below and
+# docs/results.md, "MPI"). The runs get a TMPDIR of their own, where no rank may leave a private folder (xpipe-train-rank-*): ctest gives
 # each test one (a .../tmpdir/NAME folder, made anew here); run by hand, WORKDIR/tmp.
 # Usage: tool_matches_threaded.sh XPIPE_TRAIN WORKDIR mpirun [flags...]
 set -euo pipefail
@@ -22,6 +22,11 @@ common=(--train-samples 1024 --test-samples 500 --epochs 2 --batch 64 -M 2)
   "${common[@]}" --out "$work/dp" >"$work/dp.log" 2>&1
 "$train" -K 2 --schedule gpipe --predictor latest "${common[@]}" --out "$work/one" \
   >"$work/one.log" 2>&1
+# Global gradient-norm clipping: the ranks share each stage's norm of every mini-batch.
+"$train" -K 2 "${common[@]}" --clip-norm 0.25 --out "$work/clip-threaded" \
+  >"$work/clip-threaded.log" 2>&1
+"$@" -np 2 "$train" --executor mpi -K 2 "${common[@]}" --clip-norm 0.25 --out "$work/clip-mpi" \
+  >"$work/clip-mpi.log" 2>&1
 # A CNN with BatchNorm: rank 0 evaluates with every stage's running statistics, which the other
 # rank trained (shared after the run like the weights), so the test accuracy is the threaded one.
 cnn=(--model resnet -K 2 --train-samples 256 --test-samples 200 --epochs 1 --batch 32 -M 2)
@@ -48,6 +53,12 @@ echo "threaded: $(fields "$work/threaded" | tr '\n' ' ')"
 echo "mpi:      $(fields "$work/mpi" | tr '\n' ' ')"
 if [[ "$(fields "$work/threaded")" != "$(fields "$work/mpi")" ]]; then
   echo "FAIL: --executor mpi differs from threaded"; exit 1
+fi
+echo "clipped threaded: $(fields "$work/clip-threaded" | tr '\n' ' ')"
+echo "clipped mpi:      $(fields "$work/clip-mpi" | tr '\n' ' ')"
+if [[ "$(fields "$work/clip-threaded")" != "$(fields "$work/clip-mpi")" ||
+  "$(fields "$work/clip-threaded")" == "$(fields "$work/threaded")" ]]; then
+  echo "FAIL: --clip-norm under --executor mpi differs from threaded (or clipped nothing)"; exit 1
 fi
 echo "resnet threaded: $(fields "$work/cnn-threaded" | tr '\n' ' ')"
 echo "resnet mpi:      $(fields "$work/cnn-mpi" | tr '\n' ' ')"

@@ -135,23 +135,28 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 //! stage's flat gradient is summed over its R replicas by MPI_Iallreduce, completed and divided by
 //! R just before the Step, so every replica steps with the same bits.
 //!
-//! Faults: every wait (an input, room for an output, the all-reduce, the start and end of the
-//! run) gives up after `wait_timeout` and throws a StageError naming the stuck rank, this rank,
-//! the action and what it waited for. The wait's time is the sum of its clock readings, each
-//! counted up to `max_clock_step`, so a rank that was itself stopped (SIGSTOP, a debugger, a
-//! suspended machine) does not give up on its neighbours once continued; what it reports says
-//! "rank 1's own clock jumped 12.3 s: this process was stopped or suspended" (a watch thread sees
-//! the jumps that fall inside an action). The stuck rank: a wait that has lasted wait_timeout / 8
-//! tells every other rank what it waits on (non-blocking messages on a control communicator, said
-//! again every wait_timeout / 8 while it lasts, withdrawn when it ends), and a rank that gives up
-//! follows these from the rank it waits on to the first that is not waiting (or whose word has
-//! gone stale: stopped inside its wait): "rank 1 (stage 1) is stuck: rank 3 waited 60 s for the
-//! input of F9 from rank 2 (stage 2), which waits at F6 for the input of F6 from rank 1 (stage
-//! 1), which is not waiting on any rank (it is stopped, hung, or running a long action)". A rank
-//! whose action throws (a NaN loss, a failed MPI call), or that gives up, tells every other rank
-//! before it rethrows, and those throw too, quoting it: all ranks stop together, and all name the
-//! same stuck rank. The communicators return MPI errors (MPI_ERRORS_RETURN) as MpiError. After a
-//! failure the ranks cannot go on together: call MPI_Abort (xpipe-train does), which ends the
+//! Global gradient-norm clipping (PipelineOptions::clip_norm, one replica): each stage's squared
+//! norm of mini-batch t reaches every rank by one MPI_Iallgather per mini-batch, started when
+//! this rank's stages have all added their last gradient of t; a Step waits for it, as it waits
+//! for the other stages' norms in one process, and scales by the threaded executor's bits.
+//!
+//! Faults: every wait (an input, room for an output, the all-reduce, the clipping norms, the
+//! start and end of the run) gives up after `wait_timeout` and throws a StageError naming the stuck
+//! rank, this rank, the action and what it waited for. The wait's time is the sum of its clock
+//! readings, each counted up to `max_clock_step`, so a rank that was itself stopped (SIGSTOP, a
+//! debugger, a suspended machine) does not give up on its neighbours once continued; what it
+//! reports says "rank 1's own clock jumped 12.3 s: this process was stopped or suspended" (a watch
+//! thread sees the jumps that fall inside an action). The stuck rank: a wait that has lasted
+//! wait_timeout / 8 tells every other rank what it waits on (non-blocking messages on a control
+//! communicator, said again every wait_timeout / 8 while it lasts, withdrawn when it ends), and a
+//! rank that gives up follows these from the rank it waits on to the first that is not waiting (or
+//! whose word has gone stale: stopped inside its wait): "rank 1 (stage 1) is stuck: rank 3 waited
+//! 60 s for the input of F9 from rank 2 (stage 2), which waits at F6 for the input of F6 from rank
+//! 1 (stage 1), which is not waiting on any rank (it is stopped, hung, or running a long action)".
+//! A rank whose action throws (a NaN loss, a failed MPI call), or that gives up, tells every other
+//! rank before it rethrows, and those throw too, quoting it: all ranks stop together, and all name
+//! the same stuck rank. The communicators return MPI errors (MPI_ERRORS_RETURN) as MpiError. After
+//! a failure the ranks cannot go on together: call MPI_Abort (xpipe-train does), which ends the
 //! job; a killed rank is seen by mpirun, which ends the job itself.
 //! Usage: `MpiExecutor e(MPI_COMM_WORLD, 2); pipe.train(schedule, my_rows, e);`
 class MpiExecutor {
@@ -182,7 +187,8 @@ class MpiExecutor {
     XPIPE_MPI_CHECK(MPI_Comm_split(world_, replica_, worker_, &pipeline_));
     XPIPE_MPI_CHECK(MPI_Comm_split(world_, worker_, replica_, &replicas_of_worker_));
     XPIPE_MPI_CHECK(MPI_Comm_dup(world_, &control_));
-    for (MPI_Comm c : {pipeline_, replicas_of_worker_, control_})
+    XPIPE_MPI_CHECK(MPI_Comm_dup(pipeline_, &norms_comm_));
+    for (MPI_Comm c : {pipeline_, replicas_of_worker_, control_, norms_comm_})
       XPIPE_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
     board_.connect(control_, report_tag);
     detail::mpi_report_rank.store(rank_, std::memory_order_relaxed);
@@ -194,7 +200,7 @@ class MpiExecutor {
     MPI_Finalized(&finalized);
     if (finalized) return;  // (an executor outliving MPI_Finalize has nothing left to free)
     board_.release();
-    for (MPI_Comm* c : {&pipeline_, &replicas_of_worker_, &control_, &world_})
+    for (MPI_Comm* c : {&pipeline_, &replicas_of_worker_, &control_, &norms_comm_, &world_})
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 
@@ -220,12 +226,19 @@ class MpiExecutor {
         "Pipeline<..., MpiChannel>");
     const Schedule& s = program.schedule();
     check_structure(s);  // any Program may hand one in: worker_steps needs it whole
+    bool clipping = false;
     if constexpr (requires { program.reduces_across_stages(); })
-      if (program.reduces_across_stages())
-        throw ConfigError(
-            "xpipe: MpiExecutor: global gradient-norm clipping (clip_norm) needs every stage's "
-            "norm before each step, which is not shared between ranks yet: run it with the "
-            "reference or threaded executor");
+      clipping = program.reduces_across_stages();
+    if (clipping && !has_norm_board<P>)
+      throw ConfigError(
+          "xpipe: MpiExecutor: global gradient-norm clipping needs the Program's "
+          "gradient_norm_board() to share each stage's norm between the ranks");
+    if (clipping && replicas_ > 1)
+      throw ConfigError(
+          "xpipe: MpiExecutor: global gradient-norm clipping (clip_norm) with " +
+          std::to_string(replicas_) +
+          " replicas is not supported: the norm is of the gradient averaged over the replicas, "
+          "which is complete only at the step (run one replica, or no clipping)");
     if (!s.has_virtual_stages() && s.stages != workers_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' has " +
                         std::to_string(s.stages) + " stages, but " + std::to_string(size_) +
@@ -275,6 +288,11 @@ class MpiExecutor {
         }
     }
     std::vector<MPI_Request> reduce(static_cast<std::size_t>(s.stages), MPI_REQUEST_NULL);
+    if constexpr (has_norm_board<P>)
+      if (clipping)
+        norms_.size_for(s.stages, workers_,
+                        static_cast<int>(std::count(owner_.begin(), owner_.end(), worker_)),
+                        program.gradient_norm_board().mini_batches());
     std::size_t i = 0;
     list_size_.store(static_cast<long>(mine.size()), std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
@@ -282,6 +300,8 @@ class MpiExecutor {
       for (; i < mine.size(); ++i) {
         const auto [k, p] = mine[i];
         const Action& a = action_at(i);
+        if constexpr (has_norm_board<P>)
+          if (clipping && info(a.kind).applies_gradient) wait_for_norms(program, k, a);
         wait_ready(program, s, k, a);
         if (info(a.kind).applies_gradient && replicas_ > 1)
           finish_reduce(program, k, a, reduce[static_cast<std::size_t>(k)]);
@@ -290,6 +310,8 @@ class MpiExecutor {
         trace_.stages[static_cast<std::size_t>(k)][p] = {a, start, detail::seconds_since(t0)};
         if (reduce_after[i] && replicas_ > 1)
           start_reduce(program, k, reduce[static_cast<std::size_t>(k)]);
+        if constexpr (has_norm_board<P>)
+          if (clipping) start_norm_gathers(program.gradient_norm_board());
         done_.store(static_cast<long>(i + 1), std::memory_order_relaxed);
       }
       wait_until([&] { return sends_done(program, s); }, k0, "end",
@@ -506,6 +528,81 @@ class MpiExecutor {
   static constexpr bool has_gradients = requires(P& p) {
     p.gradients(0);
   };
+  template <class P>
+  static constexpr bool has_norm_board = requires(P& p) {
+    p.gradient_norm_board();
+  };
+
+  // Global clipping over ranks: stage k's squared gradient norm of mini-batch t reaches every
+  // rank of the pipeline by one MPI_Iallgather per mini-batch (on a communicator of its own),
+  // started once this rank's stages have all posted t, in the order of t on every rank (the
+  // order non-blocking collectives must start in). A rank sends K values, its stages' norms and
+  // zeros, and posts the others' stages from what it gathers: every rank's board then holds the
+  // same values, summed in stage order, so S(t) scales by the bits of the threaded executor.
+  struct NormShare {
+    int stages = 0, workers = 0, local = 0;  // local: this rank's stages
+    int next = 0;                            // the mini-batch whose gather starts next
+    std::vector<double> sent, got;           // [t K + k], [t W K + w K + k]
+    std::vector<MPI_Request> requests;       // [t]
+    std::vector<char> posted;                // [t]: the gathered norms are on the board
+    void size_for(int K, int W, int mine, int mini_batches) {
+      stages = K;
+      workers = W;
+      local = mine;
+      next = 0;
+      const auto T = static_cast<std::size_t>(mini_batches);
+      sent.assign(T * static_cast<std::size_t>(K), 0.0);
+      got.assign(T * static_cast<std::size_t>(W * K), 0.0);
+      requests.assign(T, MPI_REQUEST_NULL);
+      posted.assign(T, 0);
+    }
+  };
+
+  // Starts the gather of every mini-batch whose norms this rank's stages have all posted.
+  template <class Board>
+  void start_norm_gathers(Board& board) {
+    // Before its own gather starts, only this rank's stages can have posted t.
+    while (norms_.next < board.mini_batches() && board.posts(norms_.next) == norms_.local) {
+      const int t = norms_.next++;
+      const int K = norms_.stages;
+      double* out = norms_.sent.data() + static_cast<std::size_t>(t) * K;
+      for (int k = 0; k < K; ++k) out[k] = owner(k) == worker_ ? board.squared(t, k) : 0.0;
+      XPIPE_MPI_CHECK(MPI_Iallgather(
+          out, K, MPI_DOUBLE, norms_.got.data() + static_cast<std::size_t>(t) * norms_.workers * K,
+          K, MPI_DOUBLE, norms_comm_, &norms_.requests[static_cast<std::size_t>(t)]));
+    }
+  }
+
+  // Whether every stage's norm of mini-batch t is on the board: once t's gather has completed,
+  // posts the other ranks' stages.
+  template <class Board>
+  bool norms_arrived(Board& board, int t) {
+    const auto u = static_cast<std::size_t>(t);
+    if (t < norms_.next && !norms_.posted[u]) {
+      int done = 0;
+      XPIPE_MPI_CHECK(MPI_Test(&norms_.requests[u], &done, MPI_STATUS_IGNORE));
+      if (done) {
+        const int K = norms_.stages;
+        for (int k = 0; k < K; ++k)
+          if (owner(k) != worker_)
+            board.post(t, k, norms_.got[(u * norms_.workers + owner(k)) * K + k]);
+        norms_.posted[u] = 1;
+      }
+    }
+    return board.complete(t);
+  }
+
+  // A step under global clipping first waits for every stage's norm of its mini-batch.
+  template <class P>
+  void wait_for_norms(P& program, int k, const Action& a) {
+    auto& board = program.gradient_norm_board();
+    wait_until([&] { return norms_arrived(board, a.index); }, k, to_string(a),
+               [&] {
+                 return collective(
+                     "every stage's gradient norm of mini-batch " + std::to_string(a.index),
+                     rank_of(0, replica_), 1, workers_);
+               });
+  }
 
   template <class P>
   void start_reduce(P& program, int k, MPI_Request& req) {
@@ -817,7 +914,8 @@ class MpiExecutor {
   }
 
   MPI_Comm world_ = MPI_COMM_NULL, pipeline_ = MPI_COMM_NULL, replicas_of_worker_ = MPI_COMM_NULL,
-           control_ = MPI_COMM_NULL;
+           control_ = MPI_COMM_NULL, norms_comm_ = MPI_COMM_NULL;
+  NormShare norms_;  // global clipping's norms, per run
   // workers_: ranks per pipeline; worker_: this rank's place in it. Without virtual stages, a
   // worker is a stage.
   int rank_ = 0, size_ = 1, replicas_ = 1, workers_ = 1, worker_ = 0, replica_ = 0;

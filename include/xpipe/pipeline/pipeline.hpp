@@ -473,7 +473,20 @@ class Pipeline {
     run_.progress = &progress_;
     run_.analysis = &analysis_;
     run_.clip_norm = options_.clip_norm;
-    if (options_.clip_norm > 0.f) run_.norms.size_for(K, schedule.mini_batches);
+    if (options_.clip_norm > 0.f) {
+      // Each step waits for every stage's gradient: a worker whose list steps one of its stages
+      // before another of its stages' last gradient of that mini-batch would wait forever.
+      try {
+        dry_run(schedule, unit_cost, DryRunRules{.steps_wait_for_every_stage = true});
+      } catch (const ConfigError& e) {
+        throw ConfigError(
+            "xpipe: Pipeline::train: global gradient-norm clipping (clip_norm) cannot run schedule "
+            "'" +
+            schedule.name + "': each step waits for every stage's gradient, and " +
+            std::string(e.what()).substr(std::string("xpipe: ").size()));
+      }
+      run_.norms.size_for(K, schedule.mini_batches);
+    }
     if (options_.measure_prediction && !detail::reads_host_memory<typename backend::Context>)
       throw ConfigError(
           "xpipe: Pipeline: measure_prediction needs a backend whose weights are in host memory");
@@ -586,6 +599,9 @@ class Pipeline {
       });
     }
     std::span<double> micro_losses() { return p->run_.micro_loss; }
+    // Under global clipping, every stage's squared gradient norm per mini-batch: an executor of
+    // several processes posts the other processes' stages here as they arrive.
+    GradNormBoard& gradient_norm_board() { return p->run_.norms; }
   };
   static_assert(Program<RunProgram>);
 

@@ -65,6 +65,10 @@ class GradNormBoard {
     sq_[static_cast<std::size_t>(t) * stages_ + k] = squared;
     posted_[t].fetch_add(1, std::memory_order_release);
   }
+  //! How many stages have posted for mini-batch t (0 <= t < mini_batches()).
+  int posts(int t) const { return posted_[t].load(std::memory_order_acquire); }
+  //! Stage k's squared norm for mini-batch t, once it has posted.
+  double squared(int t, int k) const { return sq_[static_cast<std::size_t>(t) * stages_ + k]; }
   //! Whether every stage has posted for mini-batch t (false for a t outside the run).
   bool complete(int t) const {
     return t >= 0 && t < mini_batches_ && posted_[t].load(std::memory_order_acquire) == stages_;

@@ -26,9 +26,17 @@ inline double unit_cost(int, const Action& a) {
   return a.kind == ActionKind::InputGrad || a.kind == ActionKind::WeightGrad ? 0.5 : 1.0;
 }
 
+//! What a dry run enforces beside the links between stages.
+struct DryRunRules {
+  //! Global gradient-norm clipping (PipelineOptions::clip_norm): the step of mini-batch t also
+  //! waits until every stage has run its gradient actions (B or W) of t.
+  bool steps_wait_for_every_stage = false;
+};
+
 namespace detail {
 // The dry run proper, on a schedule whose structure was checked (check_structure).
-inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost) {
+inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost,
+                                      DryRunRules rules = {}) {
   const int K = s.stages, total = s.total_micro_batches();
   ExecutionTrace tl = ExecutionTrace::sized_for(s);
   // sent_at[travel][k][g]: when stage k's message of micro-batch g travelling that way was
@@ -54,6 +62,23 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
     ready = from < 0 ? 0.0 : sent_slot(from, a);
     return ready >= 0;
   };
+  // Under rules.steps_wait_for_every_stage: per mini-batch, the gradient actions still to run
+  // on any stage, and when the last that ran ended.
+  const bool global_steps = rules.steps_wait_for_every_stage;
+  std::vector<int> grads_left(global_steps ? static_cast<std::size_t>(s.mini_batches) : 0, 0);
+  std::vector<double> grads_end(grads_left.size(), 0.0);
+  const auto mini_batch_of = [&](const Action& a) {
+    return static_cast<std::size_t>(a.index / s.micro_batches);
+  };
+  if (global_steps)
+    for (const auto& list : s.actions)
+      for (const Action& a : list)
+        if (info(a.kind).adds_gradient) ++grads_left[mini_batch_of(a)];
+  // A step waiting for another stage's gradient (global steps only).
+  const auto step_waits = [&](const Action& a) {
+    return global_steps && info(a.kind).applies_gradient &&
+           grads_left[static_cast<std::size_t>(a.index)] > 0;
+  };
   for (bool progress = true; progress;) {
     progress = false;
     for (int w = 0; w < P; ++w) {
@@ -62,12 +87,18 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
       while (next[w] < mine.size()) {
         const auto [k, p] = mine[next[w]];
         const Action& a = s.actions[static_cast<std::size_t>(k)][p];
-        if (!input_ready(k, a, ready)) break;
+        if (!input_ready(k, a, ready) || step_waits(a)) break;
+        if (global_steps && info(a.kind).applies_gradient)
+          ready = std::max(ready, grads_end[static_cast<std::size_t>(a.index)]);
         const double t0 = std::max(free_at[w], ready), t1 = t0 + cost(k, a);
         tl.stages[k][p] = {a, t0, t1};
         free_at[w] = t1;
         tl.seconds = std::max(tl.seconds, t1);
         if (info(a.kind).travel != Travel::None) sent_slot(k, a) = t1;
+        if (global_steps && info(a.kind).adds_gradient) {
+          --grads_left[mini_batch_of(a)];
+          grads_end[mini_batch_of(a)] = std::max(grads_end[mini_batch_of(a)], t1);
+        }
         ++next[w];
         progress = true;
       }
@@ -79,10 +110,11 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
     if (next[w] == mine.size()) continue;
     const auto [k, p] = mine[next[w]];
     const Action& a = s.actions[static_cast<std::size_t>(k)][p];
-    stuck += std::string("; ") +
-             (s.has_virtual_stages() ? "worker " + std::to_string(w) + ", " : "") +
-             detail::at(k, a, p) + " waits for " + to_string(a) + " of stage " +
-             std::to_string(producer_stage(K, k, a));
+    stuck +=
+        std::string("; ") + (s.has_virtual_stages() ? "worker " + std::to_string(w) + ", " : "") +
+        detail::at(k, a, p) + " waits for " +
+        (step_waits(a) ? "every stage's gradient of mini-batch " + std::to_string(a.index)
+                       : to_string(a) + " of stage " + std::to_string(producer_stage(K, k, a)));
   }
   if (!stuck.empty()) throw ConfigError("xpipe: schedule '" + s.name + "' deadlocks" + stuck);
   return tl;
@@ -95,10 +127,12 @@ inline ExecutionTrace dry_run_checked(const Schedule& s, const ActionCost& cost)
 //! producer stage sends (F(k, g) for F(k-1, g); B(k, g) or I(k, g) for the B or I of g at k+1).
 //! Returns every action's start and end (the trace's `seconds` is the makespan). Throws ConfigError
 //! on deadlock, naming what each stuck stage waits for, and on a schedule that fails
-//! check_structure() (it checks first, so any Schedule value is safe to pass).
-inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost) {
+//! check_structure() (it checks first, so any Schedule value is safe to pass). `rules` adds
+//! global clipping's wait of each step for every stage's gradient.
+inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_cost,
+                              DryRunRules rules = {}) {
   check_structure(s);
-  return detail::dry_run_checked(s, cost);
+  return detail::dry_run_checked(s, cost, rules);
 }
 
 //! Fraction of the run that worker w of `s` spent not computing: 1 - the time its stages' actions
