@@ -242,8 +242,10 @@ inline int mpi_rank = 0;
   std::_Exit(1);
 }
 
+// Whether --executor mpi can train P: its links are MpiChannel's (which train in one process
+// too).
 template <class P>
-constexpr bool runs_on_mpi() {
+constexpr bool links_over_mpi() {
 #if defined(XPIPE_WITH_MPI)
   return std::is_same_v<typename P::queue_policy, MpiChannel>;
 #else
@@ -287,13 +289,11 @@ inline RunRecord& failed(RunRecord& rec, int e, const std::string& why, bool on_
   return rec;
 }
 
-// Runs one configuration on one compiled Pipeline type. A run that diverges, or fails in an
-// epoch, comes back marked so, with the epochs it finished.
-template <class P, class MpiP = P>
+// Runs one configuration on one compiled Pipeline type, with any executor its links allow. A
+// run that diverges, or fails in an epoch, comes back marked so, with the epochs it finished.
+template <class P>
 RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
-  if constexpr (!std::is_same_v<P, MpiP>)
-    if (c.executor == "mpi") return run_pipeline<MpiP>(c, data, check);
-  constexpr bool on_mpi = runs_on_mpi<P>();
+  const bool on_mpi = links_over_mpi<P>() && c.executor == "mpi";
   const bool root = mpi_rank == 0;
   // Each of the dp replicas trains on its share of every mini-batch of c.batch rows.
   const index_t replica_batch = c.batch / c.dp;
@@ -412,11 +412,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     try {
       worker = std::thread([&] {
         try {
-          if constexpr (on_mpi) {
+          if (on_mpi) {
 #if defined(XPIPE_WITH_MPI)
-            r = pipe.train(schedule, epoch, *mpi_executor);
-            // Every rank gets every stage's trained state: rank 0 evaluates and checkpoints it.
-            mpi_executor->share_stage_states(pipe);
+            if constexpr (links_over_mpi<P>()) {
+              r = pipe.train(schedule, epoch, *mpi_executor);
+              // Every rank gets every stage's trained state: rank 0 evaluates and checkpoints it.
+              mpi_executor->share_stage_states(pipe);
+            }
 #endif
           } else {
             r = c.executor == "reference" ? pipe.train(schedule, epoch, reference)
@@ -528,13 +530,13 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   return rec;
 }
 
-// One Pipeline type per model split (and queue policy): the predictor and the optimizer are
-// values chosen at run time (AnyPredictor, AnyOptimizer).
+// One Pipeline type per model split: the predictor and the optimizer are values chosen at run
+// time (AnyPredictor, AnyOptimizer), and with MPI its links are MpiChannel's, which every
+// executor trains (in one process they are in-process rings).
 template <class... Stages>
 RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
 #if defined(XPIPE_WITH_MPI)
-  return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer>,
-                      Pipeline<Stages..., AnyPredictor, AnyOptimizer, MpiChannel>>(c, data, check);
+  return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer, MpiChannel>>(c, data, check);
 #else
   return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer>>(c, data, check);
 #endif

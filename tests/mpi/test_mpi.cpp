@@ -1,6 +1,7 @@
 // The MPI executor under mpirun: bitwise equality with the threaded executor for every schedule
 // x predictor (dp = 1; a stage per rank, and 4 stages on 2 ranks for the schedules of two stages
-// per worker) and for every schedule under global gradient-norm clipping, data parallelism
+// per worker; and the same MpiChannel pipeline trained in one process) and for every schedule
+// under global gradient-norm clipping, data parallelism
 // (replicas bitwise equal; dp = 2 x 2 ranks, of 2 stages and of 4, against one process at the same
 // global batch), and the faults (a killed, a stopped, a NaN rank; a rank stopped in a wait and
 // continued after the others gave up), which fault_case.sh times. Usage: mpirun -np N
@@ -142,6 +143,15 @@ void bitwise_for_model(bool virtual_stages) {
             train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer>>(sched, pred, M, 16, d, 2);
         const Outcome mpi = train_mpi<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(
             exec, sched, pred, M, 16, d, 2);
+        // The MpiChannel pipeline in one process (its links in-process rings, as xpipe-train
+        // runs it without mpirun): the threaded executor's bits.
+        const Outcome rings =
+            train_threaded<Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>>(sched, pred, M,
+                                                                                   16, d, 2);
+        if (rings.error != thr.error || rings.losses != thr.losses ||
+            rings.weights.size() != thr.weights.size() ||
+            std::memcmp(rings.weights.data(), thr.weights.data(), thr.weights.size() * 4) != 0)
+          fail(what + ": Pipeline<..., MpiChannel> in one process differs from InProcessRing's");
         ++combos;
         if (!thr.error.empty() || !mpi.error.empty()) {
           if (thr.error != mpi.error)

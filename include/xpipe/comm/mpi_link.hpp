@@ -1,18 +1,21 @@
 // Micro-batch queues between MPI ranks (the MpiChannel QueuePolicy): one end of a stage
 // boundary per rank, receives posted ahead into the pre-allocated slots, sends non-blocking, a
-// tag per (micro-batch, direction, lane); a boundary between two stages of one rank is a plain
-// ring in its memory. Needs <mpi.h>: link xpipe::mpi (Debian: libopenmpi-dev).
+// tag per (micro-batch, direction, lane); a boundary between two stages of one rank, and every
+// boundary of a pipeline trained in one process (threaded or reference executor), is the
+// in-process ring (SpscRing). Needs <mpi.h>: link xpipe::mpi (Debian: libopenmpi-dev).
 #pragma once
 
 #include <mpi.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/comm/queue.hpp"
+#include "xpipe/comm/spsc_ring.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/core/tensor.hpp"
 
@@ -65,13 +68,15 @@ inline int mpi_link_tag(int g, int direction, int tag_ub, int lane = 0, int lane
 }
 
 //! One end of a link between two ranks: a Queue of `capacity` pre-allocated slots of up to
-//! rows x cols floats in host memory. Unconnected (constructed only), it holds no memory; a
-//! rank connects the ends it owns (connect) and never touches the others. A consumer keeps one
+//! rows x cols floats in host memory. Constructed, it is an in-process ring (SpscRing: one
+//! producer thread, one consumer thread), so a Pipeline<..., MpiChannel> trains in one process
+//! with the threaded or reference executor, with the same bits. MpiExecutor connects the ends
+//! (connect): a rank keeps the ring where it holds both ends (LinkRole::Both), frees it where it
+//! holds neither, and where it holds one it trades it for MPI slots: a consumer keeps one
 //! receive posted per slot for the next micro-batches of its order, so `can_pop()` is an
 //! MPI_Test of the oldest and `front()` reads the slot the message landed in; a producer fills
 //! `back()` in place and `push()` starts an MPI_Isend from it, and `can_push()` tests whether
-//! that slot's previous send has completed. Both ends on one rank (LinkRole::Both): the slots
-//! are a ring, filled at one cursor and drained at another, with no MPI call.
+//! that slot's previous send has completed.
 template <class B = Host>
 class MpiLink {
   // MPI_Isend/MPI_Irecv take the slots' addresses and the host threads test the requests: the
@@ -87,6 +92,7 @@ class MpiLink {
   MpiLink(int capacity, index_t rows, index_t cols)
       : capacity_(capacity), rows_(rows), cols_(cols) {
     if (capacity < 1) throw ConfigError("xpipe: MpiLink: capacity must be >= 1");
+    ring_.emplace(capacity, rows, cols);
   }
   MpiLink(MpiLink&& o) noexcept { *this = std::move(o); }
   MpiLink& operator=(MpiLink&& o) noexcept {
@@ -96,13 +102,14 @@ class MpiLink {
     cols_ = o.cols_;
     end_ = std::move(o.end_);
     tag_ub_ = o.tag_ub_;
+    ring_.reset();
+    if (o.ring_) ring_.emplace(std::move(*o.ring_));
+    o.ring_.reset();
     storage_ = std::move(o.storage_);
     slots_ = std::move(o.slots_);
     requests_ = std::move(o.requests_);
     arrived_ = std::move(o.arrived_);
     cursor_ = o.cursor_;
-    read_ = o.read_;
-    filled_ = o.filled_;
     posted_ = o.posted_;
     o.requests_.clear();
     return *this;
@@ -115,13 +122,18 @@ class MpiLink {
   void connect(MpiLinkEnd end) {
     release();
     end_ = std::move(end);
+    ring_.reset();
+    storage_ = {};
+    slots_.clear();
     if (end_.role == LinkRole::None) return;
-    if (!local()) {
-      int* ub = nullptr;
-      int flag = 0;
-      XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
-      tag_ub_ = flag && ub ? *ub : 32767;
+    if (end_.role == LinkRole::Both) {  // both stages on this rank: a ring, no MPI
+      ring_.emplace(capacity_, rows_, cols_);
+      return;
     }
+    int* ub = nullptr;
+    int flag = 0;
+    XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
+    tag_ub_ = flag && ub ? *ub : 32767;
     storage_ = typename B::template Buffer<float>(capacity_ * rows_ * cols_);
     slots_.assign(static_cast<std::size_t>(capacity_), {});
     requests_.assign(static_cast<std::size_t>(capacity_), MPI_REQUEST_NULL);
@@ -129,7 +141,7 @@ class MpiLink {
     for (int i = 0; i < capacity_; ++i)
       slots_[static_cast<std::size_t>(i)].data =
           Matrix{storage_.data() + i * rows_ * cols_, rows_, cols_};
-    cursor_ = read_ = filled_ = 0;
+    cursor_ = 0;
     posted_ = 0;
     if (end_.role == LinkRole::Consumer)
       for (int i = 0; i < capacity_; ++i) post_receive(i);
@@ -137,34 +149,35 @@ class MpiLink {
   const MpiLinkEnd& end() const { return end_; }
 
   // ---- producer side ----
-  bool can_push() const { return local() ? filled_ < capacity_ : test(cursor_); }
-  MicroBatchMessage& back() { return slots_[static_cast<std::size_t>(cursor_)]; }
+  bool can_push() const { return ring_ ? ring_->can_push() : test(cursor_); }
+  MicroBatchMessage& back() {
+    return ring_ ? ring_->back() : slots_[static_cast<std::size_t>(cursor_)];
+  }
   void push() {
-    if (local()) {
-      ++filled_;
-    } else {
-      MicroBatchMessage& m = back();
-      XPIPE_MPI_CHECK(
-          MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
-                    mpi_link_tag(m.micro_batch, end_.direction, tag_ub_, end_.lane, end_.lanes),
-                    end_.comm, &requests_[static_cast<std::size_t>(cursor_)]));
-      arrived_[static_cast<std::size_t>(cursor_)] = 0;
+    if (ring_) {
+      ring_->push();
+      return;
     }
+    MicroBatchMessage& m = back();
+    XPIPE_MPI_CHECK(
+        MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
+                  mpi_link_tag(m.micro_batch, end_.direction, tag_ub_, end_.lane, end_.lanes),
+                  end_.comm, &requests_[static_cast<std::size_t>(cursor_)]));
+    arrived_[static_cast<std::size_t>(cursor_)] = 0;
     cursor_ = (cursor_ + 1) % capacity_;
   }
 
   // ---- consumer side ----
   bool can_pop() const {
-    if (local()) return filled_ > 0;
+    if (ring_) return ring_->can_pop();
     return requests_.empty() ? false : test(cursor_);
   }
   const MicroBatchMessage& front() const {
-    return slots_[static_cast<std::size_t>(local() ? read_ : cursor_)];
+    return ring_ ? ring_->front() : slots_[static_cast<std::size_t>(cursor_)];
   }
   void pop() {
-    if (local()) {
-      --filled_;
-      read_ = (read_ + 1) % capacity_;
+    if (ring_) {
+      ring_->pop();
       return;
     }
     post_receive(cursor_);
@@ -180,8 +193,6 @@ class MpiLink {
   }
 
  private:
-  bool local() const { return end_.role == LinkRole::Both; }
-
   // Whether slot i's request has completed (a slot with none counts as done). For a receive,
   // records the message's rows (from its size) and micro-batch (from the order).
   bool test(int i) const {
@@ -231,17 +242,18 @@ class MpiLink {
   index_t rows_ = 0, cols_ = 0;
   MpiLinkEnd end_;
   int tag_ub_ = 32767;
-  typename B::template Buffer<float> storage_;
+  std::optional<SpscRing<B>> ring_;             // in one process, or both ends on this rank
+  typename B::template Buffer<float> storage_;  // one end on this rank: the MPI slots
   mutable std::vector<MicroBatchMessage> slots_;
   mutable std::vector<MPI_Request> requests_;
   mutable std::vector<char> arrived_;
-  int cursor_ = 0;  // the slot a producer fills next, or a remote consumer reads
-  int read_ = 0;    // Both: the slot read next
-  int filled_ = 0;  // Both: slots filled, not yet read
+  int cursor_ = 0;  // the slot a producer fills next, or a consumer reads
   std::size_t posted_ = 0;
 };
 
-//! The QueuePolicy of pipelines whose stages run on different MPI ranks (MpiExecutor). Usage:
+//! The QueuePolicy of pipelines whose stages run on different MPI ranks (MpiExecutor), which
+//! train in one process too (threaded, reference executor: the links stay in-process rings), so
+//! one Pipeline type serves both. Usage:
 //! `Pipeline<S0, S1, XPipe, MpiChannel> p; MpiExecutor e; p.train(schedule, data, e);`
 struct MpiChannel {
   template <class B>
