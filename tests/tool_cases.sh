@@ -810,7 +810,7 @@ case $case in
     run 2 "${small[@]}" --lr-schedule warmup-cosine:-3 --out bad
     says "'warmup-cosine:-3': warmup '-3' is not a whole number of steps >= 0"
     ;;
-  clip_norm_executors_agree)  # --clip-norm: threaded = reference, recorded; --dp 2 and bad bounds refused
+  clip_norm_executors_agree)  # --clip-norm: threaded = reference, recorded; bad bounds refused
     base=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --epochs 2
       --clip-norm 0.25)
     run 0 "${base[@]}" --executor reference --checkpoint-dir ck --out ref
@@ -822,8 +822,6 @@ case $case in
     run 0 --train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --epochs 2 --out free
     cut -d, -f9-12 free/runs.csv >free.txt
     cmp -s want.txt free.txt && fail "clipping at 0.25 trained as no clipping"
-    run 2 "${small[@]}" --clip-norm 0.5 --executor mpi --dp 2
-    says "--clip-norm needs --dp 1"
     run 2 "${small[@]}" --clip-norm -1
     says "--clip-norm"
     ;;

@@ -463,10 +463,6 @@ UsageProblem usage_problem(Flags& f) {
   // --executor mpi: the launch must match the flags (usage errors, exit 2, named on rank 0).
   if (c.dp > 1 && c.executor != "mpi")
     return {"--dp " + std::to_string(c.dp) + " needs --executor mpi"};
-  if (c.clip_norm > 0 && c.dp > 1)
-    return {
-        "--clip-norm needs --dp 1 (the norm of the gradient averaged over the replicas is "
-        "complete only at the step)"};
   if (c.device == "cuda")
     if (const std::string why = cuda_problem(c); !why.empty()) return {"--device cuda: " + why};
   if (!c.pin_cpus.empty()) {

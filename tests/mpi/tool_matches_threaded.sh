@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # xpipe-train --executor mpi against the threaded executor on the same flags (--clip-norm too):
 # the per-epoch loss and test accuracy of runs.csv must be the same text (the same bits, printed
-# to 6 digits), and rank 0 alone must write (the files exist once, in --out). With --dp 2, the
-# loss must agree within 1% (the gradient sums run in another order; see below and
-# docs/results.md, "MPI"). The runs get a TMPDIR of their own, where no rank may leave a private folder (xpipe-train-rank-*): ctest gives
-# each test one (a .../tmpdir/NAME folder, made anew here); run by hand, WORKDIR/tmp.
+# to 6 digits), and rank 0 alone must write (the files exist once, in --out). With --dp 2 (and
+# --clip-norm), the loss must agree with one process within 1% (the gradient sums run in another
+# order; see below and docs/results.md, "MPI"). The runs get a TMPDIR of their own, where no
+# rank may leave a private folder (xpipe-train-rank-*): ctest gives each test one (a
+# .../tmpdir/NAME folder, made anew here); run by hand, WORKDIR/tmp.
 # Usage: tool_matches_threaded.sh XPIPE_TRAIN WORKDIR mpirun [flags...]
 set -euo pipefail
 train=$1 work=$2
@@ -22,6 +23,11 @@ common=(--train-samples 1024 --test-samples 500 --epochs 2 --batch 64 -M 2)
   "${common[@]}" --out "$work/dp" >"$work/dp.log" 2>&1
 "$train" -K 2 --schedule gpipe --predictor latest "${common[@]}" --out "$work/one" \
   >"$work/one.log" 2>&1
+# Clipped with replicas: the norm of the gradient averaged over them, as one process's.
+"$@" -np 4 "$train" --executor mpi --dp 2 -K 2 --schedule gpipe --predictor latest \
+  "${common[@]}" --clip-norm 0.25 --out "$work/dp-clip" >"$work/dp-clip.log" 2>&1
+"$train" -K 2 --schedule gpipe --predictor latest "${common[@]}" --clip-norm 0.25 \
+  --out "$work/one-clip" >"$work/one-clip.log" 2>&1
 # Global gradient-norm clipping: the ranks share each stage's norm of every mini-batch.
 "$train" -K 2 "${common[@]}" --clip-norm 0.25 --out "$work/clip-threaded" \
   >"$work/clip-threaded.log" 2>&1
@@ -76,11 +82,21 @@ fi
 # digits, the earlier check, failed there). 1% is far inside what a broken split gives (a replica
 # that skipped the all-reduce trains on half the rows at half the batch).
 loss() { cut -d, -f10 "$1/runs.csv" | tail -n +2; }
+within_1pc() {
+  paste -d' ' <(loss "$1") <(loss "$2") |
+    awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; if (!(d <= 0.01 * $2)) bad = 1 }
+         END { exit bad || NR == 0 }'
+}
 echo "dp 2:     $(loss "$work/dp" | tr '\n' ' ')  one process: $(loss "$work/one" | tr '\n' ' ')"
-if ! paste -d' ' <(loss "$work/dp") <(loss "$work/one") |
-  awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; if (!(d <= 0.01 * $2)) bad = 1 }
-       END { exit bad || NR == 0 }'; then
+if ! within_1pc "$work/dp" "$work/one"; then
   echo "FAIL: --dp 2 loss differs from one process at the same global batch by more than 1%"
+  exit 1
+fi
+echo "dp 2 clipped: $(loss "$work/dp-clip" | tr '\n' ' ')" \
+  " one process: $(loss "$work/one-clip" | tr '\n' ' ')"
+if [[ "$(loss "$work/one-clip")" == "$(loss "$work/one")" ]] ||
+  ! within_1pc "$work/dp-clip" "$work/one-clip"; then
+  echo "FAIL: --dp 2 --clip-norm loss differs from one process by more than 1% (or clipped nothing)"
   exit 1
 fi
 left=$(find "$TMPDIR" -maxdepth 1 -name 'xpipe-train-rank-*')

@@ -31,6 +31,7 @@
 #include "xpipe/core/error.hpp"
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/exec/mpi_waits.hpp"
+#include "xpipe/kernels/ops.hpp"
 #include "xpipe/schedule/dependencies.hpp"
 #include "xpipe/schedule/structure.hpp"
 
@@ -135,10 +136,12 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 //! stage's flat gradient is summed over its R replicas by MPI_Iallreduce, completed and divided by
 //! R just before the Step, so every replica steps with the same bits.
 //!
-//! Global gradient-norm clipping (PipelineOptions::clip_norm, one replica): each stage's squared
-//! norm of mini-batch t reaches every rank by one MPI_Iallgather per mini-batch, started when
-//! this rank's stages have all added their last gradient of t; a Step waits for it, as it waits
-//! for the other stages' norms in one process, and scales by the threaded executor's bits.
+//! Global gradient-norm clipping (PipelineOptions::clip_norm): each stage's squared norm of
+//! mini-batch t reaches every rank of its pipeline by one MPI_Iallgather per mini-batch, started
+//! when this rank's stages have all added their last gradient of t; a Step waits for it, as it
+//! waits for the other stages' norms in one process, and scales by the threaded executor's
+//! bits. With replicas the norm is of the averaged gradient: the rank's first Step of t
+//! completes all its stages' all-reduces, takes their norms, then starts the gather.
 //!
 //! Faults: every wait (an input, room for an output, the all-reduce, the clipping norms, the
 //! start and end of the run) gives up after `wait_timeout` and throws a StageError naming the stuck
@@ -233,12 +236,6 @@ class MpiExecutor {
       throw ConfigError(
           "xpipe: MpiExecutor: global gradient-norm clipping needs the Program's "
           "gradient_norm_board() to share each stage's norm between the ranks");
-    if (clipping && replicas_ > 1)
-      throw ConfigError(
-          "xpipe: MpiExecutor: global gradient-norm clipping (clip_norm) with " +
-          std::to_string(replicas_) +
-          " replicas is not supported: the norm is of the gradient averaged over the replicas, "
-          "which is complete only at the step (run one replica, or no clipping)");
     if (!s.has_virtual_stages() && s.stages != workers_)
       throw ConfigError("xpipe: MpiExecutor: schedule '" + s.name + "' has " +
                         std::to_string(s.stages) + " stages, but " + std::to_string(size_) +
@@ -288,6 +285,9 @@ class MpiExecutor {
         }
     }
     std::vector<MPI_Request> reduce(static_cast<std::size_t>(s.stages), MPI_REQUEST_NULL);
+    // With replicas: the mini-batch whose all-reduce each stage has completed (clipping
+    // completes every local stage's at the first step of the mini-batch).
+    std::vector<int> reduced(static_cast<std::size_t>(s.stages), -1);
     if constexpr (has_norm_board<P>)
       if (clipping)
         norms_.size_for(s.stages, workers_,
@@ -301,17 +301,23 @@ class MpiExecutor {
         const auto [k, p] = mine[i];
         const Action& a = action_at(i);
         if constexpr (has_norm_board<P>)
-          if (clipping && info(a.kind).applies_gradient) wait_for_norms(program, k, a);
+          if (clipping && info(a.kind).applies_gradient) {
+            if (replicas_ > 1) reduce_for_norms(program, a, reduce, reduced);
+            wait_for_norms(program, k, a);
+          }
         wait_ready(program, s, k, a);
-        if (info(a.kind).applies_gradient && replicas_ > 1)
+        if (info(a.kind).applies_gradient && replicas_ > 1 &&
+            reduced[static_cast<std::size_t>(k)] != a.index) {
           finish_reduce(program, k, a, reduce[static_cast<std::size_t>(k)]);
+          reduced[static_cast<std::size_t>(k)] = a.index;
+        }
         const double start = detail::seconds_since(t0);
         program.execute(k, a);
         trace_.stages[static_cast<std::size_t>(k)][p] = {a, start, detail::seconds_since(t0)};
         if (reduce_after[i] && replicas_ > 1)
           start_reduce(program, k, reduce[static_cast<std::size_t>(k)]);
         if constexpr (has_norm_board<P>)
-          if (clipping) start_norm_gathers(program.gradient_norm_board());
+          if (clipping && replicas_ == 1) start_norm_gathers(program.gradient_norm_board());
         done_.store(static_cast<long>(i + 1), std::memory_order_relaxed);
       }
       wait_until([&] { return sends_done(program, s); }, k0, "end",
@@ -562,15 +568,46 @@ class MpiExecutor {
   template <class Board>
   void start_norm_gathers(Board& board) {
     // Before its own gather starts, only this rank's stages can have posted t.
-    while (norms_.next < board.mini_batches() && board.posts(norms_.next) == norms_.local) {
-      const int t = norms_.next++;
-      const int K = norms_.stages;
-      double* out = norms_.sent.data() + static_cast<std::size_t>(t) * K;
-      for (int k = 0; k < K; ++k) out[k] = owner(k) == worker_ ? board.squared(t, k) : 0.0;
-      XPIPE_MPI_CHECK(MPI_Iallgather(
-          out, K, MPI_DOUBLE, norms_.got.data() + static_cast<std::size_t>(t) * norms_.workers * K,
-          K, MPI_DOUBLE, norms_comm_, &norms_.requests[static_cast<std::size_t>(t)]));
-    }
+    while (norms_.next < board.mini_batches() && board.posts(norms_.next) == norms_.local)
+      start_norm_gather(board);
+  }
+  // Starts the gather of mini-batch norms_.next: this rank's stages' values, zeros elsewhere.
+  template <class Board>
+  void start_norm_gather(Board& board) {
+    const int t = norms_.next++;
+    const int K = norms_.stages;
+    double* out = norms_.sent.data() + static_cast<std::size_t>(t) * K;
+    for (int k = 0; k < K; ++k) out[k] = owner(k) == worker_ ? board.squared(t, k) : 0.0;
+    XPIPE_MPI_CHECK(MPI_Iallgather(
+        out, K, MPI_DOUBLE, norms_.got.data() + static_cast<std::size_t>(t) * norms_.workers * K, K,
+        MPI_DOUBLE, norms_comm_, &norms_.requests[static_cast<std::size_t>(t)]));
+  }
+
+  // With replicas, at the first step of mini-batch t on this rank: completes the all-reduce of
+  // every stage of this rank (each started after the stage's last gradient of t, which a
+  // schedule that clips runs before any step of t: Pipeline::train checks it), replaces each
+  // stage's posted norm by the norm of its averaged gradient, and starts t's gather.
+  template <class P>
+  void reduce_for_norms(P& program, const Action& a, std::vector<MPI_Request>& reduce,
+                        std::vector<int>& reduced) {
+    const int t = a.index;
+    if (t < norms_.next) return;  // this rank's earlier step of t did it
+    auto& board = program.gradient_norm_board();
+    if (t != norms_.next || board.posts(t) != norms_.local)
+      throw Error("a step of mini-batch " + std::to_string(t) +
+                  " came before this rank's stages had all added their gradients of it");
+    if constexpr (has_gradients<P>)
+      for (int j = 0; j < norms_.stages; ++j) {
+        if (owner(j) != worker_) continue;
+        const auto u = static_cast<std::size_t>(j);
+        if (reduced[u] != t) {
+          finish_reduce(program, j, a, reduce[u]);
+          reduced[u] = t;
+        }
+        const std::span<float> g = program.gradients(j);
+        board.replace(t, j, squared_norm(g.data(), static_cast<index_t>(g.size())));
+      }
+    start_norm_gather(board);
   }
 
   // Whether every stage's norm of mini-batch t is on the board: once t's gather has completed,

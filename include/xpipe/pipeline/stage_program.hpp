@@ -65,6 +65,11 @@ class GradNormBoard {
     sq_[static_cast<std::size_t>(t) * stages_ + k] = squared;
     posted_[t].fetch_add(1, std::memory_order_release);
   }
+  //! Replaces stage k's posted value for mini-batch t (its norm after the gradient was
+  //! averaged over replicas: MpiExecutor), keeping the count.
+  void replace(int t, int k, double squared) {
+    sq_[static_cast<std::size_t>(t) * stages_ + k] = squared;
+  }
   //! How many stages have posted for mini-batch t (0 <= t < mini_batches()).
   int posts(int t) const { return posted_[t].load(std::memory_order_acquire); }
   //! Stage k's squared norm for mini-batch t, once it has posted.
