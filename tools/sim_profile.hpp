@@ -236,8 +236,8 @@ struct Cell {
   ExecutionTrace measured_trace, simulated_trace;
   // Pinned cells: the same costs under newest-first cores (CoreSharing::newest_first), which
   // differ from processor sharing where workers share a core.
-  double simulated_other = 0;
-  ExecutionTrace other_trace;
+  double simulated_newest_first = 0;
+  ExecutionTrace newest_first_trace;
   double error() const { return measured > 0 ? (simulated - measured) / measured : 0; }
 };
 
@@ -266,7 +266,7 @@ struct StageSamples {
 //! action's time per stage and kind; the measurement is the median of the threaded runs' seconds
 //! per mini-batch. `pin`: stage k on the (k mod cores)-th CPU this process may use in both runs,
 //! and the simulator shares each core between its own stages; otherwise one pool of measured cores.
-//! Pinned, the cell is also simulated with newest-first cores (Cell::other_trace).
+//! Pinned, the cell is also simulated with newest-first cores (Cell::newest_first_trace).
 template <class P>
 Cell run_cell(const std::string& name, const std::string& predictor, int M, index_t batch, int N,
               int repeats, int cores, double hop = 0, bool pin = false) {
@@ -378,11 +378,11 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
   c.simulated = sr.per_mini_batch;
   c.simulated_trace = sr.trace;
   if (!c.model.core_of.empty()) {
-    sim::CostModel other = c.model;
-    other.sharing = sim::CoreSharing::newest_first;
-    const sim::SimResult rr = sim::simulate(c.plan, other);
-    c.simulated_other = rr.per_mini_batch;
-    c.other_trace = rr.trace;
+    sim::CostModel newest_first = c.model;
+    newest_first.sharing = sim::CoreSharing::newest_first;
+    const sim::SimResult rr = sim::simulate(c.plan, newest_first);
+    c.simulated_newest_first = rr.per_mini_batch;
+    c.newest_first_trace = rr.trace;
   }
   return c;
 }

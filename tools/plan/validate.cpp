@@ -92,8 +92,8 @@ int run(const Options& o) {
         }
         const double quiet_error = c.simulated_quiet / c.measured - 1;
         // Each worker's idle fraction over the whole run (the bubble): measured, then simulated.
-        std::vector<double> idle_measured, idle_simulated, idle_other;
-        std::string measured_idle, simulated_idle, other_idle;
+        std::vector<double> idle_measured, idle_simulated, idle_newest_first;
+        std::string measured_idle, simulated_idle, newest_first_idle;
         auto add = [](std::string& to, int w, double v) {
           char b[32];
           std::snprintf(b, sizeof b, "%s%.1f", w == 0 ? "" : "/", 100 * v);
@@ -105,21 +105,21 @@ int run(const Options& o) {
           add(measured_idle, w, idle_measured.back());
           add(simulated_idle, w, idle_simulated.back());
           if (pin) {
-            idle_other.push_back(worker_bubble_fraction(c.other_trace, c.plan, w));
-            add(other_idle, w, idle_other.back());
+            idle_newest_first.push_back(worker_bubble_fraction(c.newest_first_trace, c.plan, w));
+            add(newest_first_idle, w, idle_newest_first.back());
           }
         }
-        std::string other_cells;
+        std::string newest_first_cells;
         if (pin) {
           char b[64];
-          std::snprintf(b, sizeof b, " %.3f, ", c.simulated_other * 1e3);
-          other_cells = b + other_idle + "% |";
+          std::snprintf(b, sizeof b, " %.3f, ", c.simulated_newest_first * 1e3);
+          newest_first_cells = b + newest_first_idle + "% |";
         }
         std::printf(
             "| %d | %s | %d | %.3f | %.3f | %+.1f%% | %s | %.3f | %+.1f%% | %s%% (%s%%) |%s\n", K,
             s.c_str(), M, c.measured * 1e3, c.simulated * 1e3, 100 * c.error(), free.c_str(),
             c.simulated_quiet * 1e3, 100 * quiet_error, measured_idle.c_str(),
-            simulated_idle.c_str(), other_cells.c_str());
+            simulated_idle.c_str(), newest_first_cells.c_str());
         std::fflush(stdout);
         char line[320];
         std::snprintf(line, sizeof line, "%d,%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.6f\n", K,
@@ -140,8 +140,8 @@ int run(const Options& o) {
                   {"idle_per_worker_measured", idle_measured},
                   {"idle_per_worker_simulated", idle_simulated}};
         if (pin) {
-          cell["simulated_newest_first_ms"] = c.simulated_other * 1e3;
-          cell["idle_per_worker_newest_first"] = idle_other;
+          cell["simulated_newest_first_ms"] = c.simulated_newest_first * 1e3;
+          cell["idle_per_worker_newest_first"] = idle_newest_first;
         }
         for (const auto& st : c.model.stages) {
           json costs{{"forward", st.forward * 1e3},
