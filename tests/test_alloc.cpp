@@ -102,9 +102,11 @@ long allocations_in_pipeline(int n) {
 }  // namespace
 
 int main() {
-  // A bare allocation while counting must register, or a zero below proves nothing.
+  // A bare allocation while counting must register, or a zero below proves nothing. The pointer
+  // is kept in a volatile, or the compiler may elide the pair (GCC does at -O1).
   counting = true;
-  delete new int(1);
+  int* volatile probe = new int(1);
+  delete probe;
   counting = false;
   if (allocations.exchange(0) != 1) {
     std::puts("FAIL: the allocation counter does not see operator new");

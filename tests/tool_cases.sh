@@ -517,7 +517,7 @@ case $case in
   damaged_checkpoint_resumes)  # each damage to the newest checkpoint: passed over and set
     # aside, the epoch trained again from the one before, the same numbers as a straight run,
     # and a later resume goes on from the new checkpoint
-    ck=(--train-samples 1024 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
+    ck=(--train-samples 256 --test-samples 200 --stages 2 -M 2 --batch 64 --executor reference)
     run 0 "${ck[@]}" --epochs 3 --out straight
     run 0 "${ck[@]}" --epochs 2 --checkpoint-dir base --out first
     cut -d, -f9-12 straight/runs.csv >want.txt
