@@ -50,7 +50,8 @@ std::pair<std::vector<float>, std::vector<float>> straight_and_resumed(const std
   ReferenceExecutor exec;
   auto run_epoch = [&](auto& pipe, int e) {
     const auto d = epoch_data(e);
-    pipe.train(make_schedule(sched, 3, options.micro_batches, 6), d.epoch(), exec);
+    pipe.train(make_schedule(sched, 3, options.micro_batches, 6, test::uneven_costs(3)), d.epoch(),
+               exec);
   };
   P straight(opt, options, more...);
   for (int e = 0; e < 3; ++e) run_epoch(straight, e);

@@ -300,6 +300,7 @@ TEST_CASE("Name lists: every listed schedule, predictor and optimizer is found b
                       Contains("unknown optimizer 'lamb'") && Contains("sgd, adam, adamw"));
   REQUIRE_THROWS_WITH(
       make_schedule("zb-h3", 2, 2, 2),
-      Contains("gpipe, 1f1b-flush, async-1f1b, 2bw, zb-h1, zb-h2, async-zb, interleaved-1f1b, "
+      Contains("gpipe, 1f1b-flush, async-1f1b, 2bw, zb-h1, zb-h2, zb-auto, async-zb, "
+               "interleaved-1f1b, "
                "looped-bfs, async-interleaved, zb-v, dualpipev"));
 }

@@ -86,7 +86,8 @@ Outcome train_threaded(const std::string& sched, const std::string& pred, int M,
            PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7, .clip_norm = clip},
            make_predictor(pred));
     const Schedule s =
-        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
+        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)),
+                      test::uneven_costs(P::stage_count));
     ThreadedExecutor exec;
     for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
     o.weights = pipe.weights();
@@ -107,7 +108,8 @@ Outcome train_mpi(MpiExecutor& exec, const std::string& sched, const std::string
            PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7, .clip_norm = clip},
            make_predictor(pred));
     const Schedule s =
-        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)));
+        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)),
+                      test::uneven_costs(P::stage_count));
     for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
     exec.share_stage_states(pipe);
     o.weights = pipe.weights();

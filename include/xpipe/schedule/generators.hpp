@@ -8,13 +8,16 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "xpipe/schedule/dry_run.hpp"
 #include "xpipe/schedule/ir.hpp"
 
 namespace xpipe {
@@ -187,53 +190,107 @@ inline Schedule zb_h1(int K, int M, int N) {
   return s;
 }
 
-//! ZB-H2 (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, section 2.2): ZB-H1's split
-//! backward with up to 2K - 1 micro-batches in flight per stage (ZB-H1 holds K), which buys extra
-//! warm-up forwards and moves the W's to fill the drain: each mini-batch is a parallelogram
-//! instead of a trapezoid. The order of one mini-batch is what a list scheduler gives on unit
-//! costs (T_F = T_I = T_W): at each time step every stage runs its next input gradient if that
-//! gradient has arrived, else its next forward if the input has arrived and fewer than 2K - 1
-//! micro-batches are in flight, else its oldest pending W; the same order repeats for every
-//! mini-batch, with a step after the last W. Stage k warms up with min(M, 2(K - 1 - k) + 1)
-//! forwards. With equal costs T a mini-batch occupies max(3M, 2M + 2K - 1) T per stage: no bubble
-//! at all once M >= 2K - 1 (against ZB-H1's (K - 1) T), and a single one takes (3M + K - 1) T
-//! there (dry run, tests/test_schedule.cpp). Gradients add in micro-batch order: trains bitwise
-//! like GPipe. Each stage steps on its own, so the paper's "optimizer post-validation" (which
-//! removes the all-reduce before a step) is not needed, except with gradient clipping, which
-//! waits for every stage's norm as it does in any schedule.
-inline Schedule zb_h2(int K, int M, int N) {
-  Schedule s = detail::empty_schedule("zb-h2", K, M, N);
-  const int limit = 2 * K - 1;
-  constexpr int never = std::numeric_limits<int>::max();
-  // When stage k's forward / input gradient of micro-batch j ends (unit steps); never: not yet.
-  std::vector<std::vector<int>> f_end(static_cast<std::size_t>(K),
-                                      std::vector<int>(static_cast<std::size_t>(M), never));
-  std::vector<std::vector<int>> i_end = f_end;
-  std::vector<int> f(static_cast<std::size_t>(K), 0), i = f, w = f;
-  std::vector<std::vector<Action>> order(static_cast<std::size_t>(K));
-  auto at = [](std::vector<std::vector<int>>& v, int k, int j) -> int& {
-    return v[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)];
+//! What zb_auto fits a schedule to: per stage k, the seconds one micro-batch's forward, input
+//! gradient and weight gradient take there (measured, as xpipe-plan's profile does, or from the
+//! simulator's cost model).
+//! Usage: `SplitBackwardCosts c{.forward = {1, 2}, .input_grad = {1, 2}, .weight_grad = {.5, .5}};`
+struct SplitBackwardCosts {
+  std::vector<double> forward, input_grad, weight_grad;
+  //! T_F = T_I = T_W = 1 on each of K stages: the setting of the hand-made ZB-H1 and ZB-H2.
+  static SplitBackwardCosts unit(int K) {
+    const std::vector<double> one(static_cast<std::size_t>(std::max(K, 0)), 1.0);
+    return {.forward = one, .input_grad = one, .weight_grad = one};
+  }
+  //! Seconds of action `a` on stage k (a fused backward: I + W; a step: 0), for dry_run.
+  double seconds(int k, const Action& a) const {
+    const std::size_t u = static_cast<std::size_t>(k);
+    // Indexed by ActionKind, in the kind table's order.
+    static_assert(action_kinds.size() == 5, "SplitBackwardCosts: give the new kind its cost");
+    const std::array<double, action_kinds.size()> by_kind{
+        forward[u], input_grad[u] + weight_grad[u], 0, input_grad[u], weight_grad[u]};
+    return by_kind[static_cast<std::size_t>(a.kind)];
+  }
+};
+
+namespace detail {
+// ConfigError naming the field and stage unless `c` gives each of K stages a finite time >= 0
+// for each action.
+inline void check_split_costs(const SplitBackwardCosts& c, int K) {
+  auto check = [K](const std::vector<double>& v, const char* field) {
+    if (v.size() != static_cast<std::size_t>(K))
+      throw ConfigError(std::string("xpipe: zb_auto: costs.") + field + " has " +
+                        std::to_string(v.size()) + " entries for " + std::to_string(K) + " stages");
+    for (std::size_t k = 0; k < v.size(); ++k)
+      if (!std::isfinite(v[k]) || v[k] < 0)
+        throw ConfigError(std::string("xpipe: zb_auto: costs.") + field + "[" + std::to_string(k) +
+                          "] = " + std::to_string(v[k]) + ": needs a finite time >= 0");
   };
-  for (int t = 0, finished = 0; finished < K; ++t)
+  check(c.forward, "forward");
+  check(c.input_grad, "input_grad");
+  check(c.weight_grad, "weight_grad");
+}
+
+// One mini-batch's actions per stage (micro-batches 0..M-1, no step) under the list rule of
+// zb_auto: a stage free at time t runs its next I if its gradient has arrived by t, else its
+// next F if its input has arrived and fewer than `limit` micro-batches are in flight there,
+// else its oldest pending W, else it waits for the next arrival. Stages free at the same
+// instant decide in stage order, each on what has ended by then.
+inline std::vector<std::vector<Action>> zero_bubble_list_order(int K, int M,
+                                                               const SplitBackwardCosts& costs,
+                                                               int limit) {
+  constexpr double never = std::numeric_limits<double>::infinity();
+  const auto u = [](int k) { return static_cast<std::size_t>(k); };
+  // When stage k's forward / input gradient of micro-batch j ends; never: not run yet.
+  std::vector<std::vector<double>> f_end(u(K), std::vector<double>(u(M), never));
+  std::vector<std::vector<double>> i_end = f_end;
+  std::vector<int> f(u(K), 0), i = f, w = f;  // next F, I, W of each stage
+  std::vector<double> free_at(u(K), 0);       // a waiting stage: its next arrival
+  std::vector<bool> waits(u(K), false);
+  std::vector<std::vector<Action>> order(u(K));
+  // When the input of stage k's next I / F arrives (never: unknown yet, or none due).
+  const auto gradient_arrives = [&](int k) {
+    const int j = i[u(k)];
+    if (j >= f[u(k)]) return never;
+    return k == K - 1 ? f_end[u(k)][u(j)] : i_end[u(k + 1)][u(j)];  // the loss: own forward
+  };
+  const auto input_arrives = [&](int k) {
+    const int j = f[u(k)];
+    if (j >= M || j - w[u(k)] >= limit) return never;
+    return k == 0 ? 0 : f_end[u(k - 1)][u(j)];
+  };
+  for (int finished = 0; finished < K;) {
+    double now = never;
+    for (int k = 0; k < K; ++k)
+      if (w[u(k)] < M) now = std::min(now, free_at[u(k)]);
+    if (now == never) throw std::logic_error("xpipe: zb_auto: every stage waits");  // a bug
     for (int k = 0; k < K; ++k) {
-      const std::size_t u = static_cast<std::size_t>(k);
-      if (w[u] == M) continue;
-      const int next_i = i[u], next_f = f[u];
-      const bool gradient_in =
-          next_i < next_f && (k == K - 1 ? at(f_end, k, next_i) : at(i_end, k + 1, next_i)) <= t;
-      const bool input_in =
-          next_f < M && next_f - w[u] < limit && (k == 0 || at(f_end, k - 1, next_f) <= t);
-      if (gradient_in) {
-        order[u].push_back(input_grad(next_i));
-        at(i_end, k, i[u]++) = t + 1;
-      } else if (input_in) {
-        order[u].push_back(fwd(next_f));
-        at(f_end, k, f[u]++) = t + 1;
-      } else if (w[u] < i[u]) {
-        order[u].push_back(weight_grad(w[u]++));
-        if (w[u] == M) ++finished;
+      if (w[u(k)] == M || free_at[u(k)] != now) continue;
+      waits[u(k)] = false;
+      if (gradient_arrives(k) <= now) {
+        order[u(k)].push_back(input_grad(i[u(k)]));
+        free_at[u(k)] = i_end[u(k)][u(i[u(k)]++)] = now + costs.input_grad[u(k)];
+      } else if (input_arrives(k) <= now) {
+        order[u(k)].push_back(fwd(f[u(k)]));
+        free_at[u(k)] = f_end[u(k)][u(f[u(k)]++)] = now + costs.forward[u(k)];
+      } else if (w[u(k)] < i[u(k)]) {
+        order[u(k)].push_back(weight_grad(w[u(k)]++));
+        free_at[u(k)] = now + costs.weight_grad[u(k)];
+        if (w[u(k)] == M) ++finished;
+      } else {
+        waits[u(k)] = true;
       }
     }
+    // What this instant's actions end (after now) may wake a waiting stage sooner.
+    for (int k = 0; k < K; ++k)
+      if (waits[u(k)]) free_at[u(k)] = std::min(gradient_arrives(k), input_arrives(k));
+  }
+  return order;
+}
+
+// The schedule that runs one mini-batch's `order` per mini-batch, each followed by a step.
+inline Schedule repeat_with_steps(const char* name, int K, int M, int N,
+                                  const std::vector<std::vector<Action>>& order) {
+  Schedule s = empty_schedule(name, K, M, N);
   for (int k = 0; k < K; ++k)
     for (int t = 0; t < N; ++t) {
       auto& list = s.actions[static_cast<std::size_t>(k)];
@@ -244,6 +301,75 @@ inline Schedule zb_h2(int K, int M, int N) {
       list.push_back(step(t));
     }
   return s;
+}
+}  // namespace detail
+
+//! ZB-H2 (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, section 2.2): ZB-H1's split
+//! backward with up to 2K - 1 micro-batches in flight per stage (ZB-H1 holds K), which buys extra
+//! warm-up forwards and moves the W's to fill the drain: each mini-batch is a parallelogram
+//! instead of a trapezoid. The order of one mini-batch is what zb_auto's list rule gives on unit
+//! costs (T_F = T_I = T_W): at each time step every stage runs its next input
+//! gradient if that gradient has arrived, else its next forward if the input has arrived and
+//! fewer than 2K - 1 micro-batches are in flight, else its oldest pending W; the same order
+//! repeats for every mini-batch, with a step after the last W. Stage k warms up with
+//! min(M, 2(K - 1 - k) + 1) forwards. With equal costs T a mini-batch occupies
+//! max(3M, 2M + 2K - 1) T per stage: no bubble at all once M >= 2K - 1 (against ZB-H1's
+//! (K - 1) T), and a single one takes (3M + K - 1) T there (dry run, tests/test_schedule.cpp).
+//! Gradients add in micro-batch order: trains bitwise like GPipe. Each stage steps on its own, so
+//! the paper's "optimizer post-validation" (which removes the all-reduce before a step) is not
+//! needed, except with gradient clipping, which waits for every stage's norm as it does in any
+//! schedule. zb_auto fits the order to measured, unequal costs.
+inline Schedule zb_h2(int K, int M, int N) {
+  check_schedule_shape("zb-h2", K, M, N);
+  return detail::repeat_with_steps(
+      "zb-h2", K, M, N,
+      detail::zero_bubble_list_order(K, M, SplitBackwardCosts::unit(K), 2 * K - 1));
+}
+
+//! A zero-bubble schedule fitted to measured costs, after ZB's automatic scheduling (Qi et al.,
+//! Zero Bubble Pipeline Parallelism, ICLR 2024, section 3: heuristics tried under the profiled
+//! costs, the best kept; the paper's ILP refinement is not done). It plays one mini-batch out
+//! under `costs` with a list rule: whenever a stage is free it runs its next input gradient I if
+//! that gradient has arrived, else its next forward F if the input has arrived and fewer than L
+//! micro-batches are in flight there (forwarded, W not yet run: what bounds the activations it
+//! keeps), else its oldest pending W, else it waits. It does so for each L from max_in_flight
+//! down to 1 (a smaller L runs the W's sooner), takes the hand-made ZB-H2 and ZB-H1 as two more
+//! candidates where they fit in max_in_flight (2K - 1 and K), dry-runs each candidate under the
+//! costs and keeps the one with the shortest period (seconds per mini-batch in the steady state;
+//! the first of equals). So under the given costs it is never slower than ZB-H2 (or ZB-H1 when
+//! max_in_flight < 2K - 1), and with unit costs and 2K - 1 it is ZB-H2. Each mini-batch's order
+//! is followed by a step: gradients add in micro-batch order and it trains bitwise like GPipe.
+//! max_in_flight = K bounds the activations to 1F1B's (the paper's ZB-1p), 2K - 1 to ZB-H2's.
+//! Where stages or actions differ (a heavy last stage, a W cheaper than I as in attention), F's
+//! wait less for slow neighbours and the W's fill the waits the costs leave.
+//! ConfigError for bad costs (naming the field and stage) or max_in_flight < 1.
+//! Usage: `Schedule s = zb_auto(4, 8, N, profiled, 2 * 4 - 1);`
+inline Schedule zb_auto(int K, int M, int N, const SplitBackwardCosts& costs, int max_in_flight) {
+  check_schedule_shape("zb-auto", K, M, N);
+  detail::check_split_costs(costs, K);
+  if (max_in_flight < 1)
+    throw ConfigError("xpipe: zb_auto: max_in_flight must be >= 1 (got " +
+                      std::to_string(max_in_flight) + ")");
+  const ActionCost cost = [&costs](int k, const Action& a) { return costs.seconds(k, a); };
+  std::vector<std::vector<std::vector<Action>>> candidates;
+  for (int L = std::min(max_in_flight, M); L >= 1; --L)
+    candidates.push_back(detail::zero_bubble_list_order(K, M, costs, L));
+  auto one_mini_batch = [](const Schedule& s) {  // without its step
+    std::vector<std::vector<Action>> order;
+    for (const auto& list : s.actions) order.emplace_back(list.begin(), list.end() - 1);
+    return order;
+  };
+  if (max_in_flight >= 2 * K - 1) candidates.push_back(one_mini_batch(zb_h2(K, M, 1)));
+  if (max_in_flight >= K) candidates.push_back(one_mini_batch(zb_h1(K, M, 1)));
+  std::size_t best = 0;
+  double best_period = std::numeric_limits<double>::infinity();
+  for (std::size_t c = 0; c < candidates.size(); ++c) {
+    const double period =
+        dry_run(detail::repeat_with_steps("zb-auto", K, M, 3, candidates[c]), cost).seconds -
+        dry_run(detail::repeat_with_steps("zb-auto", K, M, 2, candidates[c]), cost).seconds;
+    if (period < best_period) best = c, best_period = period;
+  }
+  return detail::repeat_with_steps("zb-auto", K, M, N, candidates[best]);
 }
 
 //! Asynchronous 1F1B with split backwards: the order of async_1f1b, each B split into I and a W
@@ -554,19 +680,29 @@ inline Schedule dualpipe_v(int P, int M, int N) {
 
 namespace detail {
 // One row per schedule make_schedule knows: its name, the stages each worker runs (2: K = 2P
-// stages on P workers), and its generator over K stages.
+// stages on P workers), its generator over K stages and, for a schedule fitted to measured
+// costs, its generator from them (`make` then fits it to unit costs).
 struct NamedSchedule {
   const char* name;
   int stages_per_worker;
   Schedule (*make)(int K, int M, int N);
+  Schedule (*fit)(int K, int M, int N, const SplitBackwardCosts& costs) = nullptr;
 };
-inline constexpr std::array<NamedSchedule, 12> named_schedules{{
+inline constexpr std::array<NamedSchedule, 13> named_schedules{{
     {"gpipe", 1, gpipe},
     {"1f1b-flush", 1, one_f_one_b_flush},
     {"async-1f1b", 1, [](int K, int M, int N) { return async_1f1b(K, M, N); }},
     {"2bw", 1, pipedream_2bw},
     {"zb-h1", 1, zb_h1},
     {"zb-h2", 1, zb_h2},
+    {"zb-auto", 1,
+     [](int K, int M, int N) {
+       check_schedule_shape("zb-auto", K, M, N);  // before unit(K) sizes anything by K
+       return zb_auto(K, M, N, SplitBackwardCosts::unit(K), 2 * K - 1);
+     },
+     [](int K, int M, int N, const SplitBackwardCosts& c) {
+       return zb_auto(K, M, N, c, 2 * K - 1);
+     }},
     {"async-zb", 1, async_zb},
     {"interleaved-1f1b", 2, [](int K, int M, int N) { return interleaved_1f1b(K / 2, 2, M, N); }},
     {"looped-bfs", 2, [](int K, int M, int N) { return looped_bfs(K / 2, 2, M, N); }},
@@ -592,9 +728,18 @@ inline int stages_per_worker(std::string_view name) {
   return 1;
 }
 
-//! The generators by name (schedule_names); ConfigError naming the choices otherwise.
-inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
-  for (const detail::NamedSchedule& n : detail::named_schedules) {
+//! Whether the schedule of that name is fitted to measured costs (zb-auto): a tool then measures
+//! them (or takes its cost model's) and calls make_schedule with them.
+inline bool fitted_to_costs(std::string_view name) {
+  for (const detail::NamedSchedule& n : detail::named_schedules)
+    if (name == n.name) return n.fit != nullptr;
+  return false;
+}
+
+namespace detail {
+// The row of `name` for K stages; ConfigError naming the choices, or the stage count needed.
+inline const NamedSchedule& named_schedule(const std::string& name, int K) {
+  for (const NamedSchedule& n : named_schedules) {
     if (name != n.name) continue;
     // By name: two stages per worker (v = 2), so K must be even and at least 4.
     if (n.stages_per_worker == 2 && (K < 4 || K % 2 != 0))
@@ -602,10 +747,26 @@ inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
                         "' runs two stages per worker: needs an even number of stages, at least "
                         "4 (got " +
                         std::to_string(K) + ")");
-    return n.make(K, M, N);
+    return n;
   }
   throw ConfigError("xpipe: unknown schedule '" + name +
                     "' (available: " + join_names(schedule_names) + ")");
+}
+}  // namespace detail
+
+//! The generators by name (schedule_names); ConfigError naming the choices otherwise. A schedule
+//! fitted to costs (fitted_to_costs) is fitted here to unit costs: zb-auto gives ZB-H2's order.
+inline Schedule make_schedule(const std::string& name, int K, int M, int N) {
+  return detail::named_schedule(name, K).make(K, M, N);
+}
+
+//! The same, a schedule fitted to costs (zb-auto: zb_auto at ZB-H2's 2K - 1 in flight) fitted to
+//! `costs`; the other schedules ignore them.
+//! Usage: `make_schedule(name, K, M, N, cost_model.split_backward_costs())`.
+inline Schedule make_schedule(const std::string& name, int K, int M, int N,
+                              const SplitBackwardCosts& costs) {
+  const detail::NamedSchedule& n = detail::named_schedule(name, K);
+  return n.fit ? n.fit(K, M, N, costs) : n.make(K, M, N);
 }
 
 }  // namespace xpipe

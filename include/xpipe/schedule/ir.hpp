@@ -27,9 +27,10 @@ enum class Travel : std::uint8_t { None, Down, Up };
 //! message travels, what it needs done before it on its own stage, and what it finishes. The
 //! dependency rule, the structural check, the validator, the dry run, the staleness analysis,
 //! the simulator and the MPI executor read these columns. A new kind is one row here, plus what
-//! only a kind can say: its work (pipeline/stage_program.hpp), its cost (sim::CostModel::seconds
-//! and unit_cost), its shade in timelines (trace/svg_timeline.hpp) and its profile bin
-//! (tools/sim_profile.hpp); those arrays are indexed by kind and assert the table's size.
+//! only a kind can say: its work (pipeline/stage_program.hpp), its cost (sim::CostModel::seconds,
+//! SplitBackwardCosts::seconds and unit_cost), its shade in timelines (trace/svg_timeline.hpp)
+//! and its profile bin (tools/sim_profile.hpp); those arrays are indexed by kind and assert the
+//! table's size.
 struct ActionKindInfo {
   ActionKind kind;
   char letter;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "xpipe/core/error.hpp"
+#include "xpipe/schedule/generators.hpp"
 #include "xpipe/schedule/ir.hpp"
 
 namespace xpipe::sim {
@@ -137,6 +138,17 @@ struct CostModel {
                                                           halves ? c.input_grad : c.backward / 2,
                                                           halves ? c.weight_grad : c.backward / 2};
     return by_kind[static_cast<std::size_t>(a.kind)];
+  }
+  //! Each stage's forward, input-gradient and weight-gradient seconds as seconds() charges them
+  //! (transfers aside): what zb_auto fits a schedule to.
+  SplitBackwardCosts split_backward_costs() const {
+    SplitBackwardCosts c;
+    for (int k = 0; k < stage_count(); ++k) {
+      c.forward.push_back(seconds(k, fwd(0)));
+      c.input_grad.push_back(seconds(k, input_grad(0)));
+      c.weight_grad.push_back(seconds(k, weight_grad(0)));
+    }
+    return c;
   }
   //! Bytes of the message stage k's action `a` sends (activations down, gradients up).
   double message_bytes(int k, const Action& a) const {
