@@ -585,11 +585,12 @@ TEST_CASE("Planner weighs two stages per device: ZB-V wins at 1F1B's memory unti
     return m;
   };
   const auto plans = by_schedule(make_plans(r));
-  REQUIRE(plans.size() == 7);
+  REQUIRE(plans.size() == 8);
   // Per mini-batch (steady state), a device's work is 4 (F + 2F) x 2 layers = 24F:
   REQUIRE(plans.at("zb-v").step_seconds == Approx(24 * F));   // no bubble at F = I = W (Qi et al.)
   REQUIRE(plans.at("zb-h1").step_seconds == Approx(26 * F));  // + (P-1)(F + I - W), 2-layer F
   REQUIRE(plans.at("zb-h2").step_seconds == Approx(24 * F));  // max(3M, 2M + 2P - 1) 2-layer F
+  REQUIRE(plans.at("zb-auto").step_seconds == Approx(24 * F));  // equal costs: ZB-H2's order
   REQUIRE(plans.at("interleaved-1f1b").step_seconds == Approx(27 * F));  // + (P-1)(F + B)
   REQUIRE(plans.at("1f1b-flush").step_seconds == Approx(30 * F));        // (M + P - 1)(F + B)
   REQUIRE(plans.at("gpipe").step_seconds == Approx(30 * F));
@@ -598,22 +599,58 @@ TEST_CASE("Planner weighs two stages per device: ZB-V wins at 1F1B's memory unti
   REQUIRE(plans.at("zb-v").peak_memory_bytes == Approx(4 * a));
   REQUIRE(plans.at("1f1b-flush").peak_memory_bytes == Approx(4 * a));
   REQUIRE(plans.at("zb-h1").peak_memory_bytes == Approx(4 * a));
-  REQUIRE(plans.at("zb-h2").peak_memory_bytes == Approx(6 * a));      // 2P - 1 = 3 two-layer ones
-  REQUIRE(plans.at("dualpipev").peak_memory_bytes == Approx(5 * a));  // PP + 1
+  REQUIRE(plans.at("zb-h2").peak_memory_bytes == Approx(6 * a));  // 2P - 1 = 3 two-layer ones
+  REQUIRE(plans.at("zb-auto").peak_memory_bytes == Approx(6 * a));
+  REQUIRE(plans.at("dualpipev").peak_memory_bytes == Approx(5 * a));         // PP + 1
   REQUIRE(plans.at("interleaved-1f1b").peak_memory_bytes == Approx(5 * a));  // 3 + 2 on worker 0
   REQUIRE(plans.at("gpipe").peak_memory_bytes == Approx(8 * a));
   REQUIRE(plans.at("zb-v").first_layer == std::vector<std::size_t>{0, 1, 2, 3});
   // ZB-H2 ties with ZB-V at 24F; at equal speed the one needing less memory ranks first.
   REQUIRE(make_plans(r).plans[0].schedule == "zb-v");
   REQUIRE(make_plans(r).plans[1].schedule == "zb-h2");
-  // Room for 4.5 a: the four that need more are dropped; ZB-V still wins.
+  // Room for 4.5 a: the five that need more are dropped; ZB-V still wins.
   r.cluster.device.memory_bytes = 4.5 * a;
   const PlanResult tight = make_plans(r);
-  REQUIRE(tight.dropped_memory == 4);
+  REQUIRE(tight.dropped_memory == 5);
   const auto fitting = by_schedule(tight);
   REQUIRE(fitting.size() == 3);
   REQUIRE(fitting.count("zb-v") + fitting.count("zb-h1") + fitting.count("1f1b-flush") == 3);
   REQUIRE(tight.plans[0].schedule == "zb-v");
+}
+
+TEST_CASE("Planner: zb-auto fitted to uneven stages reaches the busiest stage's bound, ZB-H2 not",
+          "[sim][plan]") {
+  // Three measured layers, one per device at pp = 3, the middle one twice as slow: forward F,
+  // 2F, F on a 16-row micro-batch (b = 32, M = 2), backward twice the forward, so its halves
+  // I = W = the forward. The middle stage works 2 x 3 x 2F = 12F per mini-batch: no schedule
+  // takes less. Fitted to these costs zb-auto takes 12F at ZB-H2's memory; ZB-H2's unit-step
+  // order lets the middle stage wait.
+  PlanRequest r;
+  for (double f : {1e-3, 2e-3, 1e-3})
+    r.layers.push_back(LayerSpec{.name = "l",
+                                 .params = 0,
+                                 .in_width = 10,
+                                 .out_width = 10,
+                                 .activation_floats = 1000,
+                                 .forward_per_sample = f,
+                                 .backward_per_sample = 2 * f});
+  r.cluster.devices = 3;
+  r.cluster.device = {
+      .name = "d", .peak_flops = 1e12, .memory_bandwidth = 1e11, .memory_bytes = 1e9};
+  r.efficiency = {{{32, 1}}, "t"};
+  r.dataset_samples = 1000;
+  r.batch_per_replica = {32};
+  r.micro_batches = {2};
+  r.device_counts = {3};
+  const double F = 16e-3;
+  std::map<std::string, Plan> plans;
+  for (const Plan& p : make_plans(r).plans)
+    if (p.pp == 3) plans[p.schedule] = p;
+  REQUIRE(plans.at("zb-auto").step_seconds == Approx(12 * F));
+  REQUIRE(plans.at("zb-h2").step_seconds > 12.5 * F);
+  REQUIRE(plans.at("zb-auto").peak_memory_bytes <= plans.at("zb-h2").peak_memory_bytes);
+  // ZB-H1 reaches it too here, with less memory, and so ranks first; none is faster.
+  REQUIRE(make_plans(r).plans[0].step_seconds == Approx(12 * F));
 }
 
 TEST_CASE("Planner ranks by time, keeps only fitting plans, and its Pareto front is undominated",

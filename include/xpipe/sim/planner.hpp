@@ -269,7 +269,8 @@ inline PlanResult make_plans(PlanRequest r) {
       if (pp > 1) {
         schedules.push_back({"1f1b-flush", "latest", 1});
         schedules.push_back({"zb-h1", "latest", 1});
-        schedules.push_back({"zb-h2", "latest", 1});  // faster, for 2 pp - 1 slots a stage
+        schedules.push_back({"zb-h2", "latest", 1});    // faster, for 2 pp - 1 slots a stage
+        schedules.push_back({"zb-auto", "latest", 1});  // ZB-H2's memory, fitted to the costs
         // Two stages per device (2 pp stages), where the model has the layers for them.
         if (2 * pp <= static_cast<int>(r.layers.size()))
           for (const char* v : {"interleaved-1f1b", "zb-v", "dualpipev"})
@@ -303,15 +304,6 @@ inline PlanResult make_plans(PlanRequest r) {
             p.devices = n, p.dp = dp, p.pp = pp, p.micro_batches = M, p.batch_per_replica = b;
             p.schedule = cand.schedule, p.predictor = cand.predictor, p.first_layer = first;
             p.global_batch = B;
-            auto make = [&](int N) { return make_schedule(cand.schedule, K, M, N); };
-            Schedule s1, s2;
-            try {
-              s1 = make(2);
-              s2 = make(r.simulated_mini_batches);
-            } catch (const ConfigError&) {
-              continue;  // e.g. 2BW with M < K
-            }
-            const StalenessAnalysis a = analyze_staleness(s2);
             CostModel m;
             m.cores = c.cores_per_replica;
             m.link = c.pipeline_link;
@@ -324,9 +316,22 @@ inline PlanResult make_plans(PlanRequest r) {
               const double ar = ring_allreduce_seconds(sc.weight_bytes, dp, c.allreduce_link);
               p.allreduce_seconds = std::max(p.allreduce_seconds, ar);
               sc.step += ar;
-              sc.weight_copies = predictor_copies(cand.predictor, a, k);
               m.stages.push_back(sc);
             }
+            // zb-auto is fitted to these stages' costs; the others ignore them.
+            const SplitBackwardCosts split = m.split_backward_costs();
+            auto make = [&](int N) { return make_schedule(cand.schedule, K, M, N, split); };
+            Schedule s1, s2;
+            try {
+              s1 = make(2);
+              s2 = make(r.simulated_mini_batches);
+            } catch (const ConfigError&) {
+              continue;  // e.g. 2BW with M < K
+            }
+            const StalenessAnalysis a = analyze_staleness(s2);
+            for (int k = 0; k < K; ++k)
+              m.stages[static_cast<std::size_t>(k)].weight_copies =
+                  predictor_copies(cand.predictor, a, k);
             const SimResult r1 = simulate(s1, m), r2 = simulate(s2, m);
             p.step_seconds = (r2.seconds - r1.seconds) / (r.simulated_mini_batches - 2);
             p.peak_memory_bytes = *std::max_element(r2.worker_peak_memory_bytes.begin(),
