@@ -296,14 +296,21 @@ case $case in
     run 0 "${v[@]}" --executor threaded --out thr
     same_epochs ref thr "threaded differs"
     ;;
-  zero_bubble_trains_like_1f1b)  # ZB-H1 and ZB-H2 print 1F1B-flush's numbers: the MLP and the
-    # ResNet's splits (every digit runs.csv prints; the unit tests compare the weights bit for bit)
+  zero_bubble_trains_like_1f1b)  # ZB-H1, ZB-H2 and zb-auto print 1F1B-flush's numbers: the MLP
+    # and the ResNet's splits (every digit runs.csv prints; the unit tests compare the weights bit for bit)
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
     run 0 "${m[@]}" --schedule 1f1b-flush --out one
     run 0 "${m[@]}" --schedule zb-h1 --out zb
     same_epochs one zb "zb-h1 differs"
     run 0 "${m[@]}" --schedule zb-h2 --out zb2
     same_epochs one zb2 "zb-h2 differs"
+    # zb-auto: fitted to a profile, so its order may vary from run to run; its numbers may not.
+    run 0 "${m[@]}" --schedule zb-auto --out auto
+    ms='[0-9.e+-]+'
+    says "zb-auto fitted to F/I/W ms per stage \\(profiled\\): $ms/$ms/$ms \\| "
+    same_epochs one auto "zb-auto differs"
+    run 2 "${m[@]}" --schedule zb-auto --device cuda --out dev
+    says "--schedule zb-auto: it is fitted to F, I and W costs profiled on the host"
     grep -q 'class="I"' zb/timeline-zb-h1_latest_adam.svg &&
       grep -q 'class="W"' zb/timeline-zb-h1_latest_adam.svg || fail "the timeline lacks I or W"
     r=(--model resnet --stages 4 -M 2 --batch 32 --train-samples 256 --test-samples 100 --epochs 1

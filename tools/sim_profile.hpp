@@ -255,7 +255,39 @@ struct StageSamples {
         into[static_cast<std::size_t>(a.action.kind)]->push_back(a.end - a.start);
       }
   }
+  //! The medians of each stage's F, I and W samples: what zb-auto is fitted to.
+  SplitBackwardCosts split_backward_costs() const {
+    SplitBackwardCosts c;
+    for (std::size_t k = 0; k < f.size(); ++k) {
+      c.forward.push_back(median(f[k]));
+      c.input_grad.push_back(median(i[k]));
+      c.weight_grad.push_back(median(w[k]));
+    }
+    return c;
+  }
 };
+
+//! The F, I and W seconds of each stage of `pipe` on M micro-batches of `data`'s mini-batches:
+//! medians over `repeats` runs of ZB-H1 (which runs the same actions as any split-backward
+//! schedule), one action at a time on the stages' own threads (SerialThreadedExecutor, pinned to
+//! `cpus` where given), after one warm-up run. What xpipe-plan validate and xpipe-train fit
+//! zb-auto to. It trains `pipe`: profile a copy of the pipeline that is to be trained.
+template <class P>
+SplitBackwardCosts profile_split_backward(P& pipe, const EpochData& data, int repeats,
+                                          const std::vector<int>& cpus = {}) {
+  const int M = pipe.options().micro_batches;
+  const Schedule probe =
+      zb_h1(P::stage_count, M, static_cast<int>(pipe.mini_batches_for(data.inputs.rows)));
+  SerialThreadedExecutor one_at_a_time;
+  one_at_a_time.cpus = cpus;
+  pipe.train(probe, data, one_at_a_time);
+  StageSamples samples(P::stage_count);
+  for (int r = 0; r < repeats; ++r) {
+    pipe.train(probe, data, one_at_a_time);
+    samples.add(one_at_a_time.trace());
+  }
+  return samples.split_backward_costs();
+}
 
 //! Profiles and measures Pipeline type P on schedule `name` with M micro-batches of a `batch`
 //! row mini-batch over N mini-batches: `repeats` rounds of (serial profile, threaded run), after
@@ -303,6 +335,10 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
     return r;
   };
   ref.cpus = thr.cpus;
+  // zb-auto: the order fitted to this pipeline's F, I and W, profiled on the same threads.
+  if (fitted_to_costs(name))
+    c.plan =
+        make_schedule(name, K, M, N, profile_split_backward(pipe, data.epoch(), repeats, thr.cpus));
   pipe.train(c.plan, data.epoch(), ref);
   pipe.train(c.plan, data.epoch(), thr);
   StageSamples samples(K);

@@ -28,6 +28,7 @@
 #include "models.hpp"
 #include "output_files.hpp"
 #include "run_checkpoints.hpp"
+#include "sim_profile.hpp"
 #include "xpipe/xpipe.hpp"
 #if defined(XPIPE_WITH_MPI)
 #include "xpipe/exec/mpi.hpp"
@@ -291,6 +292,52 @@ inline RunRecord& failed(RunRecord& rec, int e, const std::string& why, bool on_
 
 // Runs one configuration on one compiled Pipeline type, with any executor its links allow. A
 // run that diverges, or fails in an epoch, comes back marked so, with the epochs it finished.
+// The run's schedule over n mini-batches. zb-auto is fitted to the F, I and W seconds this
+// machine takes on this model's stages: profiled on a copy of the pipeline over the first three
+// mini-batches of the training set, one action at a time on the stages' threads (rank 0 profiles
+// and sends the costs to the other ranks, so that all run one order). Whatever order it gets, it
+// trains the same bits: it is synchronous and adds gradients in micro-batch order.
+template <class P>
+Schedule run_schedule(const RunConfig& c, const DatasetPair& data, index_t replica_batch, int n,
+                      [[maybe_unused]] bool on_mpi) {
+  constexpr int K = P::stage_count;
+  if (!fitted_to_costs(c.schedule)) return make_schedule(c.schedule, K, c.micro_batches, n);
+  if constexpr (P::on_device) {
+    throw ConfigError("xpipe-train: --schedule " + c.schedule +
+                      ": the device pipeline does not profile its actions yet");
+  } else {
+    SplitBackwardCosts costs;
+    if (mpi_rank == 0) {
+      P probe(
+          make_optimizer(c.optimizer, c.lr),
+          PipelineOptions{.batch = replica_batch, .micro_batches = c.micro_batches, .seed = c.seed},
+          run_predictor(c));
+      const Dataset first = head(data.train, std::min(data.train.count, 3 * replica_batch));
+      costs = profile_split_backward(probe, EpochData{first.matrix(), first.labels.data()}, 2,
+                                     c.pin_cpus);
+    }
+#if defined(XPIPE_WITH_MPI)
+    if (on_mpi)
+      for (std::vector<double>* v : {&costs.forward, &costs.input_grad, &costs.weight_grad}) {
+        v->resize(K);
+        MPI_Bcast(v->data(), K, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+      }
+#endif
+    std::string fitted;
+    for (int k = 0; k < K; ++k) {
+      char b[64];
+      const auto u = static_cast<std::size_t>(k);
+      std::snprintf(b, sizeof b, "%s%.3g/%.3g/%.3g", k == 0 ? "" : " | ", costs.forward[u] * 1e3,
+                    costs.input_grad[u] * 1e3, costs.weight_grad[u] * 1e3);
+      fitted += b;
+    }
+    if (mpi_rank == 0)
+      std::printf("  %s fitted to F/I/W ms per stage (profiled): %s\n", c.schedule.c_str(),
+                  fitted.c_str());
+    return make_schedule(c.schedule, K, c.micro_batches, n, costs);
+  }
+}
+
 template <class P>
 RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   const bool on_mpi = links_over_mpi<P>() && c.executor == "mpi";
@@ -329,8 +376,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     share.y = HostBuffer<std::int32_t>(share.rows);
   }
   const index_t n = pipe.mini_batches_for(c.dp > 1 ? share.rows : data.train.count);
-  const Schedule schedule =
-      make_schedule(c.schedule, P::stage_count, c.micro_batches, static_cast<int>(n));
+  const Schedule schedule = run_schedule<P>(c, data, replica_batch, static_cast<int>(n), on_mpi);
   // warmup-cosine: the rate of each of the run's optimizer steps (the n mini-batches of every
   // epoch), keyed by the step count a checkpoint restores.
   pipe.set_step_rates(c.lr_schedule.step_rates(static_cast<long>(n) * c.epochs));

@@ -463,6 +463,10 @@ UsageProblem usage_problem(Flags& f) {
   // --executor mpi: the launch must match the flags (usage errors, exit 2, named on rank 0).
   if (c.dp > 1 && c.executor != "mpi")
     return {"--dp " + std::to_string(c.dp) + " needs --executor mpi"};
+  if (c.device == "cuda" && fitted_to_costs(c.schedule))
+    return {"--schedule " + c.schedule +
+            ": it is fitted to F, I and W costs profiled on the host's stages, and --device "
+            "cuda does not profile its actions yet (zb-h2 is its order on equal costs)"};
   if (c.device == "cuda")
     if (const std::string why = cuda_problem(c); !why.empty()) return {"--device cuda: " + why};
   if (!c.pin_cpus.empty()) {

@@ -33,6 +33,9 @@ common=(--train-samples 1024 --test-samples 500 --epochs 2 --batch 64 -M 2)
   >"$work/clip-threaded.log" 2>&1
 "$@" -np 2 "$train" --executor mpi -K 2 "${common[@]}" --clip-norm 0.25 --out "$work/clip-mpi" \
   >"$work/clip-mpi.log" 2>&1
+# zb-auto: rank 0 profiles and sends the costs, so both ranks run one fitted order (GPipe's bits).
+"$@" -np 2 "$train" --executor mpi -K 2 --schedule zb-auto --predictor latest "${common[@]}" \
+  --out "$work/auto-mpi" >"$work/auto-mpi.log" 2>&1
 # A CNN with BatchNorm: rank 0 evaluates with every stage's running statistics, which the other
 # rank trained (shared after the run like the weights), so the test accuracy is the threaded one.
 cnn=(--model resnet -K 2 --train-samples 256 --test-samples 200 --epochs 1 --batch 32 -M 2)
@@ -54,6 +57,12 @@ echo "gpt threaded: $(with_test_loss "$work/gpt-threaded" | tr '\n' ' ')"
 echo "gpt mpi:      $(with_test_loss "$work/gpt-mpi" | tr '\n' ' ')"
 if [[ "$(with_test_loss "$work/gpt-threaded")" != "$(with_test_loss "$work/gpt-mpi")" ]]; then
   echo "FAIL: --executor mpi differs from threaded on the gpt"; exit 1
+fi
+echo "zb-auto mpi: $(fields "$work/auto-mpi" | tr '\n' ' ')"
+echo "gpipe:       $(fields "$work/one" | tr '\n' ' ')"
+if [[ "$(fields "$work/auto-mpi")" != "$(fields "$work/one")" ]] ||
+  ! grep -q "zb-auto fitted to F/I/W ms per stage" "$work/auto-mpi.log"; then
+  echo "FAIL: --schedule zb-auto under --executor mpi differs from GPipe (or fitted nothing)"; exit 1
 fi
 echo "threaded: $(fields "$work/threaded" | tr '\n' ' ')"
 echo "mpi:      $(fields "$work/mpi" | tr '\n' ' ')"

@@ -1,5 +1,6 @@
-// xpipe-plan simulate: one schedule under a model JSON's costs: time per mini-batch, each
-// stage's idle time and memory, the trace and timeline, and what filling the bubbles saves.
+// xpipe-plan simulate: one schedule under a model JSON's costs (zb-auto fitted to them): time
+// per mini-batch, each stage's idle time and memory, the trace, timeline and schedule text, and
+// what filling the bubbles saves.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -30,7 +31,6 @@ int simulate(const std::string& model_file, const std::string& schedule, int K, 
     throw UsageError("--stages: " + std::to_string(K) + " is outside 1.." +
                      std::to_string(layers.size()) + " (the model's layers)");
   if (M < 1 || M > batch) throw UsageError("--micro-batches: must lie in 1..--batch");
-  const Schedule s = make_schedule(schedule, K, M, N);
   const double rows = static_cast<double>(batch) / M;
   const sim::DeviceSpec& none = device;  // for layers given by FLOPs, not measured times
   std::vector<double> w;
@@ -44,6 +44,8 @@ int simulate(const std::string& model_file, const std::string& schedule, int K, 
   for (int k = 0; k < K; ++k)
     m.stages.push_back(
         sim::stage_cost(layers, first[k], k + 1 < K ? first[k + 1] : layers.size(), rows, none));
+  // zb-auto is fitted to these stages' costs; the other schedules ignore them.
+  const Schedule s = make_schedule(schedule, K, M, N, m.split_backward_costs());
   const sim::SimResult r = sim::simulate(s, m);
   std::printf("%s K=%d M=%d N=%d batch %d, %d cores: %.3f ms per mini-batch, makespan %.3f ms\n",
               schedule.c_str(), K, M, N, batch, cores, r.per_mini_batch * 1e3, r.seconds * 1e3);
@@ -72,6 +74,7 @@ int simulate(const std::string& model_file, const std::string& schedule, int K, 
   if (!out.empty()) {
     write_out(out, "simulated.json", chrome_trace_json(r.trace, s, "simulated " + schedule));
     write_out(out, "simulated.svg", timeline_svg(r.trace, s));
+    write_out(out, "schedule.txt", s.to_text());  // the order simulated (parse_schedule reads it)
   }
   return 0;
 }
