@@ -308,6 +308,10 @@ case $case in
     run 0 "${m[@]}" --schedule zb-auto --out auto
     ms='[0-9.e+-]+'
     says "zb-auto fitted to F/I/W ms per stage \\(profiled\\): $ms/$ms/$ms \\| "
+    # Under its own profile the fitted order is never slower than ZB-H2's (both dry-run).
+    line=$(grep -Eo "dry run $ms ms per mini-batch, ZB-H2's order $ms ms" out.txt) ||
+      fail "no dry-run periods in the output"
+    awk '{ exit !($3 <= $9) }' <<<"$line" || fail "zb-auto's fit is slower than ZB-H2's: $line"
     same_epochs one auto "zb-auto differs"
     run 2 "${m[@]}" --schedule zb-auto --device cuda --out dev
     says "--schedule zb-auto: it is fitted to F, I and W costs profiled on the host"
