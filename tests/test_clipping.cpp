@@ -1,6 +1,7 @@
 // Global gradient-norm clipping across stages (PipelineOptions::clip_norm): the norm against
 // one computed here from the definition, the step against torch.nn.utils.clip_grad_norm_'s
-// rule, K stages against one, threaded = reference, and what is refused.
+// rule, K stages against one, threaded = reference, and what is refused (the device pipeline's
+// clipping: test_emulated_device.cpp and, on a GPU, test_cuda_pipeline.cu).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,7 +10,6 @@
 #include <vector>
 
 #include "support/compare.hpp"
-#include "support/emulated_device.hpp"
 #include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
@@ -24,6 +24,27 @@ TEST_CASE("squared_norm: sums of squares worked by hand, in double", "[clipping]
   // 2^-12 squared is 2^-24: in float 1 + 2^-24 rounds to 1, in double it stays.
   const std::vector<float> small{1.f, std::ldexp(1.f, -12)};
   REQUIRE(squared_norm(small.data(), 2) == 1.0 + std::ldexp(1.0, -24));
+}
+
+TEST_CASE("reduce_split: a device reduction's chunks, worked by hand, cover every term once",
+          "[clipping]") {
+  auto same = [](ReduceSplit s, int blocks, index_t chunk) {
+    return s.blocks == blocks && s.chunk == chunk;
+  };
+  REQUIRE(same(reduce_split(0, 2048, 512), 1, 0));  // one block writes 0
+  REQUIRE(same(reduce_split(1, 2048, 512), 1, 1));
+  REQUIRE(same(reduce_split(2048, 2048, 512), 1, 2048));
+  REQUIRE(same(reduce_split(2049, 2048, 512), 2, 1025));  // 1025 + 1024
+  // 10^7 terms: 4,883 blocks wanted, 512 allowed, of ceil(10^7 / 512) = 19,532 terms.
+  REQUIRE(same(reduce_split(10'000'000, 2048, 512), 512, 19'532));
+  for (index_t n = 1; n < 40'000; n += 97) {
+    const ReduceSplit s = reduce_split(n, 64, 16);
+    INFO(n);
+    REQUIRE(s.blocks >= 1);
+    REQUIRE(s.blocks <= 16);
+    REQUIRE(static_cast<index_t>(s.blocks) * s.chunk >= n);     // the last term is summed
+    REQUIRE(static_cast<index_t>(s.blocks - 1) * s.chunk < n);  // and no block is empty
+  }
 }
 
 namespace {
@@ -182,8 +203,7 @@ TEST_CASE(
   REQUIRE(flushed.gradient_norms().size() == 3);
 }
 
-TEST_CASE("clip_norm: a bound that is not finite and >= 0, or a device pipeline, is refused",
-          "[clipping][pipeline]") {
+TEST_CASE("clip_norm: a bound that is not finite and >= 0 is refused", "[clipping][pipeline]") {
   using P = Pipeline<S0, S1, S2, Latest, Adam>;
   for (const float bad :
        {-1.f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
@@ -191,9 +211,6 @@ TEST_CASE("clip_norm: a bound that is not finite and >= 0, or a device pipeline,
     REQUIRE_THAT(test::message_of<ConfigError>([&] { P p(Adam{}, options(bad)); }),
                  Contains("clip_norm must be finite and >= 0"));
   }
-  using OnDevice = Pipeline<S0, S1, S2, Latest, Adam, test::EmulatedDevice>;
-  REQUIRE_THAT(test::message_of<ConfigError>([] { OnDevice p(Adam{}, options(1.f)); }),
-               Contains("clipping (clip_norm) runs on host backends only"));
-  OnDevice unclipped(Adam{}, options(0));  // off is fine there
+  P unclipped(Adam{}, options(0));  // off
   REQUIRE(unclipped.gradient_norms().empty());
 }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <thread>
@@ -112,6 +113,28 @@ struct FaultOnStream {
   static void backward(const Ctx& ctx, const float* p, float* g, bool acc, ConstMatrix x,
                        ConstMatrix y, ConstMatrix dy, Matrix dx) {
     Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+  }
+};
+
+// A layer of one weight whose gradient is NaN (written by an element loop, so on the device
+// too): the loss stays finite, the global gradient norm does not.
+struct SetNan {
+  float* g;
+  XPIPE_HOST_DEVICE void operator()(index_t) const { *g = std::numeric_limits<float>::quiet_NaN(); }
+};
+struct NanGradient {
+  static constexpr int in_width = any_width, out_width = any_width;
+  static constexpr index_t param_count = 1;
+  static void init(std::span<float> p, std::uint64_t) { p[0] = 0.f; }
+  template <class Ctx>
+  static void forward(const Ctx& ctx, const float* p, ConstMatrix x, Matrix y) {
+    Activation<math::Identity>::forward(ctx, p, x, y);
+  }
+  template <class Ctx>
+  static void backward(const Ctx& ctx, const float* p, float* g, bool acc, ConstMatrix x,
+                       ConstMatrix y, ConstMatrix dy, Matrix dx) {
+    Activation<math::Identity>::backward(ctx, p, g, acc, x, y, dy, dx);
+    for_each_index(ctx, 1, SetNan{g});
   }
 };
 
@@ -275,6 +298,74 @@ TEST_CASE("An emulated pipeline over two devices, by one thread, or of Dense lay
   Emulation one(1, 40);
   require_same(train<Stash, Host>(s, d, adam, ReferenceExecutor{}),
                train<Stash, EmulatedDevice>(s, d, adam, ReferenceExecutor{}));
+}
+
+TEST_CASE("Global clipping on an emulated device: the host's bits and norms, streams lagging",
+          "[pipeline][device][emulated][clipping]") {
+  // Each stage's squared norm is written on its own stream (to stage 0's device) and read by
+  // every stage's Step on theirs, ordered by events only: a Step that read a norm before it was
+  // written would read NaN (DeviceEpoch's fill) and not clip, one that read another mini-batch's
+  // would clip by the wrong factor: either changes the weights (checked by dropping the waits).
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  const Adam adam{.lr = 1e-2f};
+  auto run = [&]<class B>(const Schedule& s, float clip, auto executor) {
+    Pipeline<S0, S1, S2, S3, XPipe, Adam, B> p(
+        adam, {.batch = batch, .micro_batches = s.micro_batches, .seed = 3, .clip_norm = clip});
+    p.train(s, d.epoch(), executor);
+    return std::pair{p.weights(), p.gradient_norms()};
+  };
+  for (const char* name : {"gpipe", "async-1f1b", "zb-h1"}) {
+    INFO(name);
+    const Schedule s = make_schedule(name, 4, 4, mini_batches);
+    const auto host = run.template operator()<Host>(s, 0.05f, ReferenceExecutor{});
+    REQUIRE(host.second.size() == static_cast<std::size_t>(mini_batches));
+    REQUIRE(host.second.front() > 0.05);  // the bound clips the first step at least
+    REQUIRE(run.template operator()<Host>(s, 0.f, ReferenceExecutor{}).first != host.first);
+    {
+      Emulation lagging(1, 40);
+      REQUIRE(run.template operator()<EmulatedDevice>(s, 0.05f, ThreadedExecutor{}) == host);
+    }
+    for (int slow = 0; slow < 4; ++slow) {
+      INFO("stage " << slow << " slow");
+      Emulation lag(1, 0, slow, 150);
+      REQUIRE(run.template operator()<EmulatedDevice>(s, 0.05f, ThreadedExecutor{}) == host);
+    }
+    // Stage k on device k: stages 2 and 3 write their norms to device 0's memory, which they
+    // reach only because clipping connects every stage to stage 0.
+    Emulation spread(4, 20);
+    REQUIRE(run.template operator()<EmulatedDevice>(s, 0.05f, ThreadedExecutor{}) == host);
+    REQUIRE(run.template operator()<EmulatedDevice>(s, 0.05f, ReferenceExecutor{}) == host);
+  }
+  // Off: no norms, and no board.
+  REQUIRE(run.template operator()<EmulatedDevice>(async_1f1b(4, 4, mini_batches), 0.f,
+                                                  ThreadedExecutor{})
+              .second.empty());
+}
+
+TEST_CASE(
+    "Global clipping: a NaN gradient is named by its step, on the host before it and on an "
+    "emulated device after the run",
+    "[pipeline][device][emulated][clipping][errors]") {
+  Emulation lagging(1, 20);
+  const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
+  auto message = [&]<class B>() -> std::string {
+    Pipeline<Stage<Linear<20, 32>, ReLU, NanGradient>, S1, S2, S3, Latest, Adam, B> p(
+        Adam{.lr = 1e-3f}, {.batch = batch, .micro_batches = 4, .clip_norm = 1.f});
+    ThreadedExecutor e;
+    try {
+      p.train(async_1f1b(4, 4, mini_batches), d.epoch(), e);
+    } catch (const StageError& err) {
+      return err.what();
+    }
+    return "no error";
+  };
+  const std::string norm =
+      "the global gradient norm of mini-batch 0 is nan (a stage's gradient "
+      "holds NaN or inf)";
+  REQUIRE_THAT(message.template operator()<Host>(), Contains(norm + ": not stepped"));
+  const std::string device = message.template operator()<EmulatedDevice>();
+  REQUIRE_THAT(device, Contains("stage 0") && Contains("S0") &&
+                           Contains(norm + ": the device stepped on with it"));
 }
 
 TEST_CASE("An emulated pipeline reports a NaN input after the run as the host does, word for word",

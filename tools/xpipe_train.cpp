@@ -396,9 +396,6 @@ std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
     return "runs the mlp, vgg, resnet or gpt over 4 stages only (got " + c.model + " over " +
            std::to_string(c.stages) + ")";
   if (c.executor == "mpi" || c.dp > 1) return "runs in one process (no --executor mpi, no --dp)";
-  if (c.clip_norm > 0)
-    return "clips no gradients (the stages' norm is not reduced on the device yet: no "
-           "--clip-norm)";
   if (c.measure_prediction)
     return "cannot measure predictions (weights in device memory: no --measure-prediction)";
   if (!c.pin_cpus.empty()) return "pins no threads (no --pin-cpus)";

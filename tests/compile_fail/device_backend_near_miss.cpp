@@ -51,5 +51,6 @@ void copy_from_pinned_async(const NearContext&, const T*, T*, index_t) {}
 void gemm(const NearContext&, Trans, Trans, index_t, index_t, index_t, float, const float*, index_t,
           const float*, index_t, float, float*, index_t) {}
 void sum_row_losses_async(const NearContext&, const float*, index_t, MicroBatchLoss*) {}
+void squared_norm_async(const NearContext&, const float*, index_t, double*) {}
 static_assert(check_device_backend<NearMiss>());
 int main() {}

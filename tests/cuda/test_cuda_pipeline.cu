@@ -3,7 +3,8 @@
 // one seed, the reference executor against the CUDA executor, all stages on one device (four
 // streams) and, with two or more GPUs, stage k on device k % count. Also: the device loss sum
 // reports a NaN exactly as the host path does, and bad placements and labels fail before any
-// action, and a checkpoint of a GPU pipeline resumes bitwise. Exits 77 (CTest: skipped) when no
+// action, a checkpoint of a GPU pipeline resumes bitwise, and global gradient-norm clipping
+// reduces the stages' norms on the devices as the host does. Exits 77 (CTest: skipped) when no
 // CUDA device is present.
 #include <cmath>
 #include <cstdio>
@@ -281,6 +282,73 @@ void stalled_queues(const Dataset& d) {
          what.find("XPIPE_CUDA_STALL_US='soon'") != std::string::npos, what);
 }
 
+// Global clipping's per-stage norm on the device (squared_norm_async) against the host's
+// squared_norm, within 1e-12 relative (both sum in double, in different orders), and the same
+// bits twice; sizes around a block's least share (2,048) and past the 512 blocks' cap.
+void device_squared_norm() {
+  CudaStreamContext owner(Placement{.stage = 0, .device = 0});
+  const CudaContext& ctx = owner.ctx();
+  Rng rng{21};
+  for (const index_t n :
+       {index_t{0}, index_t{1}, index_t{2047}, index_t{2049}, index_t{3'000'007}}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& v : x) v = rng.uniform(-2.f, 2.f);
+    DeviceBuffer<float> dx(n > 0 ? n : 1);
+    if (n > 0) dx.copy_from_host(x.data(), n);
+    DeviceBuffer<double> out(2);
+    squared_norm_async(ctx, dx.data(), n, out.data());
+    squared_norm_async(ctx, dx.data(), n, out.data() + 1);
+    synchronize(ctx);
+    double got[2] = {0, 0};
+    out.copy_to_host(got, 2);
+    const double want = squared_norm(x.data(), n);
+    char detail[160];
+    std::snprintf(detail, sizeof detail, "host %.17g, cuda %.17g, again %.17g", want, got[0],
+                  got[1]);
+    report("squared_norm_async, n = " + std::to_string(n),
+           std::fabs(got[0] - want) <= 1e-12 * want && std::memcmp(&got[0], &got[1], 8) == 0,
+           detail);
+  }
+}
+
+// Global clipping on the GPU (each stage's norm reduced on its stream, every Step waiting on the
+// four norms' events): async 1F1B x XPipe at a bound below the first step's norm, against the host
+// within the weights' tolerance above and the norms within 1e-4 relative; twice, by the
+// reference executor and across devices, bitwise.
+void clipped(const Dataset& d, const Adam& adam, const std::vector<int>& spread) {
+  const Schedule s = async_1f1b(K, M, mini_batches);
+  auto run = [&]<class B>(auto executor, std::vector<int> devices) {
+    Pipeline<S0, S1, S2, S3, XPipe, Adam, B> p(adam, {.batch = batch,
+                                                      .micro_batches = M,
+                                                      .seed = 11,
+                                                      .clip_norm = 0.05f,
+                                                      .devices = std::move(devices)});
+    p.train(s, epoch_of(d), executor);
+    return std::pair{p.weights(), p.gradient_norms()};
+  };
+  const auto host = run.template operator()<Host>(ReferenceExecutor{}, {});
+  const auto gpu = run.template operator()<Cuda>(CudaExecutor{}, {0});
+  check_close("clip_norm 0.05, async-1f1b x xpipe: GPU vs host weights", host.first, gpu.first,
+              weight_tol, weight_eps);
+  bool close = host.second.size() == gpu.second.size() && !host.second.empty();
+  double worst = 0;
+  for (std::size_t t = 0; close && t < host.second.size(); ++t)
+    worst = std::fmax(worst, std::fabs(gpu.second[t] - host.second[t]) / host.second[t]);
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "%zu norms, max relative diff %.3g, the first %.4g",
+                gpu.second.size(), worst, close ? host.second[0] : 0.0);
+  // The first step's norm above the bound: clipping is exercised.
+  report("clip_norm 0.05: GPU vs host gradient norms",
+         close && worst <= 1e-4 && host.second[0] > 0.05, detail);
+  check_same("clip_norm 0.05: two GPU runs bitwise", gpu.first,
+             run.template operator()<Cuda>(CudaExecutor{}, {0}).first);
+  check_same("clip_norm 0.05: reference vs CUDA executor", gpu.first,
+             run.template operator()<Cuda>(ReferenceExecutor{}, {0}).first);
+  if (!spread.empty())
+    check_same("clip_norm 0.05: across devices vs one", gpu.first,
+               run.template operator()<Cuda>(CudaExecutor{}, spread).first);
+}
+
 void bad_setup(const Dataset& d, int devices) {
   std::string what = "no error";
   try {
@@ -367,6 +435,8 @@ int main() {
     resume_from_checkpoint(d);
     stalled_queues(d);
     dense_stages(d, adam);
+    device_squared_norm();
+    clipped(d, adam, spread);
     bad_setup(d, devices);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

@@ -548,6 +548,17 @@ inline void sum_row_losses_async(const EmulatedContext& ctx, const float* row_lo
   });
 }
 
+//! A stage's squared gradient norm under global clipping (layers/loss.cuh on CUDA), here the
+//! host's squared_norm, so a clipped pipeline has the host's bits. `out` may be on a connected
+//! device (the norms live on stage 0's); a stage that read it before this task ran would see
+//! what was there before (DeviceEpoch fills it with NaN).
+inline void squared_norm_async(const EmulatedContext& ctx, const float* x, index_t n, double* out) {
+  emu::check_launch(ctx, "the squared norm");
+  if (n > 0) emu::check_memory(x, ctx.device, false, "the squared norm's input");
+  emu::check_memory(out, ctx.device, false, "the squared norm's output");
+  ctx.stream->enqueue([x, n, out] { *out = squared_norm(x, n); });
+}
+
 //! Enqueues a task that faults on ctx's stream, as a kernel reading an illegal address does:
 //! the fault is its device's from then on. Usage: `fail_on_stream(ctx, "illegal address");`
 inline void fail_on_stream(const EmulatedContext& ctx, std::string why) {

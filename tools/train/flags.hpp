@@ -139,8 +139,8 @@ inline void add_flags(CLI::App& app, Flags& f) {
       ->default_str("constant");
   app.add_option("--clip-norm", c.clip_norm,
                  "Global gradient-norm clipping: before each step, scale every stage's gradient "
-                 "by min(1, C / |g|), |g| the norm over all stages (0: off; threaded and "
-                 "reference executors)")
+                 "by min(1, C / (|g| + 1e-6)), |g| the norm over all stages (0: off; every "
+                 "executor and --device)")
       ->check(CLI::Range(0.0, 1e6));
   app.add_option("--batch", c.batch,
                  "Mini-batch size in rows (the gpt's rows are tokens: a multiple of its "

@@ -282,6 +282,22 @@ struct Scale {
   XPIPE_HOST_DEVICE void operator()(index_t i) const { x[i] *= factor; }
 };
 
+//! Global clipping on a device, per gradient element: the stages' squared norms squared[0..stages)
+//! added in stage order (GradNormBoard::total's order), then g[i] *= math::clip_factor where it
+//! is below 1 (the host's StageProgram::step, the same bits).
+struct ClipScale {
+  float* XPIPE_RESTRICT g;
+  const double* XPIPE_RESTRICT squared;
+  int stages;
+  float bound;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    double total = 0;
+    for (int k = 0; k < stages; ++k) total += squared[k];
+    const double factor = math::clip_factor(total, bound);
+    if (factor < 1.0) g[i] *= static_cast<float>(factor);
+  }
+};
+
 //! Error feedback after a delayed step, per weight (math::error_feedback).
 struct ErrorFeedback {
   float* XPIPE_RESTRICT w;
@@ -486,10 +502,32 @@ inline double squared_norm(const float* x, index_t n) {
   return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
+//! How a reduction of n terms splits into contiguous chunks, one per block of a device's first
+//! pass (squared_norm_async on CUDA): a block per `least` terms, at most `max_blocks` (one when n
+//! is 0), block b summing terms [b chunk, min(n, (b + 1) chunk)). It depends on n alone, so the
+//! sum's order is the same on every run. Usage: `const ReduceSplit s = reduce_split(n, 2048, 512);`
+struct ReduceSplit {
+  int blocks;
+  index_t chunk;
+};
+XPIPE_HOST_DEVICE constexpr ReduceSplit reduce_split(index_t n, index_t least, int max_blocks) {
+  const index_t wanted = n > 0 ? (n + least - 1) / least : 1;
+  const int blocks = wanted < max_blocks ? static_cast<int>(wanted) : max_blocks;
+  return {blocks, (n + blocks - 1) / blocks};
+}
+
 //! x *= factor over n floats.
 template <class Ctx>
 void scale_buffer(const Ctx& ctx, float* XPIPE_RESTRICT x, index_t n, float factor) {
   for_each_index(ctx, n, ops::Scale{x, factor});
+}
+
+//! Global clipping's scale of a stage's n-float gradient on a device, the stages' squared norms
+//! read there (ops::ClipScale): enqueued behind the waits for every stage's norm.
+template <class Ctx>
+void clip_gradient(const Ctx& ctx, float* XPIPE_RESTRICT g, index_t n, const double* squared,
+                   int stages, float bound) {
+  for_each_index(ctx, n, ops::ClipScale{g, squared, stages, bound});
 }
 
 //! Error feedback after a delayed step over a flat buffer (math::error_feedback).

@@ -229,4 +229,11 @@ XPIPE_HOST_DEVICE void delay_compensation_adaptive(float& g, float& ms, float w,
   if (ms > 0.f) g += lambda * g * g / sqrtf(ms) * (w - w_bak);
 }
 
+//! Global gradient-norm clipping's factor (torch.nn.utils.clip_grad_norm_): bound / (|g| + 1e-6),
+//! |g| = sqrt(squared) the norm of the whole pipeline's gradient of one mini-batch. The gradient
+//! is scaled by it only where it is below 1; a norm that is not finite gives NaN or 0.
+XPIPE_HOST_DEVICE double clip_factor(double squared, float bound) {
+  return static_cast<double>(bound) / (sqrt(squared) + 1e-6);
+}
+
 }  // namespace xpipe::math

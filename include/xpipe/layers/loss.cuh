@@ -1,6 +1,8 @@
-// The per-micro-batch loss sum on a CUDA device: a micro-batch's row losses reduced on the
-// device in a fixed order, so the host reads one value per micro-batch once per train() call
-// instead of synchronising on every micro-batch. Include from CUDA translation units only.
+// The device reductions of a CUDA pipeline, each in a fixed order (the same bits on every run):
+// the per-micro-batch loss sum, so the host reads one value per micro-batch once per train()
+// call instead of synchronising on every micro-batch, and a stage's squared gradient norm under
+// global clipping, which the other stages' steps read on the device. Include from CUDA
+// translation units only.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -49,7 +51,54 @@ __global__ void __launch_bounds__(loss_threads)
     out->bad_value = first_bad < rows ? row_loss[first_bad] : 0.f;
   }
 }
+// A squared norm's first pass: block b sums the squares of x[b chunk, min(n, (b + 1) chunk)) in
+// double, thread t its elements t, t + 256, ... in order, then CUB's block reduction (a fixed
+// tree); partials[b] = that sum. Templates, as the element loops, so units may share them.
+template <int = 0>
+__global__ void __launch_bounds__(loss_threads)
+    squared_norm_partials_kernel(const float* x, index_t n, index_t chunk, double* partials) {
+  using Reduce = cub::BlockReduce<double, loss_threads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const index_t begin = static_cast<index_t>(blockIdx.x) * chunk;
+  const index_t end = begin + chunk < n ? begin + chunk : n;
+  double partial = 0;
+  for (index_t i = begin + threadIdx.x; i < end; i += loss_threads) {
+    const double v = x[i];
+    partial += v * v;
+  }
+  const double total = Reduce(temp).Sum(partial);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+// The second pass: one block adds the `blocks` partial sums in a fixed tree into *out.
+template <int = 0>
+__global__ void __launch_bounds__(reduce_blocks)
+    sum_partials_kernel(const double* partials, int blocks, double* out) {
+  using Reduce = cub::BlockReduce<double, reduce_blocks>;
+  __shared__ typename Reduce::TempStorage temp;
+  const double v = static_cast<int>(threadIdx.x) < blocks ? partials[threadIdx.x] : 0.0;
+  const double total = Reduce(temp).Sum(v);
+  if (threadIdx.x == 0) *out = total;
+}
 }  // namespace cuda_detail
+
+//! *out = the squared L2 norm of x[0..n) in double (global clipping's per-stage norm), computed
+//! on ctx's stream in two passes: up to 512 blocks of at least 2,048 elements each write a
+//! partial sum to ctx.partials, then one block adds them. The split depends on n alone, so the
+//! bits are the same on every run (not the host's squared_norm: its order differs). `out` is
+//! device memory this device reaches (stage 0's, under peer access). Usage:
+//! `squared_norm_async(ctx, grads, n, norms + t * K + k);`
+inline void squared_norm_async(const CudaContext& ctx, const float* x, index_t n, double* out) {
+  const ReduceSplit split =
+      reduce_split(n, 8 * cuda_detail::loss_threads, cuda_detail::reduce_blocks);
+  const int blocks = split.blocks;
+  cuda_detail::squared_norm_partials_kernel<<<blocks, cuda_detail::loss_threads, 0, ctx.stream>>>(
+      x, n, split.chunk, ctx.partials);
+  XPIPE_CUDA_CHECK(cudaGetLastError());
+  cuda_detail::sum_partials_kernel<<<1, cuda_detail::reduce_blocks, 0, ctx.stream>>>(ctx.partials,
+                                                                                     blocks, out);
+  XPIPE_CUDA_CHECK(cudaGetLastError());
+}
 
 //! *out = the sum of row_loss[0..rows) and its first non-finite row, computed on ctx's stream
 //! (row_loss and out in device memory); the host reads *out after synchronising. The device

@@ -64,8 +64,10 @@ concept HasCopyBuffer = requires(const DeviceContext<B>& ctx, const float* src, 
 template <class B>
 concept HasHostCopies = requires(const DeviceContext<B>& ctx, const float* cf, float* f,
                                  const std::int32_t* ci, std::int32_t* i, const MicroBatchLoss* cl,
-                                 MicroBatchLoss* l) {
+                                 MicroBatchLoss* l, const double* cd, double* d) {
   copy_from_host(ctx, cf, f, index_t{1});
+  copy_from_host(ctx, cd, d, index_t{1});
+  copy_to_host(ctx, cd, d, index_t{1});
   copy_to_host(ctx, cf, f, index_t{1});
   copy_to_host(ctx, ci, i, index_t{1});
   copy_to_host(ctx, cl, l, index_t{1});
@@ -87,6 +89,10 @@ concept HasLossSum = requires(const DeviceContext<B>& ctx, const float* row_loss
   sum_row_losses_async(ctx, row_loss, index_t{1}, out);
 };
 template <class B>
+concept HasSquaredNorm = requires(const DeviceContext<B>& ctx, const float* x, double* out) {
+  squared_norm_async(ctx, x, index_t{1}, out);
+};
+template <class B>
 concept HasDeviceMemory = !reads_host_memory<DeviceContext<B>>;
 }  // namespace detail
 
@@ -100,9 +106,12 @@ concept HasDeviceMemory = !reads_host_memory<DeviceContext<B>>;
 //!     stages' devices reach each other's memory), the element loops `for_each_index(ctx, n, f)`,
 //!     `for_each_index(ctx, n, work, f)` and `for_each_element(ctx, rows, cols, f)`,
 //!     `copy_buffer` (device to device, enqueued), `copy_from_host` / `copy_to_host` (waited
-//!     for: between runs), `copy_from_pinned_async` (enqueued), `gemm` (row-major, as the host's)
-//!     and `sum_row_losses_async(ctx, row_loss, rows, MicroBatchLoss*)` (the last stage's loss,
-//!     read once per train() call);
+//!     for: between runs; of float, int32, double and MicroBatchLoss), `copy_from_pinned_async`
+//!     (enqueued), `gemm` (row-major, as the host's),
+//!     `sum_row_losses_async(ctx, row_loss, rows, MicroBatchLoss*)` (the last stage's loss,
+//!     read once per train() call) and `squared_norm_async(ctx, x, n, double* out)` (a stage's
+//!     squared gradient norm under global clipping, written to device memory that may be
+//!     stage 0's device's; the same bits on every run);
 //!   - a Context that does not derive from HostContext (its memory is not the host's).
 //! Usage: `static_assert(check_device_backend<MyGpu>());`
 template <class B>
@@ -110,7 +119,7 @@ concept DeviceBackend = Backend<B> && detail::HasDeviceMemory<B> && detail::HasP
     detail::HasDeviceEvent<B> && detail::HasActivate<B> && detail::HasSynchronize<B> &&
     detail::HasConnect<B> && detail::HasElementLoops<B> && detail::HasCopyBuffer<B> &&
     detail::HasHostCopies<B> && detail::HasPinnedUpload<B> && detail::HasGemm<B> &&
-    detail::HasLossSum<B>;
+    detail::HasLossSum<B> && detail::HasSquaredNorm<B>;
 
 //! Fails to compile with one message per member B lacks, each naming it. Checks that depend on
 //! the Context are skipped when Backend's own members are missing (check_backend says which).
@@ -155,6 +164,9 @@ consteval bool check_device_backend() {
     static_assert(detail::HasLossSum<B>,
                   "xpipe: DeviceBackend: missing sum_row_losses_async(ctx, const float* "
                   "row_loss, rows, MicroBatchLoss* out)");
+    static_assert(detail::HasSquaredNorm<B>,
+                  "xpipe: DeviceBackend: missing squared_norm_async(ctx, const float* x, n, "
+                  "double* out)");
   }
   return true;
 }

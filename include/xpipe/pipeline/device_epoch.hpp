@@ -5,10 +5,12 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/pipeline/device_backend.hpp"
 #include "xpipe/pipeline/stage_program.hpp"
+#include "xpipe/pipeline/stage_runtime.hpp"
 
 namespace xpipe {
 
@@ -67,16 +70,51 @@ class DeviceEpoch {
     run.losses = losses_.data();
   }
 
+  //! Global clipping's board for a run of `mini_batches` steps over `stages` stages: the squared
+  //! norms on stage 0's device (entry t K + k), filled with NaN so that a step that read an entry
+  //! before its stage wrote it would never clip (not a stale value that might: the same wrong bits
+  //! on every run), and an event per entry on stage k's device. Kept between runs, grown when a run
+  //! has more steps.
+  detail::DeviceNorms<B> norms(const std::function<const Context&(int)>& ctx_of, int stages,
+                               int mini_batches) {
+    const std::size_t entries = static_cast<std::size_t>(stages) * mini_batches;
+    detail::activate_context(ctx_of(0));
+    if (static_cast<std::size_t>(squared_norms_.size()) < entries)
+      squared_norms_ = Buffer<double>(static_cast<index_t>(entries));
+    const std::vector<double> unwritten(entries, std::numeric_limits<double>::quiet_NaN());
+    copy_from_host(ctx_of(0), unwritten.data(), squared_norms_.data(),
+                   static_cast<index_t>(entries));
+    norms_written_.reserve(entries);
+    while (norms_written_.size() < entries) {
+      detail::activate_context(ctx_of(static_cast<int>(norms_written_.size() % stages)));
+      norms_written_.emplace_back();
+    }
+    return {squared_norms_.data(), norms_written_.data()};
+  }
+
   //! After the executor returned: waits for every stage's stream (the run's one
   //! synchronisation), then reads each micro-batch's loss sum and checks them in micro-batch
   //! order, throwing what the host path throws at the first non-finite one (the loss message,
   //! naming the row and mini-batch, blamed on the inputs if they hold NaN or an infinity, in a
-  //! StageError naming the last stage and the forward that computed it). `ctx_of(k)` is stage
-  //! k's context, of `stages`.
+  //! StageError naming the last stage and the forward that computed it). Under global clipping
+  //! it first copies the squared norms into run.norms (Pipeline::gradient_norms), and checks them
+  //! in step order after the losses: a non-finite one is the host's NumericError message in a
+  //! StageError naming stage 0 and that step (the device stepped on with it: its weights hold NaN
+  //! or inf). `ctx_of(k)` is stage k's context, of `stages`.
   template <class Q>
   void finish(const std::function<const Context&(int)>& ctx_of, int stages, int micro_batches,
               EpochData data, SharedRun<Q>& run) {
     drain(ctx_of, stages, true);
+    if (run.clip_norm > 0.f) {  // first, so gradient_norms() has them whatever is thrown below
+      const int T = run.norms.mini_batches();
+      host_norms_.resize(static_cast<std::size_t>(T) * stages);
+      detail::activate_context(ctx_of(0));
+      copy_to_host(ctx_of(0), squared_norms_.data(), host_norms_.data(),
+                   static_cast<index_t>(host_norms_.size()));
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < stages; ++k)
+          run.norms.replace(t, k, host_norms_[static_cast<std::size_t>(t) * stages + k]);
+    }
     const int G = micro_batches;
     host_losses_.resize(static_cast<std::size_t>(G));
     const Context& last = ctx_of(stages - 1);
@@ -97,6 +135,12 @@ class DeviceEpoch {
       run.micro_loss[static_cast<std::size_t>(g)] = l.sum;
       run.progress->add(rows, l.sum);
     }
+    if (run.clip_norm <= 0.f) return;
+    for (int t = 0; t < run.norms.mini_batches(); ++t)
+      if (const double squared = run.norms.total(t); !std::isfinite(squared))
+        throw StageError(0, to_string(step(t)),
+                         detail::non_finite_norm_message(t, squared) +
+                             ": the device stepped on with it, so the weights hold NaN or inf");
   }
 
   //! Waits for every stage's stream. With `report`, the first failure (a kernel's error surfaces
@@ -165,6 +209,9 @@ class DeviceEpoch {
   Buffer<std::int32_t> labels_;
   Buffer<MicroBatchLoss> losses_;
   std::vector<MicroBatchLoss> host_losses_;
+  Buffer<double> squared_norms_;                  // global clipping: [t K + k]
+  std::vector<typename B::Event> norms_written_;  // [t K + k], on stage k's device
+  std::vector<double> host_norms_;
 };
 
 }  // namespace xpipe

@@ -49,8 +49,8 @@ struct PipelineOptions {
   //! by min(1, clip_norm / (|g| + 1e-6)), |g| the L2 norm of the whole pipeline's gradient of
   //! that mini-batch (torch.nn.utils.clip_grad_norm_). One reduction over the stages per step:
   //! a stage's Step waits until every stage has its gradient of that mini-batch, which an
-  //! asynchronous schedule pays for in idle time (docs/guide.md, "Clipping"). Host backends and
-  //! in-process executors (reference, threaded).
+  //! asynchronous schedule pays for in idle time (docs/guide.md, "Clipping"). Every executor and
+  //! backend: MPI ranks exchange the norms, a device's streams wait on each other's events.
   float clip_norm = 0;
   //! GPU backends: stage k runs on device `devices[k % devices.size()]`; empty: on device
   //! k % (number of devices). `{0}` puts every stage on device 0 (one stream each).
@@ -117,13 +117,13 @@ class Pipeline {
       throw ConfigError(
           "xpipe: Pipeline: clip_norm must be finite and >= 0 (0: no clipping), got " +
           detail::number_text(options.clip_norm));
-    if (on_device && options.clip_norm > 0.f)
-      throw ConfigError(
-          "xpipe: Pipeline: global gradient-norm clipping (clip_norm) runs on host backends only; "
-          "the device pipeline has no cross-stage norm yet");
-    // Adjacent stages on different devices read and write each other's queue slots.
-    if constexpr (on_device)
+    // Adjacent stages on different devices read and write each other's queue slots; under
+    // global clipping every stage writes its norm to stage 0's device and reads all of them.
+    if constexpr (on_device) {
       for (int k = 0; k + 1 < stage_count; ++k) connect(ctx_of(k), ctx_of(k + 1));
+      if (options.clip_norm > 0.f)
+        for (int k = 2; k < stage_count; ++k) connect(ctx_of(0), ctx_of(k));
+    }
   }
 
   //! Whether the backend's buffers are device memory (a GPU): weights, slots and queues there,
@@ -513,6 +513,10 @@ class Pipeline {
           K, [&](int b) { return analysis_.max_in_flight[b]; }, rows,
           [&](int b) { return out_widths[static_cast<std::size_t>(b)]; });
     }
+    detail::DeviceNorms<backend> device_norms;
+    if constexpr (on_device)
+      if (options_.clip_norm > 0.f)
+        device_norms = device_.norms(contexts(), K, schedule.mini_batches);
     copies_.assign(K, 0);
     activation_floats_.assign(K, 0);
     PredictorSetup setup;
@@ -536,6 +540,7 @@ class Pipeline {
         rt.fresh_grads = true;
         rt.gradient_parts.assign(
             options_.clip_norm > 0.f ? static_cast<std::size_t>(schedule.mini_batches) : 0, 0);
+        rt.device_norms = device_norms;
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] =
             analysis_.max_in_flight[k] *

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -45,11 +46,20 @@ struct RunProgress {
   }
 };
 
+namespace detail {
+// What a non-finite global gradient norm of mini-batch t is reported as (`squared`: its square).
+inline std::string non_finite_norm_message(int t, double squared) {
+  return "xpipe: the global gradient norm of mini-batch " + std::to_string(t) + " is " +
+         number_text(std::sqrt(squared)) + " (a stage's gradient holds NaN or inf)";
+}
+}  // namespace detail
+
 //! Global gradient-norm clipping's one reduction per step (PipelineOptions::clip_norm): stage k
 //! posts the squared norm of its gradient for mini-batch t when its last gradient action of t
 //! ends; every stage's S(t) is ready only once all K have posted, and each computes the same
-//! total, summed in stage order (the same bits on every stage and executor). Sized before the
-//! run; posting and reading allocate nothing.
+//! total, summed in stage order (the same bits on every stage and executor). On a device backend
+//! a post only counts (the values are in device memory, DeviceNorms; DeviceEpoch::finish copies
+//! them here after the run). Sized before the run; posting and reading allocate nothing.
 class GradNormBoard {
  public:
   //! K stages, `mini_batches` steps; every entry unposted. Allocates (before a run only).
@@ -307,14 +317,22 @@ struct StageProgram {
   }
 
   // Global clipping: after the M-th parameter gradient of micro-batch g's mini-batch t, post
-  // the stage's squared gradient norm for t (host memory: Pipeline refuses clipping on a device).
+  // the stage's squared gradient norm for t. On a device the norm is written to device memory
+  // on the stage's stream and marked by an event; the host post then only says that the event
+  // is recorded, so a step's waits on it (enqueued once every stage has posted) take that record.
   template <class RT, class Q>
   static void gradient_added(RT& rt, SharedRun<Q>& run, int g) {
     if (run.clip_norm <= 0.f) return;
+    const int t = g / run.split.micro_batches;
+    if (++rt.gradient_parts[static_cast<std::size_t>(t)] != run.split.micro_batches) return;
     if constexpr (detail::reads_host_memory<typename RT::Context>) {
-      const int t = g / run.split.micro_batches;
-      if (++rt.gradient_parts[static_cast<std::size_t>(t)] == run.split.micro_batches)
-        run.norms.post(t, static_cast<int>(I), squared_norm(rt.opt.grads(), rt.opt.size()));
+      run.norms.post(t, static_cast<int>(I), squared_norm(rt.opt.grads(), rt.opt.size()));
+    } else {
+      const std::size_t at = static_cast<std::size_t>(t) * K + I;
+      squared_norm_async(rt.ctx(), rt.opt.grads(), rt.opt.size(), rt.device_norms.squared + at);
+      rt.device_norms.written[at].record(rt.ctx());
+      // The value is on the device (DeviceEpoch::finish copies it here after the run).
+      run.norms.post(t, static_cast<int>(I), std::numeric_limits<double>::quiet_NaN());
     }
   }
 
@@ -330,14 +348,21 @@ struct StageProgram {
     using O = std::decay_t<decltype(rt.opt.optimizer())>;
     using B = typename RT::Backend;
     if (run.clip_norm > 0.f) {
-      const double norm = std::sqrt(run.norms.total(t));
-      if (!std::isfinite(norm))
-        throw NumericError("xpipe: the global gradient norm of mini-batch " + std::to_string(t) +
-                           " is " + detail::number_text(norm) +
-                           " (a stage's gradient holds NaN or inf): not stepped");
-      const double coef = static_cast<double>(run.clip_norm) / (norm + 1e-6);
-      if (coef < 1.0)
-        scale_buffer(rt.ctx(), rt.opt.grads(), rt.opt.size(), static_cast<float>(coef));
+      if constexpr (detail::reads_host_memory<typename RT::Context>) {
+        const double squared = run.norms.total(t);
+        if (!std::isfinite(squared))
+          throw NumericError(detail::non_finite_norm_message(t, squared) + ": not stepped");
+        const double factor = math::clip_factor(squared, run.clip_norm);
+        if (factor < 1.0)
+          scale_buffer(rt.ctx(), rt.opt.grads(), rt.opt.size(), static_cast<float>(factor));
+      } else {
+        // Every stage's norm of t is on the device once its event has passed (the post that
+        // made this step ready came after the record); the factor is computed there.
+        for (int k = 0; k < K; ++k)
+          rt.device_norms.written[static_cast<std::size_t>(t) * K + k].wait(rt.ctx());
+        clip_gradient(rt.ctx(), rt.opt.grads(), rt.opt.size(),
+                      rt.device_norms.squared + static_cast<std::size_t>(t) * K, K, run.clip_norm);
+      }
     }
     if constexpr (detail::reads_host_memory<typename RT::Context>)
       if (rt.probe) rt.probe->settle(t, rt.opt.weights());  // the weights S(t) steps from

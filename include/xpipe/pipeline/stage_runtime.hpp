@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "xpipe/backend/backend.hpp"
+#include "xpipe/comm/spsc_ring.hpp"  // detail::HasEvents
 #include "xpipe/layers/layer.hpp"
 #include "xpipe/layers/loss.hpp"
 #include "xpipe/optim/optimizer.hpp"
@@ -18,6 +19,20 @@
 #include "xpipe/predict/predictor.hpp"
 
 namespace xpipe {
+
+namespace detail {
+// Global clipping on a backend with streams (B::Event: a device): where the run's squared
+// gradient norms live ([t K + k], device memory on stage 0's device, DeviceEpoch's) and the
+// event stage k's stream records after writing entry t K + k, which every stage's S(t) waits on.
+// Nothing on a host backend, whose norms are GradNormBoard's.
+template <class B, bool = HasEvents<B>>
+struct DeviceNorms {};
+template <class B>
+struct DeviceNorms<B, true> {
+  double* squared = nullptr;
+  typename B::Event* written = nullptr;
+};
+}  // namespace detail
 
 //! Stage S's state under optimizer O, predictor P, on backend B.
 template <class S, class O, class P, class B>
@@ -44,6 +59,7 @@ struct StageRuntime {
   Buffer<float> running;    // the layers' non-trainable state (BatchNorm running statistics)
   bool fresh_grads = true;  // the next backward overwrites the gradient instead of adding
   std::vector<int> gradient_parts;  // global clipping: per mini-batch, gradients added so far
+  [[no_unique_address]] detail::DeviceNorms<B> device_norms;  // global clipping on a device
 
   StageRuntime(O o, const Placement& where, index_t batch, std::uint64_t seed,
                std::size_t first_layer)

@@ -38,9 +38,15 @@ struct CudaContext {
   //! without waiting for the other side is far ahead of it and its data visibly stale. From
   //! $XPIPE_CUDA_STALL_US when CudaStreamContext makes the context; 0 (none) by default.
   unsigned long long stall_ns = 0;
+  //! Device memory for the partial sums of a reduction on this stream (squared_norm_async:
+  //! cuda_detail::reduce_blocks doubles); only this stream's kernels use it, one after another.
+  double* partials = nullptr;
 };
 
 namespace cuda_detail {
+// The blocks of a reduction's first pass (squared_norm_async), each writing one partial sum.
+inline constexpr int reduce_blocks = 512;
+
 // Busy-waits on the device clock (%globaltimer, ns) for `ns`: one thread, sleeping in 1 us steps.
 // A template, like the element loops, so every unit including this header may instantiate it.
 template <int = 0>
@@ -140,6 +146,7 @@ class CudaStreamContext {
   ~CudaStreamContext() {
     (void)cudaSetDevice(ctx_.device);
     lt_.reset();  // its workspace and plans before the stream they serve
+    if (ctx_.partials != nullptr) cudaFree(ctx_.partials);
     if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
     if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
   }
@@ -157,6 +164,7 @@ class CudaStreamContext {
     // One handle per stream and no atomics mode: cuBLAS then gives the same bits on every run
     // on one GPU model (its documented reproducibility conditions).
     XPIPE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_PEDANTIC_MATH));
+    XPIPE_CUDA_CHECK(cudaMalloc(&ctx_.partials, cuda_detail::reduce_blocks * sizeof(double)));
     lt_ = std::make_unique<CudaLtPlans>();
     ctx_.lt = lt_.get();
     ctx_.stall_ns = cuda_detail::stall_ns_from_environment();
