@@ -240,9 +240,12 @@ TEST_CASE(
             continue;
           }
           require_same(host, train<Pr, EmulatedDevice>(s, d, o, ThreadedExecutor{}));
-          // The run-time choice (AnyPredictor, what the tools compile) gives the same bits.
-          require_same(host, train<AnyPredictor, EmulatedDevice>(s, d, o, ThreadedExecutor{},
-                                                                 make_predictor(Pr::name)));
+          // The run-time choice (AnyPredictor, what the tools compile) gives the same bits; its
+          // dispatch does not depend on the optimizer, so once per schedule (this test runs
+          // about 75 s of its 120 s limit on a 2-core AVX2 EPYC, most of it the streams' waits).
+          if (o.chosen_name() == std::string("adam"))
+            require_same(host, train<AnyPredictor, EmulatedDevice>(s, d, o, ThreadedExecutor{},
+                                                                   make_predictor(Pr::name)));
         }
       }
     };
