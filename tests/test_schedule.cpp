@@ -420,9 +420,7 @@ TEST_CASE("zb_auto fits the order to unequal costs: worked by hand, and the busi
                                                            weight_grad(0), input_grad(1),
                                                            weight_grad(1), step(0)});
   const ActionCost cost = [&c](int k, const Action& a) { return c.seconds(k, a); };
-  auto period = [&](auto make) {
-    return dry_run(make(3), cost).seconds - dry_run(make(2), cost).seconds;
-  };
+  auto period = [&](auto make) { return steady_state_period(make, cost); };
   REQUIRE(period([&](int N) { return zb_auto(3, 2, N, c, 5); }) == Approx(6));
   REQUIRE(period([](int N) { return zb_h2(3, 2, N); }) == Approx(7));
   // K = 2, M = 4, a heavy last stage (F = I = 2, W = 1/2; stage 0: 1, 1, 1/2), at most 3 in
@@ -466,9 +464,7 @@ TEST_CASE("zb_auto is never slower than ZB-H2 or ZB-H1 under its costs, and keep
         }
         INFO("K=" << K << " M=" << M << " draw " << r);
         const ActionCost cost = [&c](int k, const Action& a) { return c.seconds(k, a); };
-        auto period = [&](auto make) {
-          return dry_run(make(3), cost).seconds - dry_run(make(2), cost).seconds;
-        };
+        auto period = [&](auto make) { return steady_state_period(make, cost); };
         const double fitted = period([&](int N) { return zb_auto(K, M, N, c, 2 * K - 1); });
         const double h2 = period([&](int N) { return zb_h2(K, M, N); });
         const double h1 = period([&](int N) { return zb_h1(K, M, N); });

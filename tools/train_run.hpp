@@ -335,10 +335,8 @@ Schedule run_schedule(const RunConfig& c, const DatasetPair& data, index_t repli
     // mini-batch in the steady state, against ZB-H2's order, the one for equal costs.
     const ActionCost cost = [&costs](int k, const Action& a) { return costs.seconds(k, a); };
     const auto period = [&](const std::string& name) {
-      const auto seconds = [&](int N) {
-        return dry_run(make_schedule(name, K, c.micro_batches, N, costs), cost).seconds;
-      };
-      return seconds(3) - seconds(2);
+      return steady_state_period(
+          [&](int N) { return make_schedule(name, K, c.micro_batches, N, costs); }, cost);
     };
     if (mpi_rank == 0)
       std::printf(

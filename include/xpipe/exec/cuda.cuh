@@ -32,6 +32,9 @@ namespace xpipe {
 //!     stream waits on before writing the slot again (comm/spsc_ring.hpp);
 //!   - the epoch is uploaded before the run on stage 0's stream (inputs) and the last stage's
 //!     (labels); each micro-batch's loss is summed on the last stage's device;
+//!   - under global clipping each stage's stream writes its squared gradient norm of a
+//!     mini-batch to stage 0's device and records an event there; every stage's step waits on
+//!     the K events of its mini-batch (enqueued once the host knows all K are recorded);
 //!   - the host synchronises once, after the run (Pipeline::train), and reads the loss sums.
 //! Errors: a failing CUDA call throws inside the action and reaches the caller as a StageError
 //! naming the stage and action; a kernel that fails asynchronously surfaces at the final

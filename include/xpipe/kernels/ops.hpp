@@ -282,19 +282,28 @@ struct Scale {
   XPIPE_HOST_DEVICE void operator()(index_t i) const { x[i] *= factor; }
 };
 
-//! Global clipping on a device, per gradient element: the stages' squared norms squared[0..stages)
-//! added in stage order (GradNormBoard::total's order), then g[i] *= math::clip_factor where it
-//! is below 1 (the host's StageProgram::step, the same bits).
-struct ClipScale {
-  float* XPIPE_RESTRICT g;
+//! Global clipping on a device, once per step and stage (one index): *factor = math::clip_factor
+//! of the stages' squared norms squared[0..stages) added in stage order (GradNormBoard::total's).
+struct ClipFactor {
   const double* XPIPE_RESTRICT squared;
   int stages;
   float bound;
-  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+  double* XPIPE_RESTRICT factor;
+  XPIPE_HOST_DEVICE void operator()(index_t) const {
     double total = 0;
     for (int k = 0; k < stages; ++k) total += squared[k];
-    const double factor = math::clip_factor(total, bound);
-    if (factor < 1.0) g[i] *= static_cast<float>(factor);
+    *factor = math::clip_factor(total, bound);
+  }
+};
+
+//! Then per gradient element: g[i] *= *factor where it is below 1 (the host's
+//! StageProgram::step, the same bits).
+struct ScaleBelowOne {
+  float* XPIPE_RESTRICT g;
+  const double* XPIPE_RESTRICT factor;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    const double f = *factor;
+    if (f < 1.0) g[i] *= static_cast<float>(f);
   }
 };
 
@@ -522,12 +531,15 @@ void scale_buffer(const Ctx& ctx, float* XPIPE_RESTRICT x, index_t n, float fact
   for_each_index(ctx, n, ops::Scale{x, factor});
 }
 
-//! Global clipping's scale of a stage's n-float gradient on a device, the stages' squared norms
-//! read there (ops::ClipScale): enqueued behind the waits for every stage's norm.
+//! Global clipping's scale of a stage's n-float gradient on a device, enqueued behind the waits
+//! for every stage's norm: the factor from the stages' squared norms once, into `factor` (one
+//! double of the stage's device: the norms may be another device's), then one pass over g.
+//! Usage: `clip_gradient(ctx, grads, n, norms + t * K, K, 1.f, factor);`
 template <class Ctx>
 void clip_gradient(const Ctx& ctx, float* XPIPE_RESTRICT g, index_t n, const double* squared,
-                   int stages, float bound) {
-  for_each_index(ctx, n, ops::ClipScale{g, squared, stages, bound});
+                   int stages, float bound, double* factor) {
+  for_each_index(ctx, 1, ops::ClipFactor{squared, stages, bound, factor});
+  for_each_index(ctx, n, ops::ScaleBelowOne{g, factor});
 }
 
 //! Error feedback after a delayed step over a flat buffer (math::error_feedback).

@@ -232,6 +232,7 @@ XPIPE_HOST_DEVICE void delay_compensation_adaptive(float& g, float& ms, float w,
 //! Global gradient-norm clipping's factor (torch.nn.utils.clip_grad_norm_): bound / (|g| + 1e-6),
 //! |g| = sqrt(squared) the norm of the whole pipeline's gradient of one mini-batch. The gradient
 //! is scaled by it only where it is below 1; a norm that is not finite gives NaN or 0.
+//! Usage: `if (const double f = clip_factor(squared, 1.f); f < 1.0) scale_buffer(ctx, g, n, f);`
 XPIPE_HOST_DEVICE double clip_factor(double squared, float bound) {
   return static_cast<double>(bound) / (sqrt(squared) + 1e-6);
 }

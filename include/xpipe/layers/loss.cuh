@@ -83,8 +83,9 @@ __global__ void __launch_bounds__(reduce_blocks)
 }  // namespace cuda_detail
 
 //! *out = the squared L2 norm of x[0..n) in double (global clipping's per-stage norm), computed
-//! on ctx's stream in two passes: up to 512 blocks of at least 2,048 elements each write a
-//! partial sum to ctx.partials, then one block adds them. The split depends on n alone, so the
+//! on ctx's stream in two passes: a block per 2,048 elements (rounded up, at most 512 blocks,
+//! the elements split evenly: reduce_split) writes a partial sum to ctx.partials, then one
+//! block adds them. The split depends on n alone, so the
 //! bits are the same on every run (not the host's squared_norm: its order differs). `out` is
 //! device memory this device reaches (stage 0's, under peer access). Usage:
 //! `squared_norm_async(ctx, grads, n, norms + t * K + k);`

@@ -100,10 +100,11 @@ concept HasDeviceMemory = !reads_host_memory<DeviceContext<B>>;
 //! each stage's stream (CUDA; tests/support/emulated_device.hpp). Beyond Backend's members:
 //!   - `template <class T> PinnedBuffer` (host memory a stream copies from asynchronously: the
 //!     epoch's upload) and `Event` (`record(ctx)`, `wait(ctx) const`: the queues' filled and
-//!     drained marks);
+//!     drained marks, global clipping's marks of each stage's norm);
 //!   - on its `Context`, found by argument-dependent lookup: `activate(ctx)` (make its device
-//!     current), `synchronize(ctx)` (wait on the host for its stream), `connect(a, b)` (adjacent
-//!     stages' devices reach each other's memory), the element loops `for_each_index(ctx, n, f)`,
+//!     current), `synchronize(ctx)` (wait on the host for its stream), `connect(a, b)` (the
+//!     devices of adjacent stages, and under global clipping of stage 0 and every stage, reach
+//!     each other's memory), the element loops `for_each_index(ctx, n, f)`,
 //!     `for_each_index(ctx, n, work, f)` and `for_each_element(ctx, rows, cols, f)`,
 //!     `copy_buffer` (device to device, enqueued), `copy_from_host` / `copy_to_host` (waited
 //!     for: between runs; of float, int32, double and MicroBatchLoss), `copy_from_pinned_async`
@@ -145,7 +146,7 @@ consteval bool check_device_backend() {
                   "stream)");
     static_assert(detail::HasConnect<B>,
                   "xpipe: DeviceBackend: missing connect(const Context&, const Context&) "
-                  "(adjacent stages' devices reach each other's memory)");
+                  "(the devices of stages that share memory reach each other's)");
     static_assert(detail::HasElementLoops<B>,
                   "xpipe: DeviceBackend: missing an element loop: for_each_index(ctx, n, f), "
                   "for_each_index(ctx, n, work, f) and for_each_element(ctx, rows, cols, f)");

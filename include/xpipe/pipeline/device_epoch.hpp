@@ -89,8 +89,16 @@ class DeviceEpoch {
       detail::activate_context(ctx_of(static_cast<int>(norms_written_.size() % stages)));
       norms_written_.emplace_back();
     }
-    return {squared_norms_.data(), norms_written_.data()};
+    while (static_cast<int>(clip_factors_.size()) < stages) {
+      detail::activate_context(ctx_of(static_cast<int>(clip_factors_.size())));
+      clip_factors_.emplace_back(1);
+    }
+    return {squared_norms_.data(), norms_written_.data(), nullptr};
   }
+
+  //! Stage k's clipping factor (one double on its device, after norms()): each step computes it
+  //! once from the stages' norms, then scales the gradient by it.
+  double* clip_factor(int k) { return clip_factors_[static_cast<std::size_t>(k)].data(); }
 
   //! After the executor returned: waits for every stage's stream (the run's one
   //! synchronisation), then reads each micro-batch's loss sum and checks them in micro-batch
@@ -99,8 +107,8 @@ class DeviceEpoch {
   //! StageError naming the last stage and the forward that computed it). Under global clipping
   //! it first copies the squared norms into run.norms (Pipeline::gradient_norms), and checks them
   //! in step order after the losses: a non-finite one is the host's NumericError message in a
-  //! StageError naming stage 0 and that step (the device stepped on with it: its weights hold NaN
-  //! or inf). `ctx_of(k)` is stage k's context, of `stages`.
+  //! StageError naming that step and the first stage whose norm is not finite (the device stepped
+  //! on with it: its weights hold NaN or inf). `ctx_of(k)` is stage k's context, of `stages`.
   template <class Q>
   void finish(const std::function<const Context&(int)>& ctx_of, int stages, int micro_batches,
               EpochData data, SharedRun<Q>& run) {
@@ -137,10 +145,13 @@ class DeviceEpoch {
     }
     if (run.clip_norm <= 0.f) return;
     for (int t = 0; t < run.norms.mini_batches(); ++t)
-      if (const double squared = run.norms.total(t); !std::isfinite(squared))
-        throw StageError(0, to_string(step(t)),
+      if (const double squared = run.norms.total(t); !std::isfinite(squared)) {
+        int k = 0;  // the first stage whose norm is not finite
+        while (k + 1 < stages && std::isfinite(run.norms.squared(t, k))) ++k;
+        throw StageError(k, to_string(step(t)),
                          detail::non_finite_norm_message(t, squared) +
                              ": the device stepped on with it, so the weights hold NaN or inf");
+      }
   }
 
   //! Waits for every stage's stream. With `report`, the first failure (a kernel's error surfaces
@@ -211,6 +222,7 @@ class DeviceEpoch {
   std::vector<MicroBatchLoss> host_losses_;
   Buffer<double> squared_norms_;                  // global clipping: [t K + k]
   std::vector<typename B::Event> norms_written_;  // [t K + k], on stage k's device
+  std::vector<Buffer<double>> clip_factors_;      // [k]: one double on stage k's device
   std::vector<double> host_norms_;
 };
 

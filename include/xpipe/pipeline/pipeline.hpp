@@ -49,8 +49,9 @@ struct PipelineOptions {
   //! by min(1, clip_norm / (|g| + 1e-6)), |g| the L2 norm of the whole pipeline's gradient of
   //! that mini-batch (torch.nn.utils.clip_grad_norm_). One reduction over the stages per step:
   //! a stage's Step waits until every stage has its gradient of that mini-batch, which an
-  //! asynchronous schedule pays for in idle time (docs/guide.md, "Clipping"). Every executor and
-  //! backend: MPI ranks exchange the norms, a device's streams wait on each other's events.
+  //! asynchronous schedule pays for in idle time (docs/guide.md, "Clipping"). On the host with
+  //! every executor (MPI ranks exchange the norms); on a device, whose streams wait on each
+  //! other's events (the host never waits for the device).
   float clip_norm = 0;
   //! GPU backends: stage k runs on device `devices[k % devices.size()]`; empty: on device
   //! k % (number of devices). `{0}` puts every stage on device 0 (one stream each).
@@ -358,7 +359,9 @@ class Pipeline {
   }
 
   //! With PipelineOptions::clip_norm: the global gradient norm (before clipping) of each
-  //! mini-batch of the last train() call, in order; empty without clipping.
+  //! mini-batch of the last train() call, in order; empty without clipping. NaN for a mini-batch
+  //! whose norm was not complete, and on a device for every one after a run that failed (the
+  //! norms are read back only after a run that reached its end).
   std::vector<double> gradient_norms() const {
     std::vector<double> out;
     if (options_.clip_norm > 0.f)
@@ -541,6 +544,8 @@ class Pipeline {
         rt.gradient_parts.assign(
             options_.clip_norm > 0.f ? static_cast<std::size_t>(schedule.mini_batches) : 0, 0);
         rt.device_norms = device_norms;
+        if constexpr (on_device)
+          if (options_.clip_norm > 0.f) rt.device_norms.factor = device_.clip_factor(k);
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] =
             analysis_.max_in_flight[k] *

@@ -357,11 +357,12 @@ struct StageProgram {
           scale_buffer(rt.ctx(), rt.opt.grads(), rt.opt.size(), static_cast<float>(factor));
       } else {
         // Every stage's norm of t is on the device once its event has passed (the post that
-        // made this step ready came after the record); the factor is computed there.
+        // made this step ready came after the record); the factor is computed there, once.
         for (int k = 0; k < K; ++k)
           rt.device_norms.written[static_cast<std::size_t>(t) * K + k].wait(rt.ctx());
         clip_gradient(rt.ctx(), rt.opt.grads(), rt.opt.size(),
-                      rt.device_norms.squared + static_cast<std::size_t>(t) * K, K, run.clip_norm);
+                      rt.device_norms.squared + static_cast<std::size_t>(t) * K, K, run.clip_norm,
+                      rt.device_norms.factor);
       }
     }
     if constexpr (detail::reads_host_memory<typename RT::Context>)

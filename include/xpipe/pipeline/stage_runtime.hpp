@@ -22,15 +22,17 @@ namespace xpipe {
 
 namespace detail {
 // Global clipping on a backend with streams (B::Event: a device): where the run's squared
-// gradient norms live ([t K + k], device memory on stage 0's device, DeviceEpoch's) and the
-// event stage k's stream records after writing entry t K + k, which every stage's S(t) waits on.
-// Nothing on a host backend, whose norms are GradNormBoard's.
+// gradient norms live ([t K + k], device memory on stage 0's device, DeviceEpoch's), the event
+// stage k's stream records after writing entry t K + k, which every stage's S(t) waits on, and
+// the stage's own clipping factor (one double on its device). Nothing on a host backend, whose
+// norms are GradNormBoard's.
 template <class B, bool = HasEvents<B>>
 struct DeviceNorms {};
 template <class B>
 struct DeviceNorms<B, true> {
   double* squared = nullptr;
   typename B::Event* written = nullptr;
+  double* factor = nullptr;
 };
 }  // namespace detail
 

@@ -135,6 +135,15 @@ inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_c
   return detail::dry_run_checked(s, cost, rules);
 }
 
+//! Seconds per mini-batch in the steady state of a schedule that repeats one mini-batch's order:
+//! the dry run of three mini-batches less that of two, so the fill and the drain cancel.
+//! `make(N)` builds the schedule for N mini-batches.
+//! Usage: `steady_state_period([](int N) { return zb_h2(4, 8, N); }, cost)`.
+template <class Make>
+double steady_state_period(const Make& make, const ActionCost& cost = unit_cost) {
+  return dry_run(make(3), cost).seconds - dry_run(make(2), cost).seconds;
+}
+
 //! Fraction of the run that worker w of `s` spent not computing: 1 - the time its stages' actions
 //! took / the run's. For a schedule of one stage per worker, trace.bubble_fraction(w).
 inline double worker_bubble_fraction(const ExecutionTrace& trace, const Schedule& s, int w) {

@@ -364,9 +364,8 @@ inline Schedule zb_auto(int K, int M, int N, const SplitBackwardCosts& costs, in
   std::size_t best = 0;
   double best_period = std::numeric_limits<double>::infinity();
   for (std::size_t c = 0; c < candidates.size(); ++c) {
-    const double period =
-        dry_run(detail::repeat_with_steps("zb-auto", K, M, 3, candidates[c]), cost).seconds -
-        dry_run(detail::repeat_with_steps("zb-auto", K, M, 2, candidates[c]), cost).seconds;
+    const double period = steady_state_period(
+        [&](int N) { return detail::repeat_with_steps("zb-auto", K, M, N, candidates[c]); }, cost);
     if (period < best_period) best = c, best_period = period;
   }
   return detail::repeat_with_steps("zb-auto", K, M, N, candidates[best]);

@@ -1,6 +1,7 @@
 // The CUDA backend's execution context: a stage's device, stream, cuBLAS handle and cuBLASLt
 // plans, the stream that owns them, and what a Pipeline does to contexts: activate (make the
-// device current), synchronize, connect (peer access between adjacent stages' devices).
+// device current), synchronize, connect (peer access between the devices of stages that share
+// memory).
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -99,9 +100,11 @@ inline void synchronize(const CudaContext& ctx) {
   XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
-//! Lets the devices of two adjacent stages read and write each other's memory (a stage's
+//! Lets the devices of two stages read and write each other's memory: adjacent stages (a stage's
 //! backward writes its input gradient straight into a queue slot on the previous stage's
-//! device). Nothing to do on one device; ConfigError when the pair cannot access each other.
+//! device) and, under global clipping, stage 0 and every other stage (each writes its gradient
+//! norm to stage 0's device and reads them all there). Nothing to do on one device; ConfigError
+//! when the pair cannot access each other.
 inline void connect(const CudaContext& a, const CudaContext& b) {
   if (a.device == b.device) return;
   for (const auto& [from, to] : {std::pair{a.device, b.device}, std::pair{b.device, a.device}}) {
@@ -109,8 +112,10 @@ inline void connect(const CudaContext& a, const CudaContext& b) {
     XPIPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
     if (!can)
       throw ConfigError("xpipe: devices " + std::to_string(from) + " and " + std::to_string(to) +
-                        " of adjacent stages cannot access each other's memory (no peer "
-                        "access): place both stages on one device (Placement::device)");
+                        " cannot access each other's memory (no peer access), which their "
+                        "stages need (adjacent stages share queue slots; under global clipping "
+                        "every stage reaches stage 0's device): place both stages on one device "
+                        "(Placement::device)");
     XPIPE_CUDA_CHECK(cudaSetDevice(from));
     const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
     if (err == cudaErrorPeerAccessAlreadyEnabled)
@@ -143,20 +148,36 @@ class CudaStreamContext {
   }
   CudaStreamContext(const CudaStreamContext&) = delete;
   CudaStreamContext& operator=(const CudaStreamContext&) = delete;
-  ~CudaStreamContext() {
+  ~CudaStreamContext() { release(); }
+  const CudaContext& ctx() const { return ctx_; }
+  void synchronize() const { XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+
+ private:
+  // What create() made, in reverse order (also when create() fails partway).
+  void release() noexcept {
     (void)cudaSetDevice(ctx_.device);
     lt_.reset();  // its workspace and plans before the stream they serve
     if (ctx_.partials != nullptr) cudaFree(ctx_.partials);
     if (ctx_.blas != nullptr) cublasDestroy(ctx_.blas);
     if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
+    ctx_.partials = nullptr;
+    ctx_.blas = nullptr;
+    ctx_.stream = nullptr;
   }
-  const CudaContext& ctx() const { return ctx_; }
-  void synchronize() const { XPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
 
- private:
   void create(int device) {
     ctx_.device = device;
-    XPIPE_CUDA_CHECK(cudaSetDevice(ctx_.device));
+    ctx_.stall_ns = cuda_detail::stall_ns_from_environment();  // first: it may throw
+    try {
+      make(device);
+    } catch (...) {
+      release();  // a constructor that throws runs no destructor
+      throw;
+    }
+  }
+
+  void make(int device) {
+    XPIPE_CUDA_CHECK(cudaSetDevice(device));
     XPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     XPIPE_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
     XPIPE_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
@@ -167,7 +188,6 @@ class CudaStreamContext {
     XPIPE_CUDA_CHECK(cudaMalloc(&ctx_.partials, cuda_detail::reduce_blocks * sizeof(double)));
     lt_ = std::make_unique<CudaLtPlans>();
     ctx_.lt = lt_.get();
-    ctx_.stall_ns = cuda_detail::stall_ns_from_environment();
   }
 
   CudaContext ctx_{};
