@@ -283,16 +283,14 @@ struct Scale {
 };
 
 //! Global clipping on a device, once per step and stage (one index): *factor = math::clip_factor
-//! of the stages' squared norms squared[0..stages) added in stage order (GradNormBoard::total's).
+//! of the stages' squared norms squared[0..stages) (math::stages_squared_norm, as the host's).
 struct ClipFactor {
   const double* XPIPE_RESTRICT squared;
   int stages;
   float bound;
   double* XPIPE_RESTRICT factor;
   XPIPE_HOST_DEVICE void operator()(index_t) const {
-    double total = 0;
-    for (int k = 0; k < stages; ++k) total += squared[k];
-    *factor = math::clip_factor(total, bound);
+    *factor = math::clip_factor(math::stages_squared_norm(squared, stages), bound);
   }
 };
 

@@ -229,6 +229,15 @@ XPIPE_HOST_DEVICE void delay_compensation_adaptive(float& g, float& ms, float w,
   if (ms > 0.f) g += lambda * g * g / sqrtf(ms) * (w - w_bak);
 }
 
+//! The whole pipeline's squared gradient norm from the stages' squared norms, added in stage
+//! order: the same bits wherever it runs (a host Step, GradNormBoard, a device's ClipFactor).
+//! Usage: `const double squared = stages_squared_norm(norms + t * K, K);`
+XPIPE_HOST_DEVICE double stages_squared_norm(const double* squared, int stages) {
+  double total = 0;
+  for (int k = 0; k < stages; ++k) total += squared[k];
+  return total;
+}
+
 //! Global gradient-norm clipping's factor (torch.nn.utils.clip_grad_norm_): bound / (|g| + 1e-6),
 //! |g| = sqrt(squared) the norm of the whole pipeline's gradient of one mini-batch. The gradient
 //! is scaled by it only where it is below 1; a norm that is not finite gives NaN or 0.

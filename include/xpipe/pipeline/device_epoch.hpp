@@ -70,13 +70,13 @@ class DeviceEpoch {
     run.losses = losses_.data();
   }
 
-  //! Global clipping's board for a run of `mini_batches` steps over `stages` stages: the squared
+  //! Global clipping's board for a run of `mini_batches` steps over `stages` stages (stage k's
+  //! view of it: norms_of(k)): the squared
   //! norms on stage 0's device (entry t K + k), filled with NaN so that a step that read an entry
   //! before its stage wrote it would never clip (not a stale value that might: the same wrong bits
   //! on every run), and an event per entry on stage k's device. Kept between runs, grown when a run
   //! has more steps.
-  detail::DeviceNorms<B> norms(const std::function<const Context&(int)>& ctx_of, int stages,
-                               int mini_batches) {
+  void size_norms(const std::function<const Context&(int)>& ctx_of, int stages, int mini_batches) {
     const std::size_t entries = static_cast<std::size_t>(stages) * mini_batches;
     detail::activate_context(ctx_of(0));
     if (static_cast<std::size_t>(squared_norms_.size()) < entries)
@@ -93,12 +93,14 @@ class DeviceEpoch {
       detail::activate_context(ctx_of(static_cast<int>(clip_factors_.size())));
       clip_factors_.emplace_back(1);
     }
-    return {squared_norms_.data(), norms_written_.data(), nullptr};
   }
 
-  //! Stage k's clipping factor (one double on its device, after norms()): each step computes it
-  //! once from the stages' norms, then scales the gradient by it.
-  double* clip_factor(int k) { return clip_factors_[static_cast<std::size_t>(k)].data(); }
+  //! What stage k's program reads and writes of the board (after size_norms): the norms, their
+  //! events and its own clipping factor, which each step computes once from the norms.
+  detail::DeviceNorms<B> norms_of(int k) {
+    return {squared_norms_.data(), norms_written_.data(),
+            clip_factors_[static_cast<std::size_t>(k)].data()};
+  }
 
   //! After the executor returned: waits for every stage's stream (the run's one
   //! synchronisation), then reads each micro-batch's loss sum and checks them in micro-batch

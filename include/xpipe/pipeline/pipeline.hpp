@@ -516,10 +516,8 @@ class Pipeline {
           K, [&](int b) { return analysis_.max_in_flight[b]; }, rows,
           [&](int b) { return out_widths[static_cast<std::size_t>(b)]; });
     }
-    detail::DeviceNorms<backend> device_norms;
     if constexpr (on_device)
-      if (options_.clip_norm > 0.f)
-        device_norms = device_.norms(contexts(), K, schedule.mini_batches);
+      if (options_.clip_norm > 0.f) device_.size_norms(contexts(), K, schedule.mini_batches);
     copies_.assign(K, 0);
     activation_floats_.assign(K, 0);
     PredictorSetup setup;
@@ -543,9 +541,9 @@ class Pipeline {
         rt.fresh_grads = true;
         rt.gradient_parts.assign(
             options_.clip_norm > 0.f ? static_cast<std::size_t>(schedule.mini_batches) : 0, 0);
-        rt.device_norms = device_norms;
+        rt.device_norms = {};
         if constexpr (on_device)
-          if (options_.clip_norm > 0.f) rt.device_norms.factor = device_.clip_factor(k);
+          if (options_.clip_norm > 0.f) rt.device_norms = device_.norms_of(k);
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] =
             analysis_.max_in_flight[k] *

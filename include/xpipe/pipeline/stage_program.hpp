@@ -91,9 +91,7 @@ class GradNormBoard {
   //! The global squared norm of mini-batch t: the stages' posts in stage order. After
   //! complete(t).
   double total(int t) const {
-    double sum = 0;
-    for (int k = 0; k < stages_; ++k) sum += sq_[static_cast<std::size_t>(t) * stages_ + k];
-    return sum;
+    return math::stages_squared_norm(sq_.data() + static_cast<std::size_t>(t) * stages_, stages_);
   }
   int mini_batches() const { return mini_batches_; }
 
