@@ -1,7 +1,10 @@
 // The whole sequential training step of the 784-1024-1024-1024-10 MLP (batch 128, Adam):
 // samples/s, and the ratio to the GEMM-only bound (the step's GEMMs timed alone, raw dnnl_sgemm,
 // in this binary). Argument: threads. BM_TrainStep<FashionMlp> is Linear then ReLU,
-// BM_TrainStep<FashionMlpFused> the same model with Dense layers (bias + ReLU in one pass).
+// BM_TrainStep<FashionMlpFused> the same model with Dense layers (bias + ReLU in one pass);
+// BM_TrainStep<FashionMlp, AdamAfterBackward> takes Adam's step whole after the backward instead
+// of layer by layer inside it (the same bits); BM_TrainStep<FashionMlp, NoStep> is the step
+// without its optimizer pass.
 // BM_GptStep: the sequential step of xpipe-train's GPT (models/gpt.hpp, Gpt<64, 4, 128>) on 16
 // random byte sequences of 128 tokens, Adam: tokens/s, to set beside benchmarks/torch_gpt.py
 // --mode time on the same threads, and the ratio to its GEMM-only bound (the Linear layers'
@@ -31,12 +34,27 @@ double gemm_bound_seconds(int threads) {
   return s;
 }
 
-template <class Model>
+// Adam taking its step over the whole buffer after the backward (it does not declare itself
+// elementwise): the baseline of the step SequentialTrainer takes layer by layer in the backward,
+// while each layer's weights and gradient are still in cache.
+struct AdamAfterBackward : xpipe::Adam {
+  static constexpr bool elementwise = false;
+};
+
+// Takes no step at all (the weights never change): the rest of the step, alone. The step's
+// time less this one's is what the optimizer pass costs.
+struct NoStep : xpipe::SGD {
+  static constexpr bool elementwise = true;
+  template <class Ctx>
+  void step(const Ctx&, const xpipe::FlatState&) const {}
+};
+
+template <class Model, class O = xpipe::Adam>
 void BM_TrainStep(benchmark::State& st) {
   const int threads = static_cast<int>(st.range(0));
   const xpipe::HostContext ctx{.threads = threads};
   xpipe::ScopedFlushDenormals ftz;
-  xpipe::SequentialTrainer<Model, xpipe::Adam> trainer(xpipe::Adam{}, batch, 1);
+  xpipe::SequentialTrainer<Model, O> trainer(O{}, batch, 1);
   xpipe::HostBuffer<float> x(batch * 784);
   xpipe::HostBuffer<std::int32_t> y(batch);
   xpipe::Rng rng{2};
@@ -108,6 +126,9 @@ void thread_counts(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp)->Apply(thread_counts);
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp, AdamAfterBackward)
+    ->Apply(thread_counts);
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp, NoStep)->Apply(thread_counts);
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)->Apply(thread_counts);
 BENCHMARK(BM_GptStep)->Apply(thread_counts);
 

@@ -2,8 +2,11 @@
 // precision (PyTorch's documented algorithms), independent of xpipe's kernels.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace {
@@ -163,4 +166,80 @@ TEST_CASE("Adam over 2 threads gives the same bits as over 1", "[optim]") {
     b.step(xpipe::HostContext{.threads = 2});
   }
   REQUIRE(std::equal(a.weights(), a.weights() + n, b.weights()));
+}
+
+namespace {
+
+// Adam without the elementwise flag: a trainer must take its step whole, after the backward.
+struct WholeAdam : xpipe::Adam {
+  static constexpr bool elementwise = false;
+};
+static_assert(xpipe::steps_elementwise<xpipe::Adam> && !xpipe::steps_elementwise<WholeAdam>);
+
+template <class T>
+bool same_bits(const T* a, const T* b, int n) {
+  return std::memcmp(a, b, sizeof(T) * static_cast<std::size_t>(n)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("A step taken in parts gives the bits of the whole step", "[optim]", xpipe::SGD,
+                   xpipe::Adam, xpipe::AdamW, xpipe::NAdam, xpipe::AnyOptimizer) {
+  const int n = 1000;
+  TestType o{};
+  if constexpr (std::is_same_v<TestType, xpipe::SGD>)
+    o = {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = true};
+  if constexpr (std::is_same_v<TestType, xpipe::NAdam>) o.momentum_decay = 0.004f;
+  if constexpr (std::is_same_v<TestType, xpipe::AnyOptimizer>) o.impl = xpipe::AdamW{.lr = 1e-2f};
+  const xpipe::HostContext two{.threads = 2};
+  xpipe::OptimizerState<TestType, xpipe::Host> whole(o, n), parts(o, n);
+  const auto t = make_trajectory(4, n);
+  for (int i = 0; i < n; ++i) whole.weights()[i] = parts.weights()[i] = static_cast<float>(t.w0[i]);
+  for (const auto& g : t.grads) {
+    for (int i = 0; i < n; ++i) whole.grads()[i] = parts.grads()[i] = static_cast<float>(g[i]);
+    whole.step(two);
+    // Uneven ranges, last first, as a backward completes them; one of them empty.
+    parts.step_in_parts([&](auto part) {
+      part(two, 700, 300);
+      part(ctx, 3, 697);  // on one thread: the bits do not depend on it
+      part(two, 3, 0);
+      part(two, 0, 3);
+    });
+  }
+  CHECK(parts.steps_taken() == 4);
+  CHECK(same_bits(whole.weights(), parts.weights(), n));
+  for (int m = 0; m < decltype(whole)::moment_buffers; ++m)
+    CHECK(same_bits(whole.moment(m), parts.moment(m), n));
+  // A step that moved nothing would leave the weights where they started.
+  CHECK(whole.weights()[0] != static_cast<float>(t.w0[0]));
+}
+
+TEST_CASE("A step in parts that misses a weight, or reaches past the buffer, is refused",
+          "[optim]") {
+  xpipe::OptimizerState<xpipe::Adam, xpipe::Host> st(xpipe::Adam{}, 10);
+  const auto missing = [&] { st.step_in_parts([](auto part) { part(ctx, 0, 9); }); };
+  REQUIRE_THROWS_WITH(missing(), Catch::Contains("the parts stepped 9 of 10 weights"));
+  const auto outside = [&] { st.step_in_parts([](auto part) { part(ctx, 5, 6); }); };
+  REQUIRE_THROWS_WITH(outside(), Catch::Contains("part [5, 11) lies outside the 10 weights"));
+  CHECK(st.steps_taken() == 0);
+}
+
+TEST_CASE("SequentialTrainer steps each layer in its backward: the bits of a step after it",
+          "[optim]") {
+  // Three parametered layers (and one without); 3 steps of 2 chunks (the step in the second).
+  using Model = xpipe::Stage<xpipe::Linear<12, 32>, xpipe::GELU, xpipe::Dense<32, 16, xpipe::ReLU>,
+                             xpipe::Linear<16, 5>>;
+  const auto d = xpipe::test::random_classification(48, 12, 5, 9);
+  xpipe::SequentialTrainer<Model, xpipe::Adam> parts(xpipe::Adam{.lr = 1e-2f}, 16, 4);
+  xpipe::SequentialTrainer<Model, WholeAdam> whole(WholeAdam{{.lr = 1e-2f}}, 16, 4);
+  const xpipe::HostContext two{.threads = 2};
+  for (xpipe::index_t first = 0; first < d.rows; first += 16) {
+    const xpipe::ConstMatrix x{d.x.data() + first * 12, 16, 12};
+    const double a = parts.train_step(two, x, d.y.data() + first, 2);
+    const double b = whole.train_step(two, x, d.y.data() + first, 2);
+    CHECK(a == b);
+  }
+  CHECK(parts.state().steps_taken() == 3);
+  CHECK(same_bits(parts.state().weights(), whole.state().weights(), Model::param_count));
+  CHECK(same_bits(parts.state().moment(1), whole.state().moment(1), Model::param_count));
 }

@@ -5,8 +5,14 @@
 #include <algorithm>
 #include <bit>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "support/emulated_device.hpp"
@@ -385,4 +391,182 @@ TEST_CASE("A residual block splits only where every inner layer does - the stage
   REQUIRE(xpipe::Stage<Whole>::unsplit_layer<xpipe::Host>().find("layer 0") == 0);
   REQUIRE(Whole::inner::unsplit_layer<xpipe::Host>().find("layer 2 (") == 0);
   REQUIRE(xpipe::Stage<Split>::unsplit_layer<xpipe::Host>().empty());
+}
+
+TEST_CASE("run_two_lanes: two threads at once, a failing lane ending the other's waits",
+          "[layers][lanes]") {
+  using xpipe::HostContext;
+  using xpipe::LaneSync;
+  SECTION("lane 1 sees what lane 0 wrote before advancing, on another thread") {
+    xpipe::LaneProgress progress(3);
+    int written[3] = {0, 0, 0}, seen[3] = {-1, -1, -1};
+    std::thread::id ids[2];
+    int threads = 0;
+    bool alone = true;
+    xpipe::run_two_lanes(
+        [&](const HostContext& one, const LaneSync& sync) {
+          ids[0] = std::this_thread::get_id();
+          threads = one.threads;
+          alone = sync.alone();
+          for (int i = 2; i >= 0; --i) {
+            written[i] = 10 + i;
+            progress.advance(i);
+          }
+        },
+        [&](const HostContext&, const LaneSync& sync) {
+          ids[1] = std::this_thread::get_id();
+          for (int i = 2; i >= 0; --i)
+            if (sync.wait_until([&] { return progress.reached(i); })) seen[i] = written[i];
+        });
+    CHECK(threads == 1);
+    CHECK_FALSE(alone);
+    CHECK(ids[0] != ids[1]);
+    CHECK(ids[0] == std::this_thread::get_id());
+    CHECK(seen[0] == 10);
+    CHECK(seen[1] == 11);
+    CHECK(seen[2] == 12);
+  }
+  SECTION("lane 0 throws before it advances: lane 1 stops waiting, lane 0's error is rethrown") {
+    xpipe::LaneProgress progress(1);
+    bool gave_up = false;
+    const auto run = [&] {
+      xpipe::run_two_lanes(
+          [](const HostContext&, const LaneSync&) { throw xpipe::ShapeError("lane 0 failed"); },
+          [&](const HostContext&, const LaneSync& sync) {
+            gave_up = !sync.wait_until([&] { return progress.reached(0); });
+          });
+    };
+    REQUIRE_THROWS_WITH(run(), "lane 0 failed");
+    CHECK(gave_up);
+  }
+  SECTION("lane 1 throws: lane 0's wait on it ends, lane 1's error is rethrown") {
+    xpipe::LaneProgress progress(1);
+    bool gave_up = false;
+    const auto run = [&] {
+      xpipe::run_two_lanes(
+          [&](const HostContext&, const LaneSync& sync) {
+            gave_up = !sync.wait_until([&] { return progress.reached(0); });
+          },
+          [](const HostContext&, const LaneSync&) { throw xpipe::ShapeError("lane 1 failed"); });
+    };
+    REQUIRE_THROWS_WITH(run(), "lane 1 failed");
+    CHECK(gave_up);
+  }
+  SECTION("inside another OpenMP region: one after the other, lane 0 first, and it knows") {
+    std::vector<int> order;
+    bool alone = false;
+#pragma omp parallel num_threads(2)
+#pragma omp single
+    xpipe::run_two_lanes(
+        [&](const HostContext&, const LaneSync& sync) {
+          alone = sync.alone();
+          order.push_back(0);
+        },
+        [&](const HostContext&, const LaneSync&) { order.push_back(1); });
+    CHECK(alone);
+    CHECK(order == std::vector<int>{0, 1});
+  }
+}
+
+// NegatingBias whose input part sleeps first: a weight lane that did not wait for it would sum
+// dy before the negation (and the step after it would spoil weights still to be read).
+template <xpipe::ImageShape S>
+struct SlowNegatingBias : NegatingBias<S> {
+  template <class Ctx>
+  static void backward_input(const Ctx& ctx, const float* p, ConstMatrix x, ConstMatrix y,
+                             Matrix dy, Matrix dx) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    NegatingBias<S>::backward_input(ctx, p, x, y, dy, dx);
+  }
+};
+
+// Net::backward_in_lanes against Net::backward on one thread: the same bits of dx and of every
+// gradient; `done` hands over every block (padding included) once, in pieces of at most
+// lane_piece floats, each only once both halves of its layer are done (its gradient has its final
+// bits, and nothing reads its weights any more: they are spoilt with NaN there), on a one-thread
+// context.
+template <class Net>
+void check_lanes(index_t rows, std::uint64_t seed) {
+  constexpr index_t out = Net::out_width;
+  const xpipe::HostContext one{.threads = 1};
+  std::vector<float> p(Net::param_count), x(rows * Net::in_width), dy(rows * out);
+  Net::init(p, seed);
+  xpipe::Rng rng{seed};
+  test::fill_uniform(x, rng);
+  test::fill_uniform(dy, rng);
+  const ConstMatrix in{x.data(), rows, Net::in_width}, grad{dy.data(), rows, out};
+  typename Net::template GradScratch<xpipe::Host> scratch(rows);
+
+  typename Net::template Activations<xpipe::Host> acts(rows);
+  std::vector<float> g(Net::param_count), dx(x.size());
+  Net::forward(one, p.data(), in, acts);
+  Net::backward(one, p.data(), g.data(), false, acts, grad, Matrix{dx.data(), rows, Net::in_width},
+                scratch);
+
+  typename Net::template Activations<xpipe::Host> lanes(rows, /*keep_gradients=*/true);
+  std::vector<float> lane_p = p, lane_g(Net::param_count), lane_dx(x.size());
+  Net::forward(one, lane_p.data(), in, lanes);
+  struct Call {
+    index_t first, count;
+    int threads;
+    bool gradient_complete;
+  };
+  std::vector<Call> calls;
+  calls.reserve(Net::lane_pieces.size());
+  std::mutex calls_mutex;
+  Net::backward_in_lanes(
+      lane_p.data(), lane_g.data(), false, lanes, grad, Matrix{lane_dx.data(), rows, Net::in_width},
+      scratch, [&](const xpipe::HostContext& ctx, index_t first, index_t count) {
+        // On either lane: no Catch2 here (it is not thread-safe).
+        const bool complete =
+            std::equal(lane_g.begin() + first, lane_g.begin() + first + count, g.begin() + first);
+        std::fill(lane_p.begin() + first, lane_p.begin() + first + count,
+                  std::numeric_limits<float>::quiet_NaN());
+        const std::lock_guard lock(calls_mutex);
+        calls.push_back({first, count, ctx.threads, complete});
+      });
+  // The pieces tile the parameters, each within one layer's block.
+  std::sort(calls.begin(), calls.end(),
+            [](const Call& a, const Call& b) { return a.first < b.first; });
+  index_t next = 0;
+  for (const Call& c : calls) {
+    INFO("piece at " << c.first << " of " << c.count);
+    CHECK(c.first == next);
+    CHECK(c.count > 0);
+    CHECK(c.count <= Net::lane_piece);
+    const auto block =
+        std::upper_bound(Net::param_offsets.begin(), Net::param_offsets.end(), c.first);
+    CHECK(c.first + c.count <= *block);
+    CHECK(c.threads == 1);
+    CHECK(c.gradient_complete);
+    next = c.first + c.count;
+  }
+  CHECK(next == Net::param_count);
+  CHECK(std::memcmp(lane_g.data(), g.data(), g.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(lane_dx.data(), dx.data(), dx.size() * sizeof(float)) == 0);
+  CHECK(std::all_of(lane_p.begin(), lane_p.end(), [](float v) { return std::isnan(v); }));
+}
+
+TEST_CASE(
+    "Stage::backward_in_lanes: the one-thread backward's bits, each layer handed over after "
+    "both its halves",
+    "[layers][lanes]") {
+  // Convolutions, BatchNorm, blocks that overwrite their dy, a projection, a slow layer, a Dense
+  // layer (its input half writes over the kept gradient its weight half reads) and a Linear.
+  using Cnn = xpipe::Stage<Conv4, xpipe::BatchNorm2d<S4>, xpipe::ReLU, OverwritingBlock,
+                           SlowNegatingBias<S4>, ProjectedBlock, xpipe::GlobalAvgPool<S8>,
+                           xpipe::Dense<8, 16, xpipe::ReLU>, xpipe::Linear<16, 5>>;
+  STATIC_REQUIRE(Cnn::lane_pieces.size() == 7);  // one piece a block
+  check_lanes<Cnn>(4, 5);
+  // Linear layers, whose two halves run at once; blocks of several pieces.
+  using Mlp = xpipe::Stage<xpipe::Linear<300, 400>, xpipe::ReLU, xpipe::Linear<400, 200>,
+                           xpipe::GELU, xpipe::Linear<200, 10>>;
+  STATIC_REQUIRE(xpipe::input_half_keeps_dy<xpipe::Linear<300, 400>>);
+  STATIC_REQUIRE(!xpipe::input_half_keeps_dy<xpipe::Dense<8, 16, xpipe::ReLU>>);
+  // SequentialTrainer runs the lanes where both halves overlap: Linear layers, not Dense.
+  STATIC_REQUIRE(Mlp::overlaps_halves && !Cnn::overlaps_halves);
+  STATIC_REQUIRE(xpipe::models::FashionMlp::overlaps_halves);
+  STATIC_REQUIRE(!xpipe::models::FashionMlpFused::overlaps_halves);
+  STATIC_REQUIRE(Mlp::lane_pieces.size() == 2 + 2 + 1);  // 120,400, 80,200 and 2,010 floats
+  check_lanes<Mlp>(32, 6);
 }

@@ -5,6 +5,8 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <atomic>
+#include <exception>
 #include <string>
 
 #if defined(__SSE__)
@@ -172,6 +174,100 @@ void for_each_element(const HostContext& ctx, index_t rows, index_t cols, const 
   for_each_index(ctx, rows, rows * cols, [&f, cols](index_t r) {
     for (index_t c = 0; c < cols; ++c) f(r, c);
   });
+}
+
+//! How far a lane of run_two_lanes has come through work numbered downwards (a backward's layers,
+//! last first): `advance(i)` once everything down to i is done, `reached(i)` to ask (acquire:
+//! the work's writes are then visible). Usage: `progress.advance(i)`,
+//! `sync.wait_until([&] { return progress.reached(i); })`.
+class LaneProgress {
+ public:
+  explicit LaneProgress(int start) : value_(start) {}
+  void advance(int value) { value_.store(value, std::memory_order_release); }
+  bool reached(int value) const { return value_.load(std::memory_order_acquire) <= value; }
+
+ private:
+  std::atomic<int> value_;
+};
+
+//! What the two lanes of run_two_lanes share: whether either has failed, so that the other's
+//! waits give up instead of spinning for ever.
+class LaneSync {
+ public:
+  //! Spins until ready() holds; false when a lane failed meanwhile.
+  template <class Ready>
+  bool wait_until(const Ready& ready) const {
+    while (!ready()) {
+      if (failed()) return false;
+#if defined(__SSE__)
+      _mm_pause();
+#endif
+    }
+    return true;
+  }
+  bool failed() const {
+    return failed_.load(std::memory_order_relaxed);
+  }
+  void fail() {
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  //! The lanes run one after the other on one thread (lane 0 first): lane 0 must not wait.
+  bool alone() const {
+    return alone_;
+  }
+
+ private:
+  template <class F0, class F1>
+  friend void run_two_lanes(const F0&, const F1&);
+  std::atomic<bool> failed_{false};
+  bool alone_ = false;
+};
+
+//! Runs lane0(one, sync) and lane1(one, sync) at once, on the calling thread and one helper thread
+//! (which adopts the caller's floating-point mode), `one` a one-thread HostContext: two streams
+//! of work (a backward's input halves and its weight halves) each on a core of its own, where
+//! two GEMMs on one thread each run closer to the cores' peak than one GEMM split over both.
+//! The lanes wait on each other through LaneProgress and `sync.wait_until`; lane 0 must never
+//! wait on lane 1 for what lane 1 can only do after lane 0 has gone on. Where no second thread is
+//! to be had (inside another OpenMP region) the lanes run one after the other, lane 0 first, so
+//! lane 0 must not wait on lane 1 at all there (`sync` tells: `alone()`). An exception in either
+//! lane ends the other's waits and is rethrown here once both have returned (lane 0's first).
+//! Usage: `run_two_lanes([&](auto& one, auto& sync) {...}, [&](auto& one, auto& sync) {...});`
+template <class F0, class F1>
+void run_two_lanes(const F0& lane0, const F1& lane1) {
+  const HostContext one{.threads = 1};
+  LaneSync sync;
+  std::exception_ptr failure[2];
+  const auto run = [&](int lane) {
+    try {
+      if (lane == 0)
+        lane0(one, sync);
+      else
+        lane1(one, sync);
+    } catch (...) {
+      failure[lane] = std::current_exception();
+      sync.fail();
+    }
+  };
+  const unsigned mode = detail::read_fp_mode();
+  int team = 1;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+    // (the single's barrier: both threads know the team size)
+    if (team == 2) {
+      detail::write_fp_mode(mode);
+      run(omp_get_thread_num());
+    }
+  }
+  if (team != 2) {
+    sync.alone_ = true;
+    run(0);
+    run(1);
+  }
+  for (const std::exception_ptr& e : failure)
+    if (e) std::rethrow_exception(e);
 }
 
 //! dst = src over n floats. A backend primitive rather than a launcher in kernels/ops.hpp: there

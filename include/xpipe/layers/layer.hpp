@@ -185,6 +185,14 @@ inline constexpr bool splits_backward =
     L::param_count == 0 || detail::HasPlainSplitBackward<L, B> ||
     detail::HasSavedSplitBackward<L, B>;
 
+//! Whether layer L's input half only reads its output gradient dy (L declares
+//! `static constexpr bool input_half_keeps_dy = true`; Dense, which writes dz over dy, does not):
+//! its weight half may then run while its input half does (Stage::backward_in_lanes).
+template <class L>
+inline constexpr bool input_half_keeps_dy = requires {
+  requires L::input_half_keeps_dy;
+};
+
 //! Whether layer L's forward takes a Running (its state, and training or evaluation) on B.
 template <class L, class B = Host>
 inline constexpr bool takes_running = detail::HasStateForward<L, B>;

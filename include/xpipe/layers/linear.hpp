@@ -42,6 +42,8 @@ struct Linear {
   static constexpr index_t param_count = weight_count + Out;
   //! Multiply-adds of the forward per row (the backward does twice as many).
   static constexpr double macs = static_cast<double>(weight_count);
+  //! Its input half reads dy and W, its weight half dy and x: they may run at once.
+  static constexpr bool input_half_keeps_dy = true;
 
   //! W from Init, b = 0.
   static void init(std::span<float> params, std::uint64_t seed) {

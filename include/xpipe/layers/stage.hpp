@@ -235,6 +235,13 @@ struct Stage {
   //! schedule with InputGrad and WeightGrad actions needs.
   template <class B>
   static constexpr bool splits_backward = (xpipe::splits_backward<Ls, B> && ...);
+  //! Whether every layer with parameters lets its weight half run beside its input half
+  //! (input_half_keeps_dy: Linear): then backward_in_lanes keeps both lanes busy with GEMMs. Where
+  //! a layer's weight half must wait for its input half (Dense, convolutions, LayerNorm), or a
+  //! layer's input half does most of the work (attention), the lanes spend more time waiting
+  //! than one backward on both threads loses (docs/results.md), and SequentialTrainer does not
+  //! use them.
+  static constexpr bool overlaps_halves = ((Ls::param_count == 0 || input_half_keeps_dy<Ls>)&&...);
   //! The first layer that cannot split its backward on B, as "layer i (name)", or "" if none.
   template <class B>
   static std::string unsplit_layer() {
@@ -453,6 +460,18 @@ struct Stage {
   template <class Ctx, class Acts, class Scratch>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        const Acts& acts, ConstMatrix dy, Matrix dx, const Scratch& scratch) {
+    backward(ctx, params, grads, accumulate, acts, dy, dx, scratch,
+             [](const Ctx&, index_t, index_t) {});
+  }
+
+  //! backward, calling `done(ctx, first, count)` as soon as a parametered layer's gradient (its
+  //! block of the flat buffer, [first, first + count), padding included) is complete, last first: a
+  //! trainer steps that range then, while it is in cache (OptimizerState::step_in_parts). Layer I's
+  //! backward reads the weights of layer I alone, so `done` may change that range's weights.
+  template <class Ctx, class Acts, class Scratch, class Done>
+  static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
+                       const Acts& acts, ConstMatrix dy, Matrix dx, const Scratch& scratch,
+                       Done&& done) {
     const index_t rows = acts.rows();
     if (dy.rows != rows || dy.cols != out_width)
       throw ShapeError("xpipe: Stage::backward: gradient is " + std::to_string(dy.rows) + "x" +
@@ -467,6 +486,8 @@ struct Stage {
             Matrix down = I == 0 ? dx : scratch.get(static_cast<int>(J % 2), rows, widths[I]);
             layer_backward<I>(ctx, params, grads + param_offsets[I], accumulate, acts, upstream,
                               down, scratch);
+            if constexpr (layer<I>::param_count > 0)  // its block, alignment padding included
+              done(ctx, param_offsets[I], param_offsets[I + 1] - param_offsets[I]);
             upstream = down;
           }(),
           ...);
@@ -481,54 +502,9 @@ struct Stage {
   template <class Ctx, class Acts, class Scratch>
   static void backward_input(const Ctx& ctx, const float* params, const Acts& acts, ConstMatrix dy,
                              Matrix dx, const Scratch& scratch) {
-    using B = typename Ctx::backend;
-    static_assert(splits_backward<B>,
-                  "xpipe: Stage::backward_input: a layer of this stage has no split backward "
-                  "(Stage::unsplit_layer<B>() names it)");
-    const index_t rows = acts.rows();
-    if (dy.rows != rows || dy.cols != out_width)
-      throw ShapeError("xpipe: Stage::backward_input: gradient is " + std::to_string(dy.rows) +
-                       "x" + std::to_string(dy.cols) + ", expected " + std::to_string(rows) + "x" +
-                       std::to_string(out_width));
-    if (!acts.keeps_gradients())
-      throw ShapeError(
-          "xpipe: Stage::backward_input: the activation slot keeps no gradients (make it with "
-          "keep_gradients = true)");
-    // The last layer's output gradient is dy itself: copied into the slot when that layer has a
-    // weight half (dy's buffer is the sender's and is reused once this returns).
-    Matrix upstream{const_cast<float*>(dy.data), dy.rows, dy.cols, dy.ld};
-    if constexpr (layer<layer_count - 1>::param_count > 0) {
-      if (dy.ld != dy.cols)
-        throw ShapeError("xpipe: Stage::backward_input: the gradient must be contiguous (ld " +
-                         std::to_string(dy.ld) + ", " + std::to_string(dy.cols) + " columns)");
-      upstream = acts.kept(layer_count - 1);
-      copy_buffer(ctx, dy.data, upstream.data, rows * out_width);
-    }
+    Matrix upstream = start_split(ctx, acts, dy, "backward_input");
     [&]<std::size_t... J>(std::index_sequence<J...>) {
-      (
-          [&] {
-            constexpr std::size_t I = layer_count - 1 - J;
-            using L = layer<I>;
-            Matrix down;
-            if constexpr (I == 0)
-              down = dx;
-            else if constexpr (layer<I - 1>::param_count > 0)
-              down = acts.kept(I - 1);
-            else
-              down = scratch.get(static_cast<int>(J % 2), rows, widths[I]);
-            if constexpr (L::param_count == 0) {
-              // All of its backward is input gradient (it has no parameter gradient to write).
-              layer_backward<I>(ctx, params, nullptr, false, acts, upstream, down, scratch);
-            } else if constexpr (detail::HasSavedSplitBackward<L, B>) {
-              L::backward_input(ctx, params + param_offsets[I], acts.boundary(I),
-                                acts.boundary(I + 1), upstream, down, acts.template saved<I>());
-            } else {
-              L::backward_input(ctx, params + param_offsets[I], acts.boundary(I),
-                                acts.boundary(I + 1), upstream, down);
-            }
-            upstream = down;
-          }(),
-          ...);
+      (input_half<layer_count - 1 - J>(ctx, params, acts, upstream, dx, scratch), ...);
     }
     (std::make_index_sequence<layer_count>{});
   }
@@ -543,25 +519,200 @@ struct Stage {
                   "xpipe: Stage::backward_weight: a layer of this stage has no split backward "
                   "(Stage::unsplit_layer<B>() names it)");
     [&]<std::size_t... J>(std::index_sequence<J...>) {
-      (
-          [&] {
-            constexpr std::size_t I = layer_count - 1 - J;
-            using L = layer<I>;
-            if constexpr (L::param_count == 0)
-              return;
-            else if constexpr (detail::HasSavedSplitBackward<L, B>)
-              L::backward_weight(ctx, grads + param_offsets[I], accumulate, acts.boundary(I),
-                                 acts.boundary(I + 1), acts.kept(I), acts.template saved<I>());
-            else
-              L::backward_weight(ctx, grads + param_offsets[I], accumulate, acts.boundary(I),
-                                 acts.boundary(I + 1), acts.kept(I));
-          }(),
-          ...);
+      (weight_half<layer_count - 1 - J>(ctx, grads, accumulate, acts), ...);
     }
     (std::make_index_sequence<layer_count>{});
   }
 
+  //! The most floats backward_in_lanes hands to one `done` call: each layer's block goes in
+  //! pieces, so that both lanes can share the steps.
+  static constexpr index_t lane_piece = index_t{1} << 16;
+
+  //! backward (with its `done` calls) on two host threads (run_two_lanes). Lane 0 runs the input
+  //! halves, layer after layer. Lane 1 runs each parametered layer's weight half as soon as its
+  //! output gradient is in the slot: while the layer's input half runs when that only reads it
+  //! (input_half_keeps_dy: Linear), after it otherwise, so the two GEMMs of a layer run at once,
+  //! each on one thread of a core of its own. Once both halves of a layer are done its block
+  //! goes to `done(one, first, count)` in pieces of at most lane_piece floats, last layer first,
+  //! taken by whichever lane is free (lane 1 while it waits for its next weight half, lane 0 once
+  //! its input halves are done), `one` that lane's one-thread context: a trainer steps them there.
+  //! Pieces of one block may be handed to both lanes at once: `done` must take disjoint ranges
+  //! from two threads. The slot must keep gradients (keep_gradients); needs splits_backward on
+  //! the host. The bits are those of backward_input then backward_weight on a one-thread context,
+  //! whatever the caller's thread count.
+  template <class Acts, class Scratch, class Done>
+  static void backward_in_lanes(const float* params, float* grads, bool accumulate,
+                                const Acts& acts, ConstMatrix dy, Matrix dx, const Scratch& scratch,
+                                Done&& done) {
+    static_assert(splits_backward<Host>,
+                  "xpipe: Stage::backward_in_lanes: a layer of this stage has no split backward "
+                  "(Stage::unsplit_layer<Host>() names it)");
+    constexpr int top = static_cast<int>(layer_count);
+    // Down to i: the input halves of layers top - 1 .. i are done (top: dy is in the slot).
+    LaneProgress inputs(top + 1), weights(top);
+    std::atomic<int> taken{0};
+    constexpr int pieces = static_cast<int>(lane_pieces.size());
+    const auto ready = [&](int j) {
+      return inputs.reached(lane_pieces[j].layer) && weights.reached(lane_pieces[j].layer);
+    };
+    const auto step = [&](const HostContext& one, int j) {
+      done(one, lane_pieces[j].first, lane_pieces[j].count);
+    };
+    // The steps left once a lane has nothing else to do: each piece waited for, then taken.
+    const auto drain = [&](const HostContext& one, const LaneSync& sync) {
+      for (int j; (j = taken.fetch_add(1)) < pieces;) {
+        if (!sync.wait_until([&] { return ready(j); })) return;
+        step(one, j);
+      }
+    };
+    run_two_lanes(
+        [&](const HostContext& one, const LaneSync& sync) {
+          Matrix upstream = start_split(one, acts, dy, "backward_in_lanes");
+          inputs.advance(top);
+          [&]<std::size_t... J>(std::index_sequence<J...>) {
+            ((input_half<layer_count - 1 - J>(one, params, acts, upstream, dx, scratch),
+              inputs.advance(top - 1 - static_cast<int>(J))),
+             ...);
+          }
+          (std::make_index_sequence<layer_count>{});
+          if (!sync.alone()) drain(one, sync);  // alone, lane 1 runs after: it takes them all
+        },
+        [&](const HostContext& one, const LaneSync& sync) {
+          // While its next output gradient is not yet in the slot, a ready piece is stepped.
+          const auto step_while_waiting = [&](int needed) {
+            return sync.wait_until([&] {
+              if (inputs.reached(needed)) return true;
+              int j = taken.load(std::memory_order_relaxed);
+              if (j < pieces && ready(j) && taken.compare_exchange_strong(j, j + 1)) step(one, j);
+              return false;
+            });
+          };
+          const bool went_through = [&]<std::size_t... J>(std::index_sequence<J...>) {
+            return ([&] {
+              constexpr std::size_t I = layer_count - 1 - J;
+              using L = layer<I>;
+              if constexpr (L::param_count == 0) {
+                return true;
+              } else {
+                constexpr int needed = static_cast<int>(I) + (input_half_keeps_dy<L> ? 1 : 0);
+                if (!step_while_waiting(needed)) return false;
+                weight_half<I>(one, grads, accumulate, acts);
+                weights.advance(static_cast<int>(I));
+                return true;
+              }
+            }() && ...);
+          }
+          (std::make_index_sequence<layer_count>{});
+          if (went_through) drain(one, sync);
+        });
+  }
+
+ public:
+  //! A piece of a layer's block that backward_in_lanes hands to `done`.
+  struct LanePiece {
+    index_t first, count;
+    int layer;
+  };
+
  private:
+  // The blocks of the layers with parameters, last layer first, cut into pieces of at most
+  // lane_piece floats (backward_in_lanes).
+  static consteval std::size_t lane_piece_count() {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < layer_count; ++i)
+      n += static_cast<std::size_t>((param_offsets[i + 1] - param_offsets[i] + lane_piece - 1) /
+                                    lane_piece);
+    return n;
+  }
+  static consteval std::array<LanePiece, lane_piece_count()> make_lane_pieces() {
+    std::array<LanePiece, lane_piece_count()> pieces{};
+    std::size_t n = 0;
+    for (std::size_t i = layer_count; i-- > 0;)
+      for (index_t first = param_offsets[i]; first < param_offsets[i + 1]; first += lane_piece)
+        pieces[n++] = {first, std::min(lane_piece, param_offsets[i + 1] - first),
+                       static_cast<int>(i)};
+    return pieces;
+  }
+
+ public:
+  //! The pieces backward_in_lanes hands to `done`, in the order they are taken.
+  static constexpr auto lane_pieces = make_lane_pieces();
+
+ private:
+  // The checks of a split backward's input half, and its first upstream: dy itself, or its copy
+  // in the slot when the last layer has a weight half (dy's buffer is the sender's and is reused
+  // once this returns).
+  template <class Ctx, class Acts>
+  static Matrix start_split(const Ctx& ctx, const Acts& acts, ConstMatrix dy, const char* what) {
+    using B = typename Ctx::backend;
+    static_assert(splits_backward<B>,
+                  "xpipe: Stage::backward_input: a layer of this stage has no split backward "
+                  "(Stage::unsplit_layer<B>() names it)");
+    const index_t rows = acts.rows();
+    const std::string name = std::string("xpipe: Stage::") + what;
+    if (dy.rows != rows || dy.cols != out_width)
+      throw ShapeError(name + ": gradient is " + std::to_string(dy.rows) + "x" +
+                       std::to_string(dy.cols) + ", expected " + std::to_string(rows) + "x" +
+                       std::to_string(out_width));
+    if (!acts.keeps_gradients())
+      throw ShapeError(name +
+                       ": the activation slot keeps no gradients (make it with "
+                       "keep_gradients = true)");
+    Matrix upstream{const_cast<float*>(dy.data), dy.rows, dy.cols, dy.ld};
+    if constexpr (layer<layer_count - 1>::param_count > 0) {
+      if (dy.ld != dy.cols)
+        throw ShapeError(name + ": the gradient must be contiguous (ld " + std::to_string(dy.ld) +
+                         ", " + std::to_string(dy.cols) + " columns)");
+      upstream = acts.kept(layer_count - 1);
+      copy_buffer(ctx, dy.data, upstream.data, rows * out_width);
+    }
+    return upstream;
+  }
+
+  // Layer I's input half: from `upstream` (its output gradient) into its input gradient (dx for
+  // layer 0, the previous layer's kept gradient when it has a weight half, else a scratch
+  // buffer), which becomes the next upstream.
+  template <std::size_t I, class Ctx, class Acts, class Scratch>
+  static void input_half(const Ctx& ctx, const float* params, const Acts& acts, Matrix& upstream,
+                         Matrix dx, const Scratch& scratch) {
+    using L = layer<I>;
+    using B = typename Ctx::backend;
+    const index_t rows = acts.rows();
+    Matrix down;
+    if constexpr (I == 0)
+      down = dx;
+    else if constexpr (layer<I - 1>::param_count > 0)
+      down = acts.kept(I - 1);
+    else
+      down = scratch.get(static_cast<int>((layer_count - 1 - I) % 2), rows, widths[I]);
+    if constexpr (L::param_count == 0) {
+      // All of its backward is input gradient (it has no parameter gradient to write).
+      layer_backward<I>(ctx, params, nullptr, false, acts, upstream, down, scratch);
+    } else if constexpr (detail::HasSavedSplitBackward<L, B>) {
+      L::backward_input(ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1),
+                        upstream, down, acts.template saved<I>());
+    } else {
+      L::backward_input(ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1),
+                        upstream, down);
+    }
+    upstream = down;
+  }
+
+  // Layer I's weight half (nothing for a layer without parameters).
+  template <std::size_t I, class Ctx, class Acts>
+  static void weight_half(const Ctx& ctx, float* grads, bool accumulate, const Acts& acts) {
+    using L = layer<I>;
+    using B = typename Ctx::backend;
+    if constexpr (L::param_count == 0)
+      return;
+    else if constexpr (detail::HasSavedSplitBackward<L, B>)
+      L::backward_weight(ctx, grads + param_offsets[I], accumulate, acts.boundary(I),
+                         acts.boundary(I + 1), acts.kept(I), acts.template saved<I>());
+    else
+      L::backward_weight(ctx, grads + param_offsets[I], accumulate, acts.boundary(I),
+                         acts.boundary(I + 1), acts.kept(I));
+  }
+
   // Layer I's whole backward on the slot: with its Saved, its gradient scratch (Dense) or
   // neither, whichever it takes. `grads` is layer I's block (null for a layer without
   // parameters).

@@ -14,6 +14,7 @@ template <bool Decoupled>
 struct BasicAdam {
   static constexpr int moment_count = 2;
   static constexpr const char* name = Decoupled ? "adamw" : "adam";
+  static constexpr bool elementwise = true;  // steps_elementwise
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;

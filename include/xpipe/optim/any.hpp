@@ -17,6 +17,7 @@ namespace xpipe {
 struct AnyOptimizer {
   static constexpr int moment_count = 2;
   static constexpr const char* name = "any";
+  static constexpr bool elementwise = true;  // steps_elementwise
   std::variant<SGD, Adam, AdamW, NAdam, NAdamW> impl = Adam{};
 
   float learning_rate() const {

@@ -21,6 +21,7 @@ template <bool Decoupled>
 struct BasicNAdam {
   static constexpr int moment_count = 2;
   static constexpr const char* name = Decoupled ? "nadamw" : "nadam";
+  static constexpr bool elementwise = true;  // steps_elementwise
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;

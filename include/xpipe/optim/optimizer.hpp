@@ -2,8 +2,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <concepts>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/error.hpp"
@@ -50,6 +53,15 @@ concept HasLearningRate = requires(const O& o) {
 };
 }  // namespace detail
 
+//! True when O declares `static constexpr bool elementwise = true`: its step reads and writes
+//! each element of the flat buffers alone (no norm or sum over the buffer), with scalars that
+//! depend on the step count only, so a step taken over the parts of the buffer, each once, gives
+//! the bits of one step over the whole (OptimizerState::step_in_parts).
+template <class O>
+inline constexpr bool steps_elementwise = requires {
+  requires O::elementwise;
+};
+
 //! Optimizer: a value holding hyper-parameters; the moments live in the stage's flat buffers.
 //! Probed on backend B: `Ctx` below is `const B::Context&`, so an optimizer written for one
 //! backend's context qualifies for that backend only.
@@ -62,6 +74,9 @@ concept HasLearningRate = requires(const O& o) {
 //!   - `void predict(const Ctx&, const FlatState&, float steps, float* out) const`:
 //!     out = W - steps * lr * ΔW, fused in one pass (weight prediction);
 //!   - `float learning_rate() const`.
+//! Optional: `static constexpr bool elementwise = true` (steps_elementwise) when each element's
+//! step stands alone; a trainer may then step each layer's weights as soon as its gradient is
+//! complete, while they are still in cache.
 //! Usage: `static_assert(Optimizer<Adam>); static_assert(Optimizer<Adam, Cuda>);`
 template <class O, class B = Host>
 concept Optimizer = detail::HasMomentCount<O> && detail::HasName<O> && detail::HasStep<O, B> &&
@@ -178,6 +193,42 @@ class OptimizerState {
   template <class Ctx>
   void step(const Ctx& ctx) {
     optimizer_.step(ctx, flat());
+    ++steps_;
+    refresh();
+  }
+  //! One optimizer step taken in parts, for an elementwise optimizer: `run(part)` calls
+  //! `part(ctx, first, count)` for ranges of the flat buffer that cover it once, in any order,
+  //! each on the context given (a backward steps each layer's range once its gradient is
+  //! complete; two lanes of one may step disjoint ranges at once). The bits are those of step().
+  //! std::logic_error, the step not counted, when the ranges do not add up to the buffer (an
+  //! exception from `run` leaves the parts already stepped stepped, and the step not counted).
+  //! Usage: `st.step_in_parts([&](auto part) { Model::backward(..., part); });`
+  template <class Run>
+  void step_in_parts(Run&& run) {
+    static_assert(steps_elementwise<O>,
+                  "xpipe: OptimizerState::step_in_parts: the optimizer does not declare "
+                  "`static constexpr bool elementwise = true` (its step may read the whole "
+                  "buffer); take step() instead");
+    const FlatState whole = flat();
+    std::atomic<index_t> covered{0};
+    run([&](const auto& ctx, index_t first, index_t count) {
+      if (first < 0 || count < 0 || first + count > whole.size)
+        throw std::logic_error("xpipe: OptimizerState::step_in_parts: part [" +
+                               std::to_string(first) + ", " + std::to_string(first + count) +
+                               ") lies outside the " + std::to_string(whole.size) + " weights");
+      FlatState part = whole;
+      part.weights += first;
+      part.grads += first;
+      for (float*& m : part.moments)
+        if (m != nullptr) m += first;
+      part.size = count;
+      optimizer_.step(ctx, part);
+      covered.fetch_add(count, std::memory_order_relaxed);
+    });
+    if (covered.load() != whole.size)
+      throw std::logic_error("xpipe: OptimizerState::step_in_parts: the parts stepped " +
+                             std::to_string(covered.load()) + " of " + std::to_string(whole.size) +
+                             " weights");
     ++steps_;
     refresh();
   }

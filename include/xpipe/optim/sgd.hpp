@@ -11,6 +11,7 @@ namespace xpipe {
 struct SGD {
   static constexpr int moment_count = 1;
   static constexpr const char* name = "sgd";
+  static constexpr bool elementwise = true;  // steps_elementwise
   float lr = 0.01f;
   float momentum = 0.9f;
   float dampening = 0.f;

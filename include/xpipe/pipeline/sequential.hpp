@@ -34,11 +34,16 @@ class SequentialTrainer {
                 "one-stage Pipeline<Model, Latest, O, Cuda>");
   template <class T>
   using Buffer = typename B::template Buffer<T>;
+  // On two threads or more the backward of a model whose layers let both halves run at once
+  // (Stage::overlaps_halves: Linear layers) runs in two lanes (Stage::backward_in_lanes): input
+  // halves on one core, weight halves and the optimizer's steps on the other.
+  static constexpr bool lanes = std::is_same_v<Ctx, HostContext> &&
+                                Model::template splits_backward<B> && Model::overlaps_halves;
 
  public:
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
       : state_(optimizer, Model::param_count),
-        acts_(max_batch),
+        acts_(max_batch, lanes),
         scratch_(max_batch),
         dlogits_(max_batch * Model::out_width),
         row_loss_(max_batch),
@@ -78,8 +83,10 @@ class SequentialTrainer {
   //! Forward, loss, backward and one optimizer step on a batch; returns the batch's mean loss.
   //! With chunks = M > 1 the batch is processed as M consecutive row chunks whose gradients
   //! accumulate in chunk order (split_rows: the rule a Pipeline splits micro-batches by), the
-  //! summation order of GPipe and 1F1B-flush with M
-  //! micro-batches, so those schedules can be compared bit for bit.
+  //! summation order of GPipe and 1F1B-flush with M micro-batches, so those schedules can be
+  //! compared bit for bit (at one thread: on ctx.threads >= 2 a model of Linear layers runs its
+  //! backward in two lanes, Stage::backward_in_lanes, with one-thread GEMMs, whose sums oneDNN
+  //! may order otherwise than a two-thread GEMM's).
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), naming
   //! the row of x and whether that row (or another of x) holds NaN/inf (bad data) or not
   //! (divergence); and
@@ -107,10 +114,28 @@ class SequentialTrainer {
       // Rows named as rows of x; x is read (host backends only) once a loss is not finite.
       const LossSource src{x, first, 0, rows};
       loss += sum_row_losses(row_loss_.data(), n, src);
-      Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
-                      scratch_);
+      const auto backward = [&](auto&& done) {
+        if constexpr (lanes) {
+          if (ctx.threads >= 2) {
+            Model::backward_in_lanes(state_.weights(), state_.grads(), c > 0, acts_, dlogits,
+                                     Matrix{}, scratch_, done);
+            return;
+          }
+        }
+        Model::backward(ctx, state_.weights(), state_.grads(), c > 0, acts_, dlogits, Matrix{},
+                        scratch_, done);
+      };
+      if constexpr (steps_elementwise<O>) {
+        // The last chunk's backward steps each layer as its gradient completes, while the
+        // layer's weights and gradient are still in cache (the bits of one whole step).
+        if (c == chunks - 1) {
+          state_.step_in_parts([&](auto part) { backward(part); });
+          continue;
+        }
+      }
+      backward([](const auto&, index_t, index_t) {});
     }
-    state_.step(ctx);
+    if constexpr (!steps_elementwise<O>) state_.step(ctx);
     return loss / static_cast<double>(rows);
   }
 
