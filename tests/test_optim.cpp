@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "support/support.hpp"
@@ -224,11 +225,20 @@ TEST_CASE("A step in parts that misses a weight, or reaches past the buffer, is 
   CHECK(st.steps_taken() == 0);
 }
 
-TEST_CASE("SequentialTrainer steps each layer in its backward: the bits of a step after it",
-          "[optim]") {
-  // Three parametered layers (and one without); 3 steps of 2 chunks (the step in the second).
-  using Model = xpipe::Stage<xpipe::Linear<12, 32>, xpipe::GELU, xpipe::Dense<32, 16, xpipe::ReLU>,
-                             xpipe::Linear<16, 5>>;
+TEMPLATE_TEST_CASE(
+    "SequentialTrainer steps each layer in its backward: the bits of a step after it", "[optim]",
+    // Linear layers: on two threads the backward runs in two lanes, and the steps
+    // are taken in pieces on both.
+    (xpipe::Stage<xpipe::Linear<12, 32>, xpipe::GELU, xpipe::Linear<32, 16>, xpipe::ReLU,
+                  xpipe::Linear<16, 5>>),
+    // A Dense layer: one backward on both threads, each layer stepped in it.
+    (xpipe::Stage<xpipe::Linear<12, 32>, xpipe::GELU, xpipe::Dense<32, 16, xpipe::ReLU>,
+                  xpipe::Linear<16, 5>>)) {
+  using Model = TestType;
+  STATIC_REQUIRE(
+      Model::overlaps_halves ==
+      !std::is_same_v<typename Model::template layer<2>, xpipe::Dense<32, 16, xpipe::ReLU>>);
+  // 3 steps of 2 chunks (the step in the second), on two threads.
   const auto d = xpipe::test::random_classification(48, 12, 5, 9);
   xpipe::SequentialTrainer<Model, xpipe::Adam> parts(xpipe::Adam{.lr = 1e-2f}, 16, 4);
   xpipe::SequentialTrainer<Model, WholeAdam> whole(WholeAdam{{.lr = 1e-2f}}, 16, 4);

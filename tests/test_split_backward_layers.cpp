@@ -12,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -466,6 +467,22 @@ TEST_CASE("run_two_lanes: two threads at once, a failing lane ending the other's
     CHECK(alone);
     CHECK(order == std::vector<int>{0, 1});
   }
+  SECTION("inside another OpenMP region, a lane 0 that waits on lane 1 is an error, not a hang") {
+    xpipe::LaneProgress progress(1);
+    std::string message;
+#pragma omp parallel num_threads(2)
+#pragma omp single
+    try {
+      xpipe::run_two_lanes(
+          [&](const HostContext&, const LaneSync& sync) {
+            sync.wait_until([&] { return progress.reached(0); });
+          },
+          [&](const HostContext&, const LaneSync&) { progress.advance(0); });
+    } catch (const xpipe::ConfigError& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Catch::Contains("this lane waits on work that only a later lane would do"));
+  }
 }
 
 // NegatingBias whose input part sleeps first: a weight lane that did not wait for it would sum
@@ -480,13 +497,13 @@ struct SlowNegatingBias : NegatingBias<S> {
   }
 };
 
-// Net::backward_in_lanes against Net::backward on one thread: the same bits of dx and of every
-// gradient; `done` hands over every block (padding included) once, in pieces of at most
-// lane_piece floats, each only once both halves of its layer are done (its gradient has its final
-// bits, and nothing reads its weights any more: they are spoilt with NaN there), on a one-thread
-// context.
+// Net::backward_in_lanes against Net::backward on one thread, writing or adding to the gradient
+// (accumulate): the same bits of dx and of every gradient; `done` hands over every block (padding
+// included) once, in pieces of at most lane_piece floats, each only once both halves of its layer
+// are done (its gradient has its final bits, and nothing reads its weights any more: they are
+// spoilt with NaN there), on a one-thread context.
 template <class Net>
-void check_lanes(index_t rows, std::uint64_t seed) {
+void check_lanes(index_t rows, std::uint64_t seed, bool accumulate) {
   constexpr index_t out = Net::out_width;
   const xpipe::HostContext one{.threads = 1};
   std::vector<float> p(Net::param_count), x(rows * Net::in_width), dy(rows * out);
@@ -498,13 +515,16 @@ void check_lanes(index_t rows, std::uint64_t seed) {
   typename Net::template GradScratch<xpipe::Host> scratch(rows);
 
   typename Net::template Activations<xpipe::Host> acts(rows);
+  // Accumulating: both start from the same earlier gradient.
   std::vector<float> g(Net::param_count), dx(x.size());
+  if (accumulate) test::fill_uniform(g, rng);
+  const std::vector<float> start = g;
   Net::forward(one, p.data(), in, acts);
-  Net::backward(one, p.data(), g.data(), false, acts, grad, Matrix{dx.data(), rows, Net::in_width},
-                scratch);
+  Net::backward(one, p.data(), g.data(), accumulate, acts, grad,
+                Matrix{dx.data(), rows, Net::in_width}, scratch);
 
   typename Net::template Activations<xpipe::Host> lanes(rows, /*keep_gradients=*/true);
-  std::vector<float> lane_p = p, lane_g(Net::param_count), lane_dx(x.size());
+  std::vector<float> lane_p = p, lane_g = start, lane_dx(x.size());
   Net::forward(one, lane_p.data(), in, lanes);
   struct Call {
     index_t first, count;
@@ -514,17 +534,18 @@ void check_lanes(index_t rows, std::uint64_t seed) {
   std::vector<Call> calls;
   calls.reserve(Net::lane_pieces.size());
   std::mutex calls_mutex;
-  Net::backward_in_lanes(
-      lane_p.data(), lane_g.data(), false, lanes, grad, Matrix{lane_dx.data(), rows, Net::in_width},
-      scratch, [&](const xpipe::HostContext& ctx, index_t first, index_t count) {
-        // On either lane: no Catch2 here (it is not thread-safe).
-        const bool complete =
-            std::equal(lane_g.begin() + first, lane_g.begin() + first + count, g.begin() + first);
-        std::fill(lane_p.begin() + first, lane_p.begin() + first + count,
-                  std::numeric_limits<float>::quiet_NaN());
-        const std::lock_guard lock(calls_mutex);
-        calls.push_back({first, count, ctx.threads, complete});
-      });
+  Net::backward_in_lanes(lane_p.data(), lane_g.data(), accumulate, lanes, grad,
+                         Matrix{lane_dx.data(), rows, Net::in_width}, scratch,
+                         [&](const xpipe::HostContext& ctx, index_t first, index_t count) {
+                           // On either lane: no Catch2 here (it is not thread-safe).
+                           const bool complete =
+                               std::equal(lane_g.begin() + first, lane_g.begin() + first + count,
+                                          g.begin() + first);
+                           std::fill(lane_p.begin() + first, lane_p.begin() + first + count,
+                                     std::numeric_limits<float>::quiet_NaN());
+                           const std::lock_guard lock(calls_mutex);
+                           calls.push_back({first, count, ctx.threads, complete});
+                         });
   // The pieces tile the parameters, each within one layer's block.
   std::sort(calls.begin(), calls.end(),
             [](const Call& a, const Call& b) { return a.first < b.first; });
@@ -557,7 +578,8 @@ TEST_CASE(
                            SlowNegatingBias<S4>, ProjectedBlock, xpipe::GlobalAvgPool<S8>,
                            xpipe::Dense<8, 16, xpipe::ReLU>, xpipe::Linear<16, 5>>;
   STATIC_REQUIRE(Cnn::lane_pieces.size() == 7);  // one piece a block
-  check_lanes<Cnn>(4, 5);
+  check_lanes<Cnn>(4, 5, false);
+  check_lanes<Cnn>(4, 7, true);
   // Linear layers, whose two halves run at once; blocks of several pieces.
   using Mlp = xpipe::Stage<xpipe::Linear<300, 400>, xpipe::ReLU, xpipe::Linear<400, 200>,
                            xpipe::GELU, xpipe::Linear<200, 10>>;
@@ -568,5 +590,6 @@ TEST_CASE(
   STATIC_REQUIRE(xpipe::models::FashionMlp::overlaps_halves);
   STATIC_REQUIRE(!xpipe::models::FashionMlpFused::overlaps_halves);
   STATIC_REQUIRE(Mlp::lane_pieces.size() == 2 + 2 + 1);  // 120,400, 80,200 and 2,010 floats
-  check_lanes<Mlp>(32, 6);
+  check_lanes<Mlp>(32, 6, false);
+  check_lanes<Mlp>(32, 8, true);
 }

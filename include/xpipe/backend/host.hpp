@@ -8,6 +8,7 @@
 #include <atomic>
 #include <exception>
 #include <string>
+#include <thread>
 
 #if defined(__SSE__)
 #include <xmmintrin.h>
@@ -191,19 +192,28 @@ class LaneProgress {
 };
 
 //! What the two lanes of run_two_lanes share: whether either has failed, so that the other's
-//! waits give up instead of spinning for ever.
+//! waits give up instead of spinning for ever, and whether they run one after the other.
+//! Usage: `if (!sync.wait_until([&] { return progress.reached(i); })) return;`
 class LaneSync {
  public:
-  //! Spins until ready() holds; false when a lane failed meanwhile.
+  //! Spins (yielding the core now and then) until ready() holds; false once a lane has failed,
+  //! before ready() is asked again (it may take work). Lanes that run one after the other cannot
+  //! wait: there a ready() that does not hold is a ConfigError (a lane waiting on what only a
+  //! later lane does), not a hang.
   template <class Ready>
   bool wait_until(const Ready& ready) const {
-    while (!ready()) {
+    for (unsigned spins = 1;; ++spins) {
       if (failed()) return false;
+      if (ready()) return true;
+      if (alone_)
+        throw ConfigError(
+            "xpipe: LaneSync::wait_until: the lanes run one after the other here (no second "
+            "thread), and this lane waits on work that only a later lane would do");
 #if defined(__SSE__)
       _mm_pause();
 #endif
+      if (spins % 4096 == 0) std::this_thread::yield();
     }
-    return true;
   }
   bool failed() const {
     return failed_.load(std::memory_order_relaxed);
@@ -264,7 +274,7 @@ void run_two_lanes(const F0& lane0, const F1& lane1) {
   if (team != 2) {
     sync.alone_ = true;
     run(0);
-    run(1);
+    if (!failure[0]) run(1);
   }
   for (const std::exception_ptr& e : failure)
     if (e) std::rethrow_exception(e);

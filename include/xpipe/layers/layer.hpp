@@ -185,9 +185,12 @@ inline constexpr bool splits_backward =
     L::param_count == 0 || detail::HasPlainSplitBackward<L, B> ||
     detail::HasSavedSplitBackward<L, B>;
 
-//! Whether layer L's input half only reads its output gradient dy (L declares
-//! `static constexpr bool input_half_keeps_dy = true`; Dense, which writes dz over dy, does not):
-//! its weight half may then run while its input half does (Stage::backward_in_lanes).
+//! Whether layer L's two halves may run at once (L declares
+//! `static constexpr bool input_half_keeps_dy = true`): its input half writes nothing its weight
+//! half reads (dy, its Saved, any cache), and its weight half nothing its input half reads.
+//! Linear declares it; Dense (its input half writes dz over dy) and Conv2d (its halves share a
+//! reorder of dy) do not. Stage::backward_in_lanes then starts the weight half with the input half.
+//! Usage: `static_assert(input_half_keeps_dy<Linear<4, 3>>);`
 template <class L>
 inline constexpr bool input_half_keeps_dy = requires {
   requires L::input_half_keeps_dy;
@@ -233,7 +236,9 @@ inline constexpr bool takes_running = detail::HasStateForward<L, B>;
 //!     `static void backward_weight(const Ctx&, float* grads, bool accumulate, ConstMatrix x,
 //!                                  ConstMatrix y, ConstMatrix dy)`: the parameter gradient from
 //!     what backward_input left, later (other micro-batches may run in between). Together they
-//!     give bitwise what backward gives.
+//!     give bitwise what backward gives;
+//!   - with the split backward: `static constexpr bool input_half_keeps_dy = true` when its two
+//!     halves may run at once on two threads (input_half_keeps_dy above; Linear).
 template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
     detail::HasInit<L> &&(detail::HasForward<L, B> || detail::HasSavedForward<L, B> ||

@@ -5,6 +5,7 @@
 #include <cxxabi.h>
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -502,6 +503,9 @@ struct Stage {
   template <class Ctx, class Acts, class Scratch>
   static void backward_input(const Ctx& ctx, const float* params, const Acts& acts, ConstMatrix dy,
                              Matrix dx, const Scratch& scratch) {
+    static_assert(splits_backward<typename Ctx::backend>,
+                  "xpipe: Stage::backward_input: a layer of this stage has no split backward "
+                  "(Stage::unsplit_layer<B>() names it)");
     Matrix upstream = start_split(ctx, acts, dy, "backward_input");
     [&]<std::size_t... J>(std::index_sequence<J...>) {
       (input_half<layer_count - 1 - J>(ctx, params, acts, upstream, dx, scratch), ...);
@@ -540,6 +544,8 @@ struct Stage {
   //! from two threads. The slot must keep gradients (keep_gradients); needs splits_backward on
   //! the host. The bits are those of backward_input then backward_weight on a one-thread context,
   //! whatever the caller's thread count.
+  //! Usage: `S::backward_in_lanes(w, g, false, slot, dy, Matrix{}, scratch,
+  //!                              [&](const HostContext& one, index_t first, index_t n) {...});`
   template <class Acts, class Scratch, class Done>
   static void backward_in_lanes(const float* params, float* grads, bool accumulate,
                                 const Acts& acts, ConstMatrix dy, Matrix dx, const Scratch& scratch,
@@ -644,24 +650,21 @@ struct Stage {
   // once this returns).
   template <class Ctx, class Acts>
   static Matrix start_split(const Ctx& ctx, const Acts& acts, ConstMatrix dy, const char* what) {
-    using B = typename Ctx::backend;
-    static_assert(splits_backward<B>,
-                  "xpipe: Stage::backward_input: a layer of this stage has no split backward "
-                  "(Stage::unsplit_layer<B>() names it)");
     const index_t rows = acts.rows();
-    const std::string name = std::string("xpipe: Stage::") + what;
+    // The function's name for a message, made only when one is thrown (no allocation else).
+    const auto name = [what] { return std::string("xpipe: Stage::") + what; };
     if (dy.rows != rows || dy.cols != out_width)
-      throw ShapeError(name + ": gradient is " + std::to_string(dy.rows) + "x" +
+      throw ShapeError(name() + ": gradient is " + std::to_string(dy.rows) + "x" +
                        std::to_string(dy.cols) + ", expected " + std::to_string(rows) + "x" +
                        std::to_string(out_width));
     if (!acts.keeps_gradients())
-      throw ShapeError(name +
+      throw ShapeError(name() +
                        ": the activation slot keeps no gradients (make it with "
                        "keep_gradients = true)");
     Matrix upstream{const_cast<float*>(dy.data), dy.rows, dy.cols, dy.ld};
     if constexpr (layer<layer_count - 1>::param_count > 0) {
       if (dy.ld != dy.cols)
-        throw ShapeError(name + ": the gradient must be contiguous (ld " + std::to_string(dy.ld) +
+        throw ShapeError(name() + ": the gradient must be contiguous (ld " + std::to_string(dy.ld) +
                          ", " + std::to_string(dy.cols) + " columns)");
       upstream = acts.kept(layer_count - 1);
       copy_buffer(ctx, dy.data, upstream.data, rows * out_width);

@@ -14,7 +14,9 @@ template <bool Decoupled>
 struct BasicAdam {
   static constexpr int moment_count = 2;
   static constexpr const char* name = Decoupled ? "adamw" : "adam";
-  static constexpr bool elementwise = true;  // steps_elementwise
+  // Each weight's update reads that weight, its gradient and moments alone: a step may be
+  // taken layer by layer (steps_elementwise).
+  static constexpr bool elementwise = true;
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;

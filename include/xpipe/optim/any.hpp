@@ -17,7 +17,9 @@ namespace xpipe {
 struct AnyOptimizer {
   static constexpr int moment_count = 2;
   static constexpr const char* name = "any";
-  static constexpr bool elementwise = true;  // steps_elementwise
+  // Each weight's update reads that weight, its gradient and moments alone: a step may be
+  // taken layer by layer (steps_elementwise).
+  static constexpr bool elementwise = true;
   std::variant<SGD, Adam, AdamW, NAdam, NAdamW> impl = Adam{};
 
   float learning_rate() const {

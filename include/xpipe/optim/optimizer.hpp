@@ -5,7 +5,6 @@
 #include <atomic>
 #include <concepts>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "xpipe/backend/backend.hpp"
@@ -57,6 +56,7 @@ concept HasLearningRate = requires(const O& o) {
 //! each element of the flat buffers alone (no norm or sum over the buffer), with scalars that
 //! depend on the step count only, so a step taken over the parts of the buffer, each once, gives
 //! the bits of one step over the whole (OptimizerState::step_in_parts).
+//! Usage: `if constexpr (steps_elementwise<O>) state.step_in_parts(...); else state.step(ctx);`
 template <class O>
 inline constexpr bool steps_elementwise = requires {
   requires O::elementwise;
@@ -200,8 +200,11 @@ class OptimizerState {
   //! `part(ctx, first, count)` for ranges of the flat buffer that cover it once, in any order,
   //! each on the context given (a backward steps each layer's range once its gradient is
   //! complete; two lanes of one may step disjoint ranges at once). The bits are those of step().
-  //! std::logic_error, the step not counted, when the ranges do not add up to the buffer (an
-  //! exception from `run` leaves the parts already stepped stepped, and the step not counted).
+  //! A range outside the buffer is a ConfigError before it is stepped; ranges whose lengths do
+  //! not add up to the buffer's are a ConfigError after the others were stepped (the check is
+  //! on the total: ranges that overlap and miss as much pass it). On either error, and on an
+  //! exception from `run`, the ranges already stepped stay stepped and the step is not counted:
+  //! the state is then no step's.
   //! Usage: `st.step_in_parts([&](auto part) { Model::backward(..., part); });`
   template <class Run>
   void step_in_parts(Run&& run) {
@@ -213,9 +216,9 @@ class OptimizerState {
     std::atomic<index_t> covered{0};
     run([&](const auto& ctx, index_t first, index_t count) {
       if (first < 0 || count < 0 || first + count > whole.size)
-        throw std::logic_error("xpipe: OptimizerState::step_in_parts: part [" +
-                               std::to_string(first) + ", " + std::to_string(first + count) +
-                               ") lies outside the " + std::to_string(whole.size) + " weights");
+        throw ConfigError("xpipe: OptimizerState::step_in_parts: part [" + std::to_string(first) +
+                          ", " + std::to_string(first + count) + ") lies outside the " +
+                          std::to_string(whole.size) + " weights");
       FlatState part = whole;
       part.weights += first;
       part.grads += first;
@@ -226,9 +229,9 @@ class OptimizerState {
       covered.fetch_add(count, std::memory_order_relaxed);
     });
     if (covered.load() != whole.size)
-      throw std::logic_error("xpipe: OptimizerState::step_in_parts: the parts stepped " +
-                             std::to_string(covered.load()) + " of " + std::to_string(whole.size) +
-                             " weights");
+      throw ConfigError("xpipe: OptimizerState::step_in_parts: the parts stepped " +
+                        std::to_string(covered.load()) + " of " + std::to_string(whole.size) +
+                        " weights");
     ++steps_;
     refresh();
   }

@@ -11,7 +11,9 @@ namespace xpipe {
 struct SGD {
   static constexpr int moment_count = 1;
   static constexpr const char* name = "sgd";
-  static constexpr bool elementwise = true;  // steps_elementwise
+  // Each weight's update reads that weight, its gradient and moments alone: a step may be
+  // taken layer by layer (steps_elementwise).
+  static constexpr bool elementwise = true;
   float lr = 0.01f;
   float momentum = 0.9f;
   float dampening = 0.f;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "xpipe/data/dataset.hpp"
@@ -34,9 +35,10 @@ class SequentialTrainer {
                 "one-stage Pipeline<Model, Latest, O, Cuda>");
   template <class T>
   using Buffer = typename B::template Buffer<T>;
-  // On two threads or more the backward of a model whose layers let both halves run at once
+  // On two threads the backward of a model whose layers let both halves run at once
   // (Stage::overlaps_halves: Linear layers) runs in two lanes (Stage::backward_in_lanes): input
-  // halves on one core, weight halves and the optimizer's steps on the other.
+  // halves on one core, weight halves and the optimizer's steps on the other. (On more threads
+  // one backward on all of them: two lanes would leave the others idle.)
   static constexpr bool lanes = std::is_same_v<Ctx, HostContext> &&
                                 Model::template splits_backward<B> && Model::overlaps_halves;
 
@@ -84,9 +86,12 @@ class SequentialTrainer {
   //! With chunks = M > 1 the batch is processed as M consecutive row chunks whose gradients
   //! accumulate in chunk order (split_rows: the rule a Pipeline splits micro-batches by), the
   //! summation order of GPipe and 1F1B-flush with M micro-batches, so those schedules can be
-  //! compared bit for bit (at one thread: on ctx.threads >= 2 a model of Linear layers runs its
+  //! compared bit for bit (at one thread: on ctx.threads == 2 a model of Linear layers runs its
   //! backward in two lanes, Stage::backward_in_lanes, with one-thread GEMMs, whose sums oneDNN
-  //! may order otherwise than a two-thread GEMM's).
+  //! may order otherwise than a two-thread GEMM's). The optimizer's step is taken inside the last
+  //! chunk's backward (an elementwise optimizer): should that backward throw, which a host model
+  //! does only on a broken invariant, the layers already stepped stay stepped and the step is not
+  //! counted, so the weights are then no longer those of any step.
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), naming
   //! the row of x and whether that row (or another of x) holds NaN/inf (bad data) or not
   //! (divergence); and
@@ -116,7 +121,7 @@ class SequentialTrainer {
       loss += sum_row_losses(row_loss_.data(), n, src);
       const auto backward = [&](auto&& done) {
         if constexpr (lanes) {
-          if (ctx.threads >= 2) {
+          if (ctx.threads == 2) {
             Model::backward_in_lanes(state_.weights(), state_.grads(), c > 0, acts_, dlogits,
                                      Matrix{}, scratch_, done);
             return;
