@@ -4,7 +4,8 @@
 // BM_TrainStep<FashionMlpFused> the same model with Dense layers (bias + ReLU in one pass);
 // BM_TrainStep<FashionMlp, AdamAfterBackward> takes Adam's step whole after the backward instead
 // of layer by layer inside it (the same bits); BM_TrainStep<FashionMlp, NoStep> is the step
-// without its optimizer pass.
+// without its optimizer pass; BM_TrainStep<FashionMlp, Adam, false> runs the backward on both
+// threads at once instead of in two lanes (SequentialTrainer::set_lanes).
 // BM_GptStep: the sequential step of xpipe-train's GPT (models/gpt.hpp, Gpt<64, 4, 128>) on 16
 // random byte sequences of 128 tokens, Adam: tokens/s, to set beside benchmarks/torch_gpt.py
 // --mode time on the same threads, and the ratio to its GEMM-only bound (the Linear layers'
@@ -49,12 +50,13 @@ struct NoStep : xpipe::SGD {
   void step(const Ctx&, const xpipe::FlatState&) const {}
 };
 
-template <class Model, class O = xpipe::Adam>
+template <class Model, class O = xpipe::Adam, bool Lanes = true>
 void BM_TrainStep(benchmark::State& st) {
   const int threads = static_cast<int>(st.range(0));
   const xpipe::HostContext ctx{.threads = threads};
   xpipe::ScopedFlushDenormals ftz;
   xpipe::SequentialTrainer<Model, O> trainer(O{}, batch, 1);
+  trainer.set_lanes(Lanes);
   xpipe::HostBuffer<float> x(batch * 784);
   xpipe::HostBuffer<std::int32_t> y(batch);
   xpipe::Rng rng{2};
@@ -129,6 +131,8 @@ BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp)->Apply(thread_counts
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp, AdamAfterBackward)
     ->Apply(thread_counts);
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp, NoStep)->Apply(thread_counts);
+BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp, xpipe::Adam, false)
+    ->Apply(thread_counts);
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)->Apply(thread_counts);
 BENCHMARK(BM_GptStep)->Apply(thread_counts);
 

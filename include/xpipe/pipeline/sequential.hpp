@@ -39,13 +39,14 @@ class SequentialTrainer {
   // (Stage::overlaps_halves: Linear layers) runs in two lanes (Stage::backward_in_lanes): input
   // halves on one core, weight halves and the optimizer's steps on the other. (On more threads
   // one backward on all of them: two lanes would leave the others idle.)
-  static constexpr bool lanes = std::is_same_v<Ctx, HostContext> &&
-                                Model::template splits_backward<B> && Model::overlaps_halves;
+  static constexpr bool can_run_lanes = std::is_same_v<Ctx, HostContext> &&
+                                        Model::template splits_backward<B> &&
+                                        Model::overlaps_halves;
 
  public:
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
       : state_(optimizer, Model::param_count),
-        acts_(max_batch, lanes),
+        acts_(max_batch, can_run_lanes),
         scratch_(max_batch),
         dlogits_(max_batch * Model::out_width),
         row_loss_(max_batch),
@@ -75,6 +76,14 @@ class SequentialTrainer {
   //! check. Usage: `t.set_step_rates(LearningRateSchedule::parse("warmup-cosine:100")
   //! .step_rates(epochs * batches));`
   void set_step_rates(const StepRates& rates) { state_.set_step_rates(rates); }
+  //! Whether a backward on two threads runs in two lanes (Stage::backward_in_lanes): on by
+  //! default where the model's layers allow it (Stage::overlaps_halves). Turned off, the
+  //! backward runs on both threads at once: slower, but the bits of a pipeline stage whose
+  //! context has two threads (oneDNN's sums depend on the thread count). Between steps.
+  //! Usage: `t.set_lanes(false);` before comparing with a Pipeline on two threads per stage.
+  void set_lanes(bool on) { lanes_on_ = on; }
+  //! Whether train_step on two threads takes the lanes.
+  bool lanes() const { return can_run_lanes && lanes_on_; }
   //! The learning rate its next step takes.
   float learning_rate() const { return state_.optimizer().learning_rate(); }
   //! The model's non-trainable state (BatchNorm running statistics; empty for most models).
@@ -86,12 +95,12 @@ class SequentialTrainer {
   //! With chunks = M > 1 the batch is processed as M consecutive row chunks whose gradients
   //! accumulate in chunk order (split_rows: the rule a Pipeline splits micro-batches by), the
   //! summation order of GPipe and 1F1B-flush with M micro-batches, so those schedules can be
-  //! compared bit for bit (at one thread: on ctx.threads == 2 a model of Linear layers runs its
-  //! backward in two lanes, Stage::backward_in_lanes, with one-thread GEMMs, whose sums oneDNN
-  //! may order otherwise than a two-thread GEMM's). The optimizer's step is taken inside the last
-  //! chunk's backward (an elementwise optimizer): should that backward throw, which a host model
-  //! does only on a broken invariant, the layers already stepped stay stepped and the step is not
-  //! counted, so the weights are then no longer those of any step.
+  //! compared bit for bit (at one thread, or with set_lanes(false): on ctx.threads == 2 a model
+  //! of Linear layers runs its backward in two lanes, Stage::backward_in_lanes, with one-thread
+  //! GEMMs, whose sums oneDNN may order otherwise than a two-thread GEMM's). The optimizer's step
+  //! is taken inside the last chunk's backward (an elementwise optimizer): should that backward
+  //! throw, which a host model does only on a broken invariant, the layers already stepped stay
+  //! stepped and the step is not counted, so the weights are then no longer those of any step.
   //! Throws NumericError if the loss is NaN or infinite (weights are then not updated), naming
   //! the row of x and whether that row (or another of x) holds NaN/inf (bad data) or not
   //! (divergence); and
@@ -120,8 +129,8 @@ class SequentialTrainer {
       const LossSource src{x, first, 0, rows};
       loss += sum_row_losses(row_loss_.data(), n, src);
       const auto backward = [&](auto&& done) {
-        if constexpr (lanes) {
-          if (ctx.threads == 2) {
+        if constexpr (can_run_lanes) {
+          if (ctx.threads == 2 && lanes_on_) {
             Model::backward_in_lanes(state_.weights(), state_.grads(), c > 0, acts_, dlogits,
                                      Matrix{}, scratch_, done);
             return;
@@ -191,6 +200,7 @@ class SequentialTrainer {
   HostBuffer<float> batch_x_;
   HostBuffer<std::int32_t> batch_y_;
   Buffer<float> running_;
+  bool lanes_on_ = true;
 };
 
 }  // namespace xpipe
