@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "support/support.hpp"
 #include "xpipe/data/augment.hpp"
 
 namespace {
@@ -19,6 +20,7 @@ using xpipe::Augment;
 using xpipe::AugmentDraw;
 using xpipe::Dims;
 using xpipe::index_t;
+using xpipe::test::same_bits;
 using Image = std::vector<float>;
 
 // The definition, written the long way round (not the kernel's index arithmetic): build the
@@ -76,16 +78,6 @@ std::vector<float> noise(index_t n, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (float& x : v) x = rng.uniform(-1.f, 1.f);
   return v;
-}
-
-// Bit for bit over n floats: -0 differs from 0, and a NaN equals itself.
-bool same_bits(const float* a, const float* b, index_t n) {
-  for (index_t i = 0; i < n; ++i)
-    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
-  return true;
-}
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && same_bits(a.data(), b.data(), static_cast<index_t>(a.size()));
 }
 
 // A count of n trials at probability p lies within 5 standard deviations of n p unless the

@@ -2,7 +2,6 @@
 // precision (PyTorch's documented algorithms), independent of xpipe's kernels.
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -177,10 +176,7 @@ struct WholeAdam : xpipe::Adam {
 };
 static_assert(xpipe::steps_elementwise<xpipe::Adam> && !xpipe::steps_elementwise<WholeAdam>);
 
-template <class T>
-bool same_bits(const T* a, const T* b, int n) {
-  return std::memcmp(a, b, sizeof(T) * static_cast<std::size_t>(n)) == 0;
-}
+using xpipe::test::same_bits;
 
 }  // namespace
 

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <mutex>
 #include <span>
@@ -60,13 +59,6 @@ std::vector<float> random_vector(index_t n, xpipe::Rng& rng) {
   return v;
 }
 
-// Bit for bit (NaN payloads and signed zeros included).
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
-  return true;
-}
 void require_bitwise(const std::vector<float>& split, const std::vector<float>& whole,
                      const char* what) {
   REQUIRE(split.size() == whole.size());
@@ -178,12 +170,12 @@ void check_split_matches_whole(std::uint64_t seed) {
         if (with_dx) {
           const auto dx = whole.input_grad();
           require_bitwise(split.input_grad(), dx, "dx");
-          REQUIRE_FALSE(bitwise_equal(dx, std::vector<float>(dx.size(), 0.f)));
+          REQUIRE_FALSE(test::same_bits(dx, std::vector<float>(dx.size(), 0.f)));
         }
         // The weight part again (it reads only the slot) with the wrong flag: caught.
         split_p.reset(side, start);
         split.weight(split_p.g.data(), !accumulate);
-        REQUIRE_FALSE(bitwise_equal(split_p.grads(side), want));
+        REQUIRE_FALSE(test::same_bits(split_p.grads(side), want));
       }
 }
 
@@ -227,7 +219,7 @@ void check_interleaved_slots(std::uint64_t seed, bool saved_carries) {
     got.reset(side, start);
     b.weight(got.g.data(), false);
     a.weight(got.g.data(), true, b.saved);
-    REQUIRE_FALSE(bitwise_equal(got.grads(side), want));
+    REQUIRE_FALSE(test::same_bits(got.grads(side), want));
   }
 }
 
@@ -563,8 +555,8 @@ void check_lanes(index_t rows, std::uint64_t seed, bool accumulate) {
     next = c.first + c.count;
   }
   CHECK(next == Net::param_count);
-  CHECK(std::memcmp(lane_g.data(), g.data(), g.size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(lane_dx.data(), dx.data(), dx.size() * sizeof(float)) == 0);
+  require_bitwise(lane_g, g, "gradients");
+  require_bitwise(lane_dx, dx, "dx");
   CHECK(std::all_of(lane_p.begin(), lane_p.end(), [](float v) { return std::isnan(v); }));
 }
 

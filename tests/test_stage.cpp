@@ -170,9 +170,7 @@ std::pair<std::vector<float>, std::vector<float>> random_rows(index_t rows, int 
   return {x, dy};
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::same_bits;
 }  // namespace
 
 TEST_CASE("Dense layers give the bits of Linear then ReLU, keeping fewer activations",

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +42,21 @@ inline SplitBackwardCosts uneven_costs(int K) {
     c.weight_grad.push_back(std::array<double, 4>{.5, .5, 1, .25}[static_cast<std::size_t>(k % 4)]);
   }
   return c;
+}
+
+//! Bit for bit, the bitwise oracles' comparison: a NaN equals itself, -0 differs from 0, and
+//! spans of different lengths differ. Usage: `REQUIRE(test::same_bits(split, fused));`,
+//! `test::same_bits({a, n}, {b, n})`.
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  return true;
+}
+//! The first n floats of a and b, bit for bit.
+inline bool same_bits(const float* a, const float* b, index_t n) {
+  const auto size = static_cast<std::size_t>(n);
+  return same_bits(std::span<const float>{a, size}, std::span<const float>{b, size});
 }
 
 //! Each v[i] = rng.uniform(lo, hi), in order: two fills from one Rng continue one sequence.
