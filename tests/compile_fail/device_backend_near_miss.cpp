@@ -21,6 +21,7 @@ struct NearBuffer {
 struct NearEvent {
   void record(const NearContext&) {}
   void wait(const NearContext&) const {}
+  bool done() const { return true; }
 };
 struct NearMiss {
   using Context = NearContext;
@@ -48,6 +49,8 @@ template <class T>
 void copy_to_host(const NearContext&, const T*, T*, index_t) {}
 template <class T>
 void copy_from_pinned_async(const NearContext&, const T*, T*, index_t) {}
+template <class T>
+void copy_to_pinned_async(const NearContext&, const T*, T*, index_t) {}
 void gemm(const NearContext&, Trans, Trans, index_t, index_t, index_t, float, const float*, index_t,
           const float*, index_t, float, float*, index_t) {}
 void sum_row_losses_async(const NearContext&, const float*, index_t, MicroBatchLoss*) {}

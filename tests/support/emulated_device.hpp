@@ -18,7 +18,15 @@
 //     take their pointers inside function objects and are not checked;
 //   - an event is recorded only on a stream of the device it was created on; a stream may wait
 //     on an event of any device; a wait takes the record current when the wait is enqueued, and
-//     an event never recorded is complete;
+//     an event never recorded is complete; the host asks done() (cudaEventQuery), which throws
+//     the device's fault if it has one;
+//   - the host may read pinned memory a stream copies into (copy_to_pinned_async) only once an
+//     event recorded after the copy is done: the destination holds NaN while the copy runs (its
+//     content is undefined on CUDA; here a task of its own, the stream's delay after it), so a
+//     message sent early carries NaN or stale values;
+//   - the host may write pinned memory a stream copies from (copy_from_pinned_async) only once
+//     an event recorded after the copy is done: a copy whose source changed between its enqueue
+//     and its run faults its device ("the host changed pinned memory ...");
 //   - freeing a buffer first waits for every stream of its device (cudaFree synchronises);
 //   - a task that throws is a fault of its device, sticky as an illegal address is in CUDA:
 //     every later task on every stream of that device is skipped and every synchronisation
@@ -42,6 +50,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -308,6 +317,10 @@ struct EmulatedDevice {
   //! A self-check of the tests, never for use: event waits do nothing, so streams run
   //! unordered and a pipeline's bits must come out wrong.
   static inline std::atomic<bool> skip_waits{false};
+  //! A self-check of the tests, never for use: an event's done() is true at once, so the host
+  //! touches pinned memory before the copies reach it (MPI staging sends NaN, or re-posts a
+  //! receive under a pending copy, which faults).
+  static inline std::atomic<bool> done_early{false};
 };
 
 namespace emu {
@@ -384,6 +397,27 @@ class EmulatedEvent {
     std::lock_guard lock(state_->m);
     state_->stream = ctx.stream->core();
     state_->position = state_->stream->position();
+  }
+  //! Whether ctx's stream has run what was enqueued before the record current now (never
+  //! recorded: true); throws the device's fault, as cudaEventQuery returns a sticky error.
+  bool done() const {
+    check_live();
+    std::shared_ptr<emu::StreamCore> on;
+    std::uint64_t pos = 0;
+    {
+      std::lock_guard lock(state_->m);
+      on = state_->stream;
+      pos = state_->position;
+    }
+    if (on == nullptr || EmulatedDevice::done_early) return true;
+    bool passed = false;
+    {
+      std::lock_guard lock(on->m);
+      passed = on->completed >= pos;
+    }
+    if (const std::exception_ptr f = emu::Machine::get().fault_of(state_->device))
+      std::rethrow_exception(f);
+    return passed;
   }
   //! Makes ctx's stream wait for the record current now (later records do not move it).
   void wait(const EmulatedContext& ctx) const {
@@ -519,12 +553,48 @@ template <class T>
 void copy_to_host(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
   emu::copy_waited(ctx, src, dst, n, src, "download source");
 }
-//! Pinned host memory to the device, enqueued on ctx's stream.
+namespace emu {
+// FNV-1a over the bytes of [p, p + bytes).
+inline std::uint64_t bytes_hash(const void* p, std::size_t bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace emu
+
+//! Pinned host memory to the device, enqueued on ctx's stream. The source's bytes as enqueued
+//! are what the copy must find when it runs: a host that wrote them in between (before an event
+//! after the copy was done) faults the device.
 template <class T>
 void copy_from_pinned_async(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
+  static_assert(std::is_trivially_copyable_v<T>);
   if (n <= 0) return;
   emu::check_memory(src, -1, true, "asynchronous upload source");
   emu::check_memory(dst, -1, false, "asynchronous upload destination");
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
+  const std::uint64_t as_enqueued = emu::bytes_hash(src, bytes);
+  ctx.stream->enqueue([src, dst, bytes, as_enqueued] {
+    if (emu::bytes_hash(src, bytes) != as_enqueued)
+      throw BackendError(
+          "xpipe: emulated device: the host changed pinned memory while an asynchronous copy "
+          "from it was pending (wait for an event recorded after the copy first)");
+    std::memcpy(dst, src, bytes);
+  });
+}
+
+//! Device memory to pinned host memory, enqueued on ctx's stream after what it has before it.
+//! The copy runs as two tasks, the stream's delay between them: the destination first filled
+//! with NaN (a copy in progress: undefined on CUDA), then written, so a host that reads it
+//! before an event after the copy is done may read NaN.
+template <class T>
+void copy_to_pinned_async(const EmulatedContext& ctx, const T* src, T* dst, index_t n) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (n <= 0) return;
+  emu::check_memory(src, -1, false, "asynchronous download source");
+  emu::check_memory(dst, -1, true, "asynchronous download destination");
+  if constexpr (std::is_floating_point_v<T>)
+    ctx.stream->enqueue([dst, n] { std::fill(dst, dst + n, std::numeric_limits<T>::quiet_NaN()); });
   emu::copy_async(ctx, src, dst, n);
 }
 

@@ -10,62 +10,19 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "xpipe/backend/host.hpp"
+#include "xpipe/comm/mpi_link_end.hpp"
+#include "xpipe/comm/mpi_staged_link.hpp"
 #include "xpipe/comm/queue.hpp"
 #include "xpipe/comm/spsc_ring.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/core/tensor.hpp"
 
 namespace xpipe {
-
-//! An MPI call that failed (communicators use MPI_ERRORS_RETURN), with MPI's own text.
-class MpiError : public Error {
- public:
-  using Error::Error;
-};
-
-namespace detail {
-inline void mpi_check(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int n = 0;
-  MPI_Error_string(rc, text, &n);
-  throw MpiError(std::string("xpipe: ") + call + " failed: " + std::string(text, n));
-}
-}  // namespace detail
-
-//! Checks an MPI call's return code; throws MpiError naming the call and MPI's reason.
-#define XPIPE_MPI_CHECK(call) ::xpipe::detail::mpi_check((call), #call)
-
-//! Which end of a link this rank holds: it sends (Producer), receives (Consumer), both (the
-//! two stages are its own: a ring in memory, no MPI), or neither.
-enum class LinkRole : unsigned char { None, Producer, Consumer, Both };
-
-//! How a rank's end of one link is wired: the communicator, the peer's rank in it, the
-//! direction (0: activations, 1: gradients; part of every tag), for a consumer the micro-batch
-//! numbers in the order its actions pop them (receives are posted in that order), and the lane
-//! (which of the `lanes` links joining the same two ranks the same way this is: ranks holding
-//! several stages).
-struct MpiLinkEnd {
-  MPI_Comm comm = MPI_COMM_NULL;
-  LinkRole role = LinkRole::None;
-  int peer = -1;
-  int direction = 0;
-  std::vector<int> order;
-  int lane = 0, lanes = 1;
-};
-
-//! The tag of micro-batch g's message in `direction` on `lane` of `lanes`: 2 (lanes g + lane) +
-//! direction, g wrapped below tag_ub (the receives in flight on one link are a few apart, never
-//! 2^20 / lanes, so a wrapped tag is never ambiguous). One lane: 2g + direction.
-inline int mpi_link_tag(int g, int direction, int tag_ub, int lane = 0, int lanes = 1) {
-  const int per_g = 2 * lanes;
-  const int wrap = tag_ub < (1 << 21) ? (tag_ub + 1) / per_g : (1 << 20) / lanes;
-  return per_g * (g % wrap) + 2 * lane + direction;
-}
 
 //! One end of a link between two ranks: a Queue of `capacity` pre-allocated slots of up to
 //! rows x cols floats in host memory. Constructed, it is an in-process ring (SpscRing: one
@@ -83,9 +40,8 @@ class MpiLink {
   // slots must be host memory (Open MPI as Debian builds it is not CUDA-aware).
   static_assert(
       requires { requires B::host_memory; },
-      "xpipe: MpiChannel carries host memory between ranks: a device backend "
-      "(Pipeline<..., MpiChannel, Cuda>) cannot use it; train a host Pipeline per "
-      "rank, or a CUDA Pipeline in one process (CudaExecutor)");
+      "xpipe: MpiLink carries host memory between ranks: a device backend's links are "
+      "StagedMpiLink (comm/mpi_staged_link.hpp), which MpiChannel names for it");
 
  public:
   MpiLink() = default;
@@ -117,8 +73,7 @@ class MpiLink {
   ~MpiLink() { release(); }
 
   //! Wires this end (see MpiLinkEnd) and, for a consumer, posts the first receives. MPI reads
-  //! and writes the slots directly: on a device backend that needs a CUDA-aware MPI (NCCL is
-  //! the transport meant for GPUs: comm/nccl_link.cuh).
+  //! and writes the slots directly (host memory).
   void connect(MpiLinkEnd end) {
     release();
     end_ = std::move(end);
@@ -251,13 +206,23 @@ class MpiLink {
   std::size_t posted_ = 0;
 };
 
+namespace detail {
+template <class B>
+concept HostMemoryBackend = requires {
+  requires B::host_memory;
+};
+}  // namespace detail
+
 //! The QueuePolicy of pipelines whose stages run on different MPI ranks (MpiExecutor), which
-//! train in one process too (threaded, reference executor: the links stay in-process rings), so
-//! one Pipeline type serves both. Usage:
+//! train in one process too (threaded, reference, CUDA executor: the links stay in-process
+//! rings), so one Pipeline type serves both. On the host the links are MpiLink (MPI moves the
+//! slots themselves); on a device backend StagedMpiLink (device slots, staged through pinned
+//! host memory). Usage:
 //! `Pipeline<S0, S1, XPipe, MpiChannel> p; MpiExecutor e; p.train(schedule, data, e);`
+//! `Pipeline<S0, S1, XPipe, Cuda, MpiChannel> g; ...` (a rank per GPU, or ranks sharing one).
 struct MpiChannel {
   template <class B>
-  using queue = MpiLink<B>;
+  using queue = std::conditional_t<detail::HostMemoryBackend<B>, MpiLink<B>, StagedMpiLink<B>>;
   static constexpr const char* name = "mpi";
 };
 

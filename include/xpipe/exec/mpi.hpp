@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <thread>
@@ -143,6 +144,16 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 //! bits. With replicas the norm is of the averaged gradient: the rank's first Step of t
 //! completes all its stages' all-reduces, takes their norms, then starts the gather.
 //!
+//! Device pipelines (Pipeline<..., Cuda, MpiChannel>; a rank per GPU, or ranks sharing one):
+//! the links are StagedMpiLink ends (device slots copied to and from pinned host memory on the
+//! stages' streams, MPI moving the pinned copies), so the host never waits for the device inside
+//! the run: a send starts, and a receive is posted again, once the copy's event is done, which
+//! every wait and every action checks (progress()). With replicas each stage's gradient is
+//! copied to pinned memory after its last backward, summed there by MPI_Iallreduce once the
+//! copy is done, divided by R and copied back before the step. At the end of the run each rank
+//! waits for its own streams and the rank of the last stage reads and checks the losses
+//! (finish_here), before they are shared. Global clipping of a device pipeline is refused.
+//!
 //! Faults: every wait (an input, room for an output, the all-reduce, the clipping norms, the
 //! start and end of the run) gives up after `wait_timeout` and throws a StageError naming the stuck
 //! rank, this rank, the action and what it waited for. The wait's time is the sum of its clock
@@ -250,6 +261,13 @@ class MpiExecutor {
     if (replicas_ > 1 && !has_gradients<P>)
       throw ConfigError("xpipe: MpiExecutor: " + std::to_string(replicas_) +
                         " replicas need the Program's gradients(k) to average them");
+    if (clipping && on_device<P>)
+      throw ConfigError(
+          "xpipe: MpiExecutor: global gradient-norm clipping of a device pipeline over MPI ranks "
+          "is not built (each stage's norm stays in its device's memory): train it in one "
+          "process (CudaExecutor), or over ranks without clip_norm");
+    if constexpr (on_device<P>)
+      if (replicas_ > 1) program.prepare_host_gradients();
     owner_ = stage_workers(s);
     const std::vector<WorkerStep> mine = worker_steps(s)[static_cast<std::size_t>(worker_)];
     const int k0 = mine.empty() ? worker_ : mine.front().stage;  // for the waits of the ends
@@ -285,6 +303,16 @@ class MpiExecutor {
         }
     }
     std::vector<MPI_Request> reduce(static_cast<std::size_t>(s.stages), MPI_REQUEST_NULL);
+    // What moves on while this rank waits or between its actions: a device pipeline's staged
+    // sends and receives, and its gradients' all-reduces once their copies reach the host.
+    to_reduce_.clear();
+    to_reduce_.reserve(mine.size());
+    reduce_head_ = 0;
+    pump_ = [&] { pump(program, s, reduce); };
+    struct ClearPump {
+      std::function<void()>& f;
+      ~ClearPump() { f = nullptr; }
+    } clear_pump{pump_};
     // With replicas: the mini-batch whose all-reduce each stage has completed (clipping
     // completes every local stage's at the first step of the mini-batch).
     std::vector<int> reduced(static_cast<std::size_t>(s.stages), -1);
@@ -316,12 +344,16 @@ class MpiExecutor {
         trace_.stages[static_cast<std::size_t>(k)][p] = {a, start, detail::seconds_since(t0)};
         if (reduce_after[i] && replicas_ > 1)
           start_reduce(program, k, reduce[static_cast<std::size_t>(k)]);
+        pump_();
         if constexpr (has_norm_board<P>)
           if (clipping && replicas_ == 1) start_norm_gathers(program.gradient_norm_board());
         done_.store(static_cast<long>(i + 1), std::memory_order_relaxed);
       }
       wait_until([&] { return sends_done(program, s); }, k0, "end",
                  [&] { return unfinished_send(program, s); });
+      // A device pipeline: this rank's streams waited for, and its losses read and checked
+      // where the last stage runs here (a NaN there stops every rank, as any failure does).
+      if constexpr (on_device<P>) program.finish_here(owner(s.stages - 1) == worker_);
       trace_.seconds = detail::seconds_since(t0);
       share_losses(program, s, k0);
       gather_trace(s, k0);
@@ -362,31 +394,23 @@ class MpiExecutor {
   //! Pipeline that run() trained.
   template <class Pipe>
   void share_stage_states(Pipe& p) {
-    p.for_each_optimizer_state([&](int k, auto& opt) {
+    p.for_each_optimizer_state_on([&](int k, auto& opt, const auto& ctx) {
       using State = std::decay_t<decltype(opt)>;
-      const int n = static_cast<int>(opt.size());
-      std::vector<MPI_Request> reqs(State::moment_buffers + 2, MPI_REQUEST_NULL);
-      long steps = opt.steps_taken();
-      const int root = owner(k);
-      XPIPE_MPI_CHECK(MPI_Ibcast(opt.weights(), n, MPI_FLOAT, root, pipeline_, &reqs[0]));
+      const index_t n = opt.size();
+      const std::string what = "stage " + std::to_string(k) + "'s trained state";
+      share<Pipe>(opt.weights(), n, owner(k), ctx, what);
       for (int m = 0; m < State::moment_buffers; ++m)
-        XPIPE_MPI_CHECK(
-            MPI_Ibcast(opt.moment(m), n, MPI_FLOAT, root, pipeline_, &reqs[std::size_t(m) + 1]));
-      XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, root, pipeline_, &reqs.back()));
-      for (MPI_Request& r : reqs)
-        wait_request(r, first_stage_, "share",
-                     collective("stage " + std::to_string(k) + "'s trained state",
-                                rank_of(0, replica_), 1, workers_));
+        share<Pipe>(opt.moment(m), n, owner(k), ctx, what);
+      long steps = opt.steps_taken();
+      MPI_Request req = MPI_REQUEST_NULL;
+      XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, owner(k), pipeline_, &req));
+      wait_request(req, first_stage_, "share", collective(what, rank_of(0, replica_), 1, workers_));
       opt.set_steps_taken(steps);
     });
     // The layers' non-trainable state (BatchNorm's running statistics) too: the rank that
     // evaluates or checkpoints needs every stage's, not the initial ones.
-    p.for_each_running_state_on([&](int k, float* state, index_t n, const auto&) {
-      MPI_Request req = MPI_REQUEST_NULL;
-      XPIPE_MPI_CHECK(MPI_Ibcast(state, static_cast<int>(n), MPI_FLOAT, owner(k), pipeline_, &req));
-      wait_request(req, first_stage_, "share",
-                   collective("stage " + std::to_string(k) + "'s layer state", rank_of(0, replica_),
-                              1, workers_));
+    p.for_each_running_state_on([&](int k, float* state, index_t n, const auto& ctx) {
+      share<Pipe>(state, n, owner(k), ctx, "stage " + std::to_string(k) + "'s layer state");
     });
   }
 
@@ -420,6 +444,24 @@ class MpiExecutor {
       if (owner(k) == w) stages += (count++ ? ", " : "") + std::to_string(k);
     if (count == 0) stages = std::to_string(w);
     return "rank " + std::to_string(r) + (count > 1 ? " (stages " : " (stage ") + stages + ")";
+  }
+
+  // Broadcasts n floats at `data` from pipeline rank `root` (share_stage_states). On a device
+  // (Pipe::on_device) they go through host memory: copied out on the root, in on the others,
+  // each copy waited for on ctx's stream (between runs).
+  template <class Pipe, class Ctx>
+  void share(float* data, index_t n, int root, const Ctx& ctx, const std::string& what) {
+    float* at = data;
+    if constexpr (Pipe::on_device) {
+      share_staging_.resize(static_cast<std::size_t>(n));
+      at = share_staging_.data();
+      if (root == worker_) copy_to_host(ctx, static_cast<const float*>(data), at, n);
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    XPIPE_MPI_CHECK(MPI_Ibcast(at, static_cast<int>(n), MPI_FLOAT, root, pipeline_, &req));
+    wait_request(req, first_stage_, "share", collective(what, rank_of(0, replica_), 1, workers_));
+    if constexpr (Pipe::on_device)
+      if (root != worker_) copy_from_host(ctx, static_cast<const float*>(at), data, n);
   }
 
   // What a wait waits for: one rank (`rank`), or the ranks of a collective (first, first +
@@ -538,6 +580,39 @@ class MpiExecutor {
   static constexpr bool has_norm_board = requires(P& p) {
     p.gradient_norm_board();
   };
+  // A device pipeline (Pipeline<..., Cuda, MpiChannel>): its streams finish inside the run, and
+  // its gradients reach MPI through pinned copies.
+  template <class P>
+  static constexpr bool on_device = requires(P& p) {
+    p.finish_here(true);
+  };
+  template <class P>
+  static constexpr bool has_progress = requires(P& p) {
+    p.links().at(Channel{}).progress();
+  };
+
+  // Moves on what needs no wait: the staged transfers of a device pipeline's links, and the
+  // all-reduces of the gradients whose copies to the host are done (started in the order their
+  // copies were enqueued: the same worker order on every replica).
+  template <class P>
+  void pump(P& program, const Schedule& s, std::vector<MPI_Request>& reduce) {
+    if constexpr (has_progress<P>)
+      for (int b = 0; b + 1 < s.stages; ++b)
+        for (Flow f : {Flow::Activations, Flow::Gradients})
+          program.links().at(Channel{b, f}).progress();
+    if constexpr (on_device<P>)
+      while (reduce_head_ < to_reduce_.size() &&
+             program.gradients_on_host(to_reduce_[reduce_head_])) {
+        const int k = to_reduce_[reduce_head_++];
+        start_gradient_sum(program.host_gradients(k), replicas_of_worker_,
+                           reduce[static_cast<std::size_t>(k)]);
+      }
+  }
+  // Whether stage k's gradient is still on its way to the host (its all-reduce not started).
+  bool reduce_pending(int k) const {
+    return std::find(to_reduce_.begin() + static_cast<std::ptrdiff_t>(reduce_head_),
+                     to_reduce_.end(), k) != to_reduce_.end();
+  }
 
   // Global clipping over ranks: stage k's squared gradient norm of mini-batch t reaches every
   // rank of the pipeline by one MPI_Iallgather per mini-batch (on a communicator of its own),
@@ -643,12 +718,22 @@ class MpiExecutor {
 
   template <class P>
   void start_reduce(P& program, int k, MPI_Request& req) {
-    if constexpr (has_gradients<P>)
+    if constexpr (on_device<P>) {  // the all-reduce starts once the copy is done (pump)
+      program.gradients_to_host(k);
+      to_reduce_.push_back(k);
+    } else if constexpr (has_gradients<P>) {
       start_gradient_sum(program.gradients(k), replicas_of_worker_, req);
+    }
   }
 
   template <class P>
   void finish_reduce(P& program, int k, const Action& a, MPI_Request& req) {
+    if constexpr (on_device<P>)
+      if (reduce_pending(k))
+        wait_until([&] { return !reduce_pending(k); }, k, to_string(a),
+                   [&] {
+                     return Awaited{"stage " + std::to_string(k) + "'s gradient to reach the host"};
+                   });
     if (req == MPI_REQUEST_NULL)
       throw Error("no gradient all-reduce was started for " + to_string(a) +
                   " (no backward before it)");
@@ -659,8 +744,14 @@ class MpiExecutor {
                  collective("the gradient all-reduce with the replicas of stage " +
                                 std::to_string(k) + " (ranks " + peers + ")",
                             owner(k), workers_, replicas_));
-    // The mean over replicas: each replica's loss is already scaled by 1 / its rows.
-    if constexpr (has_gradients<P>) scale_gradient_sum(program.gradients(k), replicas_);
+    // The mean over replicas: each replica's loss is already scaled by 1 / its rows. On a
+    // device, in the pinned copy, which then goes back before the step (on the stage's stream).
+    if constexpr (on_device<P>) {
+      scale_gradient_sum(program.host_gradients(k), replicas_);
+      program.gradients_from_host(k);
+    } else if constexpr (has_gradients<P>) {
+      scale_gradient_sum(program.gradients(k), replicas_);
+    }
   }
 
   // Every rank gets every micro-batch's loss: the last stages' values summed over the world
@@ -759,6 +850,7 @@ class MpiExecutor {
       }
     } clear;
     for (unsigned spins = 0;; ++spins) {
+      if (pump_) pump_();  // (what it waits for may need it: a staged send, an all-reduce)
       if (done()) {
         if (published) withdraw();
         return;
@@ -960,6 +1052,10 @@ class MpiExecutor {
   int first_stage_ = 0;     // this rank's first stage in the last run, named by its later waits
   ExecutionTrace trace_;
   std::string notice_;
+  std::function<void()> pump_;        // during run(): pump() of its program
+  std::vector<int> to_reduce_;        // device replicas: stages whose gradient copies are enqueued,
+  std::size_t reduce_head_ = 0;       // in order; those before the head have their all-reduce
+  std::vector<float> share_staging_;  // share_stage_states on a device: host copies
   std::atomic<long> list_size_{0}, done_{0};
   detail::MpiWaitBoard board_;
   bool gave_up_ = false;  // the StageError in flight is this rank's own timeout

@@ -36,6 +36,7 @@ concept HasDeviceEvent = requires(typename B::Event& e, const typename B::Event&
                                   const DeviceContext<B>& ctx) {
   e.record(ctx);
   ce.wait(ctx);
+  { ce.done() } -> std::convertible_to<bool>;
 }
 &&std::default_initializable<typename B::Event>;
 template <class B>
@@ -77,6 +78,7 @@ concept HasPinnedUpload = requires(const DeviceContext<B>& ctx, const float* cf,
                                    const std::int32_t* ci, std::int32_t* i) {
   copy_from_pinned_async(ctx, cf, f, index_t{1});
   copy_from_pinned_async(ctx, ci, i, index_t{1});
+  copy_to_pinned_async(ctx, cf, f, index_t{1});
 };
 template <class B>
 concept HasGemm = requires(const DeviceContext<B>& ctx, const float* a, float* c) {
@@ -98,9 +100,11 @@ concept HasDeviceMemory = !reads_host_memory<DeviceContext<B>>;
 
 //! DeviceBackend: a Backend whose buffers are device memory and whose work runs asynchronously on
 //! each stage's stream (CUDA; tests/support/emulated_device.hpp). Beyond Backend's members:
-//!   - `template <class T> PinnedBuffer` (host memory a stream copies from asynchronously: the
-//!     epoch's upload) and `Event` (`record(ctx)`, `wait(ctx) const`: the queues' filled and
-//!     drained marks, global clipping's marks of each stage's norm);
+//!   - `template <class T> PinnedBuffer` (host memory a stream copies to or from asynchronously:
+//!     the epoch's upload, the staging of messages between MPI ranks) and `Event` (`record(ctx)`,
+//!     `wait(ctx) const`: the queues' filled and drained marks, global clipping's marks of each
+//!     stage's norm; `done() const`: whether the device has passed the record, which the host
+//!     asks before it touches pinned memory a copy reads or writes);
 //!   - on its `Context`, found by argument-dependent lookup: `activate(ctx)` (make its device
 //!     current), `synchronize(ctx)` (wait on the host for its stream), `connect(a, b)` (the
 //!     devices of adjacent stages, and under global clipping of stage 0 and every stage, reach
@@ -108,7 +112,7 @@ concept HasDeviceMemory = !reads_host_memory<DeviceContext<B>>;
 //!     `for_each_index(ctx, n, work, f)` and `for_each_element(ctx, rows, cols, f)`,
 //!     `copy_buffer` (device to device, enqueued), `copy_from_host` / `copy_to_host` (waited
 //!     for: between runs; of float, int32, double and MicroBatchLoss), `copy_from_pinned_async`
-//!     (enqueued), `gemm` (row-major, as the host's),
+//!     and `copy_to_pinned_async` (enqueued), `gemm` (row-major, as the host's),
 //!     `sum_row_losses_async(ctx, row_loss, rows, MicroBatchLoss*)` (the last stage's loss,
 //!     read once per train() call) and `squared_norm_async(ctx, x, n, double* out)` (a stage's
 //!     squared gradient norm under global clipping, written to device memory that may be
@@ -137,7 +141,7 @@ consteval bool check_device_backend() {
                   "from a length, with data())");
     static_assert(detail::HasDeviceEvent<B>,
                   "xpipe: DeviceBackend: missing Event (default-constructible, with "
-                  "record(const Context&) and wait(const Context&) const)");
+                  "record(const Context&), wait(const Context&) const and done() const)");
     static_assert(detail::HasActivate<B>,
                   "xpipe: DeviceBackend: missing activate(const Context&) (makes its device "
                   "current)");
@@ -157,8 +161,8 @@ consteval bool check_device_backend() {
                   "xpipe: DeviceBackend: missing copy_from_host(ctx, src, dst, n) or "
                   "copy_to_host(ctx, src, dst, n) (templates over the element type)");
     static_assert(detail::HasPinnedUpload<B>,
-                  "xpipe: DeviceBackend: missing copy_from_pinned_async(ctx, src, dst, n) (a "
-                  "template over the element type)");
+                  "xpipe: DeviceBackend: missing copy_from_pinned_async(ctx, src, dst, n) or "
+                  "copy_to_pinned_async(ctx, src, dst, n) (templates over the element type)");
     static_assert(detail::HasGemm<B>,
                   "xpipe: DeviceBackend: missing gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, "
                   "ldb, beta, c, ldc)");

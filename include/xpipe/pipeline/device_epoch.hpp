@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,44 @@ class DeviceEpoch {
   detail::DeviceNorms<B> norms_of(int k) {
     return {squared_norms_.data(), norms_written_.data(),
             clip_factors_[static_cast<std::size_t>(k)].data()};
+  }
+
+  //! Data-parallel replicas over MPI ranks (exec/mpi.hpp), before the run: a pinned copy of
+  //! each stage's flat gradient (`sizes[k]` floats; MPI sums it over the replicas) and an event
+  //! on stage k's device marking the copy to or from it. Kept between runs, grown.
+  void size_host_gradients(const std::function<const Context&(int)>& ctx_of,
+                           const std::vector<index_t>& sizes) {
+    host_gradients_.resize(sizes.size());
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      if (host_gradients_[k].size() < sizes[k])
+        host_gradients_[k] = typename B::template PinnedBuffer<float>(sizes[k]);
+    while (gradients_copied_.size() < sizes.size()) {
+      detail::activate_context(ctx_of(static_cast<int>(gradients_copied_.size())));
+      gradients_copied_.emplace_back();
+    }
+  }
+  //! Enqueues the copy of stage k's gradient `g` (n floats) to its pinned copy on the stage's
+  //! stream (`ctx`, current), after the backward that completed it, and marks it.
+  void gradients_to_host(const Context& ctx, int k, const float* g, index_t n) {
+    const auto u = static_cast<std::size_t>(k);
+    copy_to_pinned_async(ctx, g, host_gradients_[u].data(), n);
+    gradients_copied_[u].record(ctx);
+  }
+  //! Whether stage k's last copy to or from its pinned copy is done: the host may read or
+  //! write the pinned copy.
+  bool gradients_copied(int k) const {
+    return gradients_copied_[static_cast<std::size_t>(k)].done();
+  }
+  //! Stage k's pinned copy (n floats).
+  std::span<float> host_gradients(int k, index_t n) {
+    return {host_gradients_[static_cast<std::size_t>(k)].data(), static_cast<std::size_t>(n)};
+  }
+  //! Enqueues the copy of stage k's pinned copy back into `g` on the stage's stream (the step
+  //! enqueued next reads it), and marks it.
+  void gradients_from_host(const Context& ctx, int k, float* g, index_t n) {
+    const auto u = static_cast<std::size_t>(k);
+    copy_from_pinned_async(ctx, static_cast<const float*>(host_gradients_[u].data()), g, n);
+    gradients_copied_[u].record(ctx);
   }
 
   //! After the executor returned: waits for every stage's stream (the run's one
@@ -226,6 +265,8 @@ class DeviceEpoch {
   std::vector<typename B::Event> norms_written_;  // [t K + k], on stage k's device
   std::vector<Buffer<double>> clip_factors_;      // [k]: one double on stage k's device
   std::vector<double> host_norms_;
+  std::vector<typename B::template PinnedBuffer<float>> host_gradients_;  // [k], replicas
+  std::vector<typename B::Event> gradients_copied_;  // [k], on stage k's device
 };
 
 }  // namespace xpipe

@@ -191,7 +191,9 @@ class Pipeline {
         DeviceEpoch<backend>::drain(contexts(), stage_count, false);
         throw;
       }
-      device_.finish(contexts(), stage_count, schedule.total_micro_batches(), data, run_);
+      // (An executor of several processes finished this process's part already: finish_here.)
+      if (!finished_here_)
+        device_.finish(contexts(), stage_count, schedule.total_micro_batches(), data, run_);
     } else {
       executor.run(program);
     }
@@ -468,6 +470,7 @@ class Pipeline {
       });
     }
     schedule_ = &schedule;
+    finished_here_ = false;
     const index_t rows = split.max_micro_rows();
     run_.split = split;
     run_.data = data;
@@ -562,6 +565,11 @@ class Pipeline {
                                 [](const auto& rt, auto) -> const Context* { return &rt.ctx(); });
   }
 
+  // Stage k's parameter count (k a run-time number).
+  index_t param_count_of(int k) const {
+    return detail::visit_stage(runtimes_, k, [](const auto& rt, auto) { return rt.opt.size(); });
+  }
+
   // Stage k's context, as DeviceEpoch takes it.
   std::function<const Context&(int)> contexts() const {
     return [this](int k) -> const Context& { return ctx_of(k); };
@@ -610,6 +618,48 @@ class Pipeline {
     // Under global clipping, every stage's squared gradient norm per mini-batch: an executor of
     // several processes posts the other processes' stages here as they arrive.
     GradNormBoard& gradient_norm_board() { return p->run_.norms; }
+
+    // A device pipeline run by several processes (exec/mpi.hpp), each holding some stages:
+    // this process's end of the run, inside the executor and before it shares the losses. It
+    // waits for this process's streams and, where the last stage runs here (`computes_loss`),
+    // reads and checks the losses as train() would (DeviceEpoch::finish); train() then skips
+    // its own finish.
+    void finish_here(bool computes_loss) requires on_device {
+      if (computes_loss)
+        p->device_.finish(p->contexts(), stage_count, p->schedule_->total_micro_batches(),
+                          p->run_.data, p->run_);
+      else
+        DeviceEpoch<backend>::drain(p->contexts(), stage_count, true);
+      p->finished_here_ = true;
+    }
+    // Its data-parallel replicas: each stage's gradient summed over them by MPI from a pinned
+    // copy (DeviceEpoch). prepare_host_gradients before the run; gradients_to_host(k) enqueues
+    // the copy after stage k's last backward of a mini-batch; gradients_on_host(k) says when it
+    // (or the copy back) is done; host_gradients(k) is the copy; gradients_from_host(k)
+    // enqueues the copy back before the step, on the stage's stream.
+    void prepare_host_gradients() requires on_device {
+      std::vector<index_t> sizes;
+      p->for_each_stage([&](auto& rt) { sizes.push_back(rt.opt.size()); });
+      p->device_.size_host_gradients(p->contexts(), sizes);
+    }
+    void gradients_to_host(int k) requires on_device {
+      detail::visit_stage(p->runtimes_, k, [&](auto& rt, auto) {
+        detail::activate_context(rt.ctx());
+        p->device_.gradients_to_host(rt.ctx(), k, rt.opt.grads(), rt.opt.size());
+      });
+    }
+    bool gradients_on_host(int k) const requires on_device {
+      return p->device_.gradients_copied(k);
+    }
+    std::span<float> host_gradients(int k) requires on_device {
+      return p->device_.host_gradients(k, p->param_count_of(k));
+    }
+    void gradients_from_host(int k) requires on_device {
+      detail::visit_stage(p->runtimes_, k, [&](auto& rt, auto) {
+        detail::activate_context(rt.ctx());
+        p->device_.gradients_from_host(rt.ctx(), k, rt.opt.grads(), rt.opt.size());
+      });
+    }
   };
   static_assert(Program<RunProgram>);
 
@@ -625,6 +675,7 @@ class Pipeline {
   std::vector<int> copies_ = std::vector<int>(stage_count, 0);
   std::vector<index_t> activation_floats_ = std::vector<index_t>(stage_count, 0);
   std::conditional_t<on_device, DeviceEpoch<backend>, NoDeviceEpoch> device_;
+  bool finished_here_ = false;  // the executor ran finish_here (several processes, a device)
 };
 
 }  // namespace xpipe

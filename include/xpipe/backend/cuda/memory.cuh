@@ -148,6 +148,15 @@ class CudaEvent {
       XPIPE_CUDA_CHECK(cudaGetLastError());
     }
   }
+  //! Whether the device has passed the last record() (cudaEventQuery; never recorded: true),
+  //! asked by the host before it touches pinned memory a copy on the stream reads or writes
+  //! (comm/mpi_staged_link.hpp). Throws the device's error when it has one (a sticky fault).
+  bool done() const {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    XPIPE_CUDA_CHECK(e);
+    return true;
+  }
 
  private:
   cudaEvent_t event_ = nullptr;
@@ -181,6 +190,16 @@ void copy_to_host(const CudaContext& ctx, const T* src, T* dst, index_t n) {
   XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
                                    cudaMemcpyDeviceToHost, ctx.stream));
   synchronize(ctx);
+}
+
+//! dst (pinned host memory) = src (device) over n elements, enqueued on ctx's stream after what
+//! it has before it; the host must not read dst until the stream has passed the copy (an event
+//! recorded after it is done()).
+template <class T>
+void copy_to_pinned_async(const CudaContext& ctx, const T* src, T* dst, index_t n) {
+  if (n <= 0) return;
+  XPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T),
+                                   cudaMemcpyDeviceToHost, ctx.stream));
 }
 
 //! dst (device) = src (pinned host memory) over n elements, enqueued on ctx's stream; the host

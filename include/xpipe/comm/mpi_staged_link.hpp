@@ -1,0 +1,343 @@
+// Micro-batch queues between MPI ranks whose stages run on a device (what MpiChannel names on
+// CUDA and on the emulated device): the stages' kernels read and write device slots, and MPI
+// carries pinned host copies of them, so no CUDA-aware MPI is needed (Open MPI as Debian builds
+// it is not). A boundary between two stages of one rank, and every boundary of a pipeline
+// trained in one process, is the device ring (SpscRing, its events ordering the two streams).
+// Needs <mpi.h>: link xpipe::mpi.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xpipe/backend/backend.hpp"
+#include "xpipe/comm/mpi_link_end.hpp"
+#include "xpipe/comm/queue.hpp"
+#include "xpipe/comm/spsc_ring.hpp"
+#include "xpipe/core/error.hpp"
+#include "xpipe/core/tensor.hpp"
+
+namespace xpipe {
+
+//! One end of a link between two ranks of a device pipeline: a Queue of `capacity` slots of up
+//! to rows x cols floats, each a device slot that the stage's stream writes or reads, and a
+//! pinned host slot that MPI sends from or receives into. Constructed (producer and consumer
+//! contexts given), it is a device ring between the two streams, so a Pipeline<..., MpiChannel>
+//! on a device trains in one process with the same bits; MpiExecutor connects the ends as it
+//! does MpiLink's (LinkRole: a ring where the rank holds both, nothing where it holds neither).
+//!
+//! Where the rank holds one end, every transfer goes through the stage's own stream and one
+//! event per slot, and the host never waits for the device:
+//!   producer: the stage's stream writes back() (the device slot; its last reader was this
+//!             stream's copy out of it, so stream order suffices); release_back enqueues the
+//!             copy to the pinned slot and records the slot's event; push() marks the slot
+//!             staged. The MPI_Isend starts once the event is done (progress(), called by
+//!             can_push, sends_done and the executor's waits), in push order; can_push() is
+//!             true once the slot's previous send has completed.
+//!   consumer: a receive is posted into each pinned slot for the next micro-batches of its
+//!             order; can_pop() tests the oldest; acquire_front enqueues the copy from the
+//!             pinned slot to the device slot and records the slot's event, so the stage's
+//!             reads follow it on its stream; pop() marks the slot copying, and the slot's next
+//!             receive is posted once the event is done (progress(), in slot order), never
+//!             while the copy may still read the pinned bytes.
+//! The emulated device enforces both host-side waits (tests/support/emulated_device.hpp).
+template <class B>
+class StagedMpiLink {
+ public:
+  using Context = typename B::Context;
+
+  StagedMpiLink() = default;
+  //! A ring whose two ends are on the current device (Queue's constructor); connect() may make
+  //! it an end between ranks only when the contexts were given (the constructor below).
+  StagedMpiLink(int capacity, index_t rows, index_t cols)
+      : capacity_(capacity), rows_(rows), cols_(cols) {
+    if (capacity < 1) throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1");
+    ring_.emplace(capacity, rows, cols);
+  }
+  StagedMpiLink(int capacity, index_t rows, index_t cols, const Context& producer,
+                const Context& consumer)
+      : capacity_(capacity),
+        rows_(rows),
+        cols_(cols),
+        producer_(producer),
+        consumer_(consumer),
+        has_contexts_(true) {
+    if (capacity < 1) throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1");
+    ring_.emplace(capacity, rows, cols, producer, consumer);
+  }
+  StagedMpiLink(StagedMpiLink&& o) noexcept { *this = std::move(o); }
+  StagedMpiLink& operator=(StagedMpiLink&& o) noexcept {
+    release();
+    capacity_ = o.capacity_;
+    rows_ = o.rows_;
+    cols_ = o.cols_;
+    producer_ = o.producer_;
+    consumer_ = o.consumer_;
+    has_contexts_ = o.has_contexts_;
+    end_ = std::move(o.end_);
+    tag_ub_ = o.tag_ub_;
+    ring_.reset();
+    if (o.ring_) ring_.emplace(std::move(*o.ring_));
+    o.ring_.reset();
+    device_ = std::move(o.device_);
+    pinned_ = std::move(o.pinned_);
+    slots_ = std::move(o.slots_);
+    copied_ = std::move(o.copied_);
+    requests_ = std::move(o.requests_);
+    state_ = std::move(o.state_);
+    cursor_ = o.cursor_;
+    next_ = o.next_;
+    posted_ = o.posted_;
+    o.requests_.clear();
+    o.state_.clear();
+    return *this;
+  }
+  ~StagedMpiLink() { release(); }
+
+  //! Wires this end (MpiLinkEnd, as MpiLink::connect): a ring for Both, nothing for None, else
+  //! the device and pinned slots on this end's device, and for a consumer the first receives.
+  void connect(MpiLinkEnd end) {
+    release();
+    end_ = std::move(end);
+    ring_.reset();
+    slots_.clear();
+    state_.clear();
+    if (end_.role == LinkRole::None) return;
+    if (!has_contexts_)
+      throw ConfigError(
+          "xpipe: StagedMpiLink: connect() needs the link made with its producer's and "
+          "consumer's contexts (the constructor Pipeline calls)");
+    if (end_.role == LinkRole::Both) {
+      ring_.emplace(capacity_, rows_, cols_, producer_, consumer_);
+      return;
+    }
+    int* ub = nullptr;
+    int flag = 0;
+    XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
+    tag_ub_ = flag && ub ? *ub : 32767;
+    detail::activate_context(mine());
+    const index_t floats = capacity_ * rows_ * cols_;
+    device_ = typename B::template Buffer<float>(floats);
+    pinned_ = typename B::template PinnedBuffer<float>(floats);
+    copied_ = std::vector<typename B::Event>(static_cast<std::size_t>(capacity_));
+    slots_.assign(static_cast<std::size_t>(capacity_), {});
+    requests_.assign(static_cast<std::size_t>(capacity_), MPI_REQUEST_NULL);
+    state_.assign(static_cast<std::size_t>(capacity_), Slot::Free);
+    for (int i = 0; i < capacity_; ++i)
+      slots_[static_cast<std::size_t>(i)].data =
+          Matrix{device_.data() + i * rows_ * cols_, rows_, cols_};
+    cursor_ = next_ = 0;
+    posted_ = 0;
+    if (end_.role == LinkRole::Consumer)
+      for (int i = 0; i < capacity_; ++i) post_receive(i);
+  }
+  const MpiLinkEnd& end() const { return end_; }
+
+  // ---- producer side ----
+  bool can_push() const {
+    if (ring_) return ring_->can_push();
+    progress();
+    return sent(cursor_);
+  }
+  MicroBatchMessage& back() {
+    return ring_ ? ring_->back() : slots_[static_cast<std::size_t>(cursor_)];
+  }
+  void acquire_back(const Context& ctx) {
+    if (ring_) ring_->acquire_back(ctx);
+  }
+  void release_back(const Context& ctx) {
+    if (ring_) {
+      ring_->release_back(ctx);
+      return;
+    }
+    const auto u = static_cast<std::size_t>(cursor_);
+    copy_to_pinned_async(ctx, slots_[u].data.data, pinned(cursor_), slots_[u].data.rows * cols_);
+    copied_[u].record(ctx);
+    state_[u] = Slot::Enqueued;
+  }
+  void push() {
+    if (ring_) {
+      ring_->push();
+      return;
+    }
+    const auto u = static_cast<std::size_t>(cursor_);
+    if (state_[u] != Slot::Enqueued)
+      throw Error(
+          "xpipe: StagedMpiLink: push() without release_back(ctx), which copies the "
+          "slot to its pinned staging");
+    state_[u] = Slot::Staged;
+    cursor_ = (cursor_ + 1) % capacity_;
+    progress();
+  }
+
+  // ---- consumer side ----
+  bool can_pop() const {
+    if (ring_) return ring_->can_pop();
+    if (state_.empty()) return false;
+    progress();
+    return arrived(cursor_);
+  }
+  const MicroBatchMessage& front() const {
+    return ring_ ? ring_->front() : slots_[static_cast<std::size_t>(cursor_)];
+  }
+  void acquire_front(const Context& ctx) {
+    if (ring_) {
+      ring_->acquire_front(ctx);
+      return;
+    }
+    const auto u = static_cast<std::size_t>(cursor_);
+    copy_from_pinned_async(ctx, static_cast<const float*>(pinned(cursor_)), slots_[u].data.data,
+                           slots_[u].data.rows * cols_);
+    copied_[u].record(ctx);
+    state_[u] = Slot::Enqueued;
+  }
+  void release_front(const Context& ctx) {
+    if (ring_) ring_->release_front(ctx);
+  }
+  void pop() {
+    if (ring_) {
+      ring_->pop();
+      return;
+    }
+    const auto u = static_cast<std::size_t>(cursor_);
+    if (state_[u] != Slot::Enqueued)
+      throw Error(
+          "xpipe: StagedMpiLink: pop() without acquire_front(ctx), which copies the "
+          "pinned slot to the device");
+    state_[u] = Slot::Copying;
+    cursor_ = (cursor_ + 1) % capacity_;
+    progress();
+  }
+
+  //! Starts the sends whose staging copies are done (producer) or posts the receives whose
+  //! slots' copies to the device are done (consumer), in order; nothing for a ring. Never
+  //! blocks. The executor calls it while it waits, so transfers move on whatever it waits for.
+  void progress() const {
+    if (ring_ || state_.empty()) return;
+    const Slot ready = end_.role == LinkRole::Producer ? Slot::Staged : Slot::Copying;
+    for (int n = 0; n < capacity_; ++n) {
+      const auto u = static_cast<std::size_t>(next_);
+      if (state_[u] != ready || !copied_[u].done()) return;
+      if (end_.role == LinkRole::Producer)
+        start_send(next_);
+      else
+        post_receive(next_);
+      next_ = (next_ + 1) % capacity_;
+    }
+  }
+
+  //! Producer: whether every send has been started and has completed (the buffers may be reused
+  //! or freed).
+  bool sends_done() const {
+    if (end_.role != LinkRole::Producer || state_.empty()) return true;
+    progress();
+    for (int i = 0; i < capacity_; ++i)
+      if (!sent(i)) return false;
+    return true;
+  }
+
+ private:
+  // What a slot holds. Producer: Free (may be filled), Enqueued (its copy to pinned memory is
+  // enqueued), Staged (pushed; the send starts when the copy is done), Busy (the send is in
+  // flight). Consumer: Busy (a receive is posted), Arrived, Enqueued (its copy to the device is
+  // enqueued), Copying (popped; the next receive is posted when the copy is done), Free (no
+  // micro-batch left to receive).
+  enum class Slot : unsigned char { Free, Enqueued, Staged, Busy, Arrived, Copying };
+
+  const Context& mine() const { return end_.role == LinkRole::Producer ? producer_ : consumer_; }
+  float* pinned(int i) const { return pinned_.data() + static_cast<index_t>(i) * rows_ * cols_; }
+
+  // Producer: whether slot i may be filled (its last send, if any, has completed).
+  bool sent(int i) const {
+    const auto u = static_cast<std::size_t>(i);
+    if (state_[u] == Slot::Busy) {
+      int done = 0;
+      XPIPE_MPI_CHECK(MPI_Test(&requests_[u], &done, MPI_STATUS_IGNORE));
+      if (done) state_[u] = Slot::Free;
+    }
+    return state_[u] == Slot::Free;
+  }
+  // Consumer: whether slot i's message has landed (its rows read from the message's size).
+  bool arrived(int i) const {
+    const auto u = static_cast<std::size_t>(i);
+    if (state_[u] == Slot::Busy) {
+      int done = 0;
+      MPI_Status st;
+      XPIPE_MPI_CHECK(MPI_Test(&requests_[u], &done, &st));
+      if (done) {
+        int count = 0;
+        XPIPE_MPI_CHECK(MPI_Get_count(&st, MPI_FLOAT, &count));
+        slots_[u].data.rows = count / cols_;
+        state_[u] = Slot::Arrived;
+      }
+    }
+    return state_[u] == Slot::Arrived;
+  }
+
+  void start_send(int i) const {
+    const auto u = static_cast<std::size_t>(i);
+    const MicroBatchMessage& m = slots_[u];
+    XPIPE_MPI_CHECK(
+        MPI_Isend(pinned(i), static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
+                  mpi_link_tag(m.micro_batch, end_.direction, tag_ub_, end_.lane, end_.lanes),
+                  end_.comm, &requests_[u]));
+    state_[u] = Slot::Busy;
+  }
+  // Posts slot i's receive for the next micro-batch of the order (none left: the slot is Free).
+  void post_receive(int i) const {
+    const auto u = static_cast<std::size_t>(i);
+    if (posted_ >= end_.order.size()) {
+      slots_[u].micro_batch = -1;
+      state_[u] = Slot::Free;
+      return;
+    }
+    const int g = end_.order[posted_++];
+    slots_[u].micro_batch = g;
+    XPIPE_MPI_CHECK(MPI_Irecv(pinned(i), static_cast<int>(rows_ * cols_), MPI_FLOAT, end_.peer,
+                              mpi_link_tag(g, end_.direction, tag_ub_, end_.lane, end_.lanes),
+                              end_.comm, &requests_[u]));
+    state_[u] = Slot::Busy;
+  }
+
+  // Cancels receives still posted and lets go of sends still in flight (only after a failed
+  // run), after this end's stream has passed its copies (they read or write the pinned slots).
+  void release() noexcept {
+    if (!state_.empty()) {
+      try {
+        detail::activate_context(mine());
+        synchronize(mine());
+      } catch (...) {  // a faulted device: its copies will never run
+      }
+    }
+    for (MPI_Request& r : requests_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      if (end_.role == LinkRole::Consumer) MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    requests_.clear();
+    state_.clear();
+  }
+
+  int capacity_ = 1;
+  index_t rows_ = 0, cols_ = 0;
+  Context producer_{}, consumer_{};
+  bool has_contexts_ = false;
+  MpiLinkEnd end_;
+  int tag_ub_ = 32767;
+  std::optional<SpscRing<B>> ring_;            // in one process, or both ends on this rank
+  typename B::template Buffer<float> device_;  // one end on this rank: the device slots
+  mutable typename B::template PinnedBuffer<float> pinned_;  // their copies, which MPI moves
+  mutable std::vector<MicroBatchMessage> slots_;
+  std::vector<typename B::Event> copied_;  // per slot: after its copy to or from pinned memory
+  mutable std::vector<MPI_Request> requests_;
+  mutable std::vector<Slot> state_;
+  int cursor_ = 0;        // the slot a producer fills next, or a consumer reads
+  mutable int next_ = 0;  // the slot whose send starts, or receive is posted, next
+  mutable std::size_t posted_ = 0;
+};
+
+}  // namespace xpipe

@@ -1,0 +1,375 @@
+// The MPI executor over device pipelines (Pipeline<..., EmulatedDevice, MpiChannel>: its links
+// StagedMpiLink ends, device slots staged through pinned host memory), under mpirun, on the
+// emulated device (support/emulated_device.hpp): each rank's stages run on streams that lag the
+// host by random delays, or one stream far behind, so a send started before its copy to pinned
+// memory has run carries NaN, and a receive posted again under a pending copy faults. The math
+// is the host's, so every result must equal the host pipeline's bit for bit: the threaded
+// executor's in one process (and the same device pipeline trained in one process), and with
+// replicas the host pipeline's over the same ranks; one link without a pipeline around it must
+// carry every message whole. Usage: mpirun -np N xpipe_test_mpi_device bitwise|dp|link|fault
+// <nan|device>.
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "../support/emulated_device.hpp"
+#include "../support/support.hpp"
+#include "xpipe/exec/mpi.hpp"
+#include "xpipe/xpipe.hpp"
+
+using namespace xpipe;
+using test::EmulatedDevice;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+using A = Stage<Linear<12, 16>, ReLU>;
+using B = Stage<Linear<16, 16>, GELU>;
+using C = Stage<Linear<16, 16>, ReLU>;
+using D = Stage<Linear<16, 4>>;
+
+template <class... S>
+using HostPipe = Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>;
+template <class... S>
+using DevicePipe = Pipeline<S..., AnyPredictor, AnyOptimizer, EmulatedDevice, MpiChannel>;
+
+AnyOptimizer optimizer_for(const std::string& predictor) {
+  if (predictor == "spectrain") return make_optimizer("sgd", 0.05f);
+  if (predictor == "xpipe") return make_optimizer("adamw", 1e-2f);
+  return make_optimizer("adam", 1e-2f);
+}
+
+int failures = 0;
+void fail(const std::string& what) {
+  ++failures;
+  std::fprintf(stderr, "FAIL rank %d: %s\n", world_rank(), what.c_str());
+}
+
+// The emulated streams' timing for one pass: every stream jittered 0..jitter_us before each
+// task, and stage `slow` (-1: none) slow_us more; seeded by the rank, so ranks differ.
+struct Emulation {
+  Emulation(int jitter_us, int slow = -1, int slow_us = 0) {
+    EmulatedDevice::jitter_us = jitter_us;
+    EmulatedDevice::slow_stage = slow;
+    EmulatedDevice::slow_us = slow_us;
+    EmulatedDevice::seed = 17u + static_cast<unsigned>(world_rank());
+  }
+  ~Emulation() {
+    EmulatedDevice::jitter_us = 0;
+    EmulatedDevice::slow_stage = -1;
+    EmulatedDevice::slow_us = 0;
+    EmulatedDevice::done_early = false;
+  }
+};
+
+struct Outcome {
+  std::vector<float> weights;
+  std::vector<double> losses;  // per epoch
+  std::string error;
+};
+
+// Trains `epochs` epochs of `d`; with an MpiExecutor every rank then holds every stage's state.
+template <class P, class E>
+Outcome train(E& exec, const std::string& sched, const std::string& pred, int M, index_t batch,
+              const test::LabelledData& d, int epochs, float clip = 0) {
+  Outcome o;
+  try {
+    P pipe(optimizer_for(pred),
+           PipelineOptions{.batch = batch, .micro_batches = M, .seed = 7, .clip_norm = clip},
+           make_predictor(pred));
+    const Schedule s =
+        make_schedule(sched, P::stage_count, M, static_cast<int>(pipe.mini_batches_for(d.rows)),
+                      test::uneven_costs(P::stage_count));
+    for (int e = 0; e < epochs; ++e) o.losses.push_back(pipe.train(s, d.epoch(), exec).loss);
+    if constexpr (std::is_same_v<E, MpiExecutor>) exec.share_stage_states(pipe);
+    o.weights = pipe.weights();
+  } catch (const std::exception& e) {
+    o.error = e.what();
+  }
+  return o;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Compares a run against the host's; returns whether it was compared (both ran).
+bool compare(const std::string& what, const Outcome& host, const Outcome& got) {
+  if (!host.error.empty() || !got.error.empty()) {
+    if (host.error != got.error)
+      fail(what + ": the host says '" + host.error + "', the device '" + got.error + "'");
+    return false;
+  }
+  if (!same_bits(host.weights, got.weights)) fail(what + ": weights differ from the host's");
+  if (host.losses != got.losses) fail(what + ": losses differ from the host's");
+  return true;
+}
+
+// Every schedule of one stage per rank (virtual = false) or of two (virtual = true) with three
+// predictors, and every predictor under async 1F1B, the streams jittered; then each stage's
+// stream in turn far behind the others (the staging's host waits are what keeps those bits).
+template <class... S>
+void bitwise_for(bool virtual_stages) {
+  const int K = static_cast<int>(sizeof...(S)), M = K;
+  const test::LabelledData d = test::random_classification(88, 12, 4, 11);
+  MpiExecutor exec;
+  ThreadedExecutor threads;
+  int compared = 0, runs = 0;
+  const auto run = [&](const std::string& sched, const std::string& pred, int jitter, int slow,
+                       int slow_us) {
+    if ((stages_per_worker(sched) > 1) != virtual_stages) return;
+    const std::string what = sched + " x " + pred + " (jitter " + std::to_string(jitter) +
+                             " us, stage " + std::to_string(slow) + " slow)";
+    const Outcome host = train<HostPipe<S...>>(threads, sched, pred, M, 16, d, 2);
+    Emulation emulation(jitter, slow, slow_us);
+    const Outcome ranks = train<DevicePipe<S...>>(exec, sched, pred, M, 16, d, 2);
+    ++runs;
+    compared += compare(what + " over MPI ranks", host, ranks);
+    if (!host.error.empty() && pred == "latest") fail(what + ": refused: " + host.error);
+  };
+  for (const char* sched : schedule_names)
+    for (const char* pred : {"latest", "xpipe", "spectrain"}) run(sched, pred, 20, -1, 0);
+  for (const char* pred : predictor_names)
+    run(virtual_stages ? "interleaved-1f1b" : "async-1f1b", pred, 20, -1, 0);
+  for (int k = 0; k < K; ++k) run(virtual_stages ? "zb-v" : "zb-h1", "latest", 0, k, 300);
+  // The same device pipeline in one process (its links device rings): the host's bits too.
+  {
+    Emulation emulation(20);
+    const char* sched = virtual_stages ? "interleaved-1f1b" : "async-1f1b";
+    const Outcome host = train<HostPipe<S...>>(threads, sched, "xpipe", M, 16, d, 2);
+    compared += compare(std::string(sched) + " in one process", host,
+                        train<DevicePipe<S...>>(threads, sched, "xpipe", M, 16, d, 2));
+  }
+  // The self-check: with every event reported done at once, the host sends pinned slots before
+  // their copies have run (NaN) or posts receives under pending copies (a fault): the bits must
+  // not be the host's.
+  {
+    Emulation emulation(0, 0, 300);
+    EmulatedDevice::done_early = true;
+    const char* sched = virtual_stages ? "zb-v" : "zb-h1";
+    const Outcome host = train<HostPipe<S...>>(threads, sched, "latest", M, 16, d, 2);
+    const Outcome early = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
+    if (early.error.empty() && same_bits(host.weights, early.weights))
+      fail(
+          "self-check: with done() true at once the ranks still have the host's bits (the "
+          "staging is not exercised)");
+  }
+  // Global clipping of a device pipeline over ranks is refused, before any action, alike on
+  // every rank.
+  const Outcome clipped = train<DevicePipe<S...>>(exec, "gpipe", "latest", M, 16, d, 1, 0.05f);
+  if (!virtual_stages &&
+      clipped.error.find("global gradient-norm clipping of a device pipeline over MPI ranks is "
+                         "not built") == std::string::npos)
+    fail("clipping: expected the refusal, got '" + clipped.error + "'");
+  if (world_rank() == 0)
+    std::printf(
+        "bitwise: %d device runs of %d stages on %d ranks, %d equal to the host's (the "
+        "rest refused alike)\n",
+        runs + 1, K, world_size(), compared);
+}
+
+void bitwise() {
+  if (world_size() == 2) {
+    bitwise_for<A, D>(false);
+    bitwise_for<A, B, C, D>(true);  // two stages per rank
+  } else if (world_size() == 4) {
+    bitwise_for<A, B, C, D>(false);
+  } else {
+    throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(world_size()) + ")");
+  }
+}
+
+// Replica r's rows of d (replica_rows), gathered.
+test::LabelledData replica_data(const test::LabelledData& d, index_t batch, int M, int R, int r) {
+  const std::vector<index_t> rows = replica_rows(d.rows, batch, M, R, r);
+  test::LabelledData out{{}, {}, static_cast<index_t>(rows.size()), d.cols};
+  for (index_t i : rows) {
+    out.x.insert(out.x.end(), d.x.begin() + i * d.cols, d.x.begin() + (i + 1) * d.cols);
+    out.y.push_back(d.y[static_cast<std::size_t>(i)]);
+  }
+  return out;
+}
+
+// 2 replicas of a 2-rank pipeline on 4 ranks: each stage's gradient copied to pinned memory,
+// summed by MPI, divided and copied back; the host pipeline over the same ranks is the oracle
+// (the same sums in the same order: the same bits).
+void data_parallel() {
+  if (world_size() != 4) throw ConfigError("dp: run on 4 ranks");
+  const int R = 2, M = 2;
+  const index_t batch = 16;
+  const test::LabelledData d = test::random_classification(96, 12, 4, 5);
+  MpiExecutor exec(MPI_COMM_WORLD, R);
+  const test::LabelledData mine = replica_data(d, batch, M, R, exec.replica());
+  int compared = 0;
+  for (const char* sched : schedule_names) {
+    if (stages_per_worker(sched) > 1) continue;
+    for (const char* pred : {"latest", "xpipe"}) {
+      const std::string what = std::string(sched) + " x " + pred + ", 2 replicas";
+      const Outcome host = train<HostPipe<A, D>>(exec, sched, pred, M, batch / R, mine, 2);
+      Emulation emulation(20, exec.worker(), 100);
+      const Outcome device = train<DevicePipe<A, D>>(exec, sched, pred, M, batch / R, mine, 2);
+      compared += compare(what, host, device);
+      if (!host.error.empty() && std::string(sched) != "2bw") fail(what + ": " + host.error);
+    }
+  }
+  if (world_rank() == 0)
+    std::printf(
+        "dp: %d device runs of 2 replicas x 2 ranks equal to the host's over the same "
+        "ranks\n",
+        compared);
+}
+
+// One StagedMpiLink between 2 ranks, without a pipeline's back-pressure: rank 0's stream
+// writes 40 messages of 1..3 rows into its device slots and pushes each as soon as a slot is
+// free; rank 1's stream, `slow_us` behind per task, copies each to a device buffer of its own.
+// Eager sends land at once, so a receive posted again before its copy to the device has run
+// would be overwritten under it (a fault), and with rank 0 slow instead, a send started before
+// its copy to pinned memory has run would carry NaN. Every message must arrive whole and in
+// order. (A pipeline's own dependencies keep most of these races from arising.)
+struct FillMessage {  // element i of message g: g * 100 + i
+  float* slot;
+  int g;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    slot[i] = static_cast<float>(g * 100) + static_cast<float>(i);
+  }
+};
+void link(int slow_rank) {
+  if (world_size() != 2) throw ConfigError("link: run on 2 ranks");
+  constexpr int capacity = 2, messages = 40;
+  constexpr index_t rows = 3, cols = 5;
+  Emulation emulation(10, 0, 2000);  // stage 0 is this rank's only stream
+  if (world_rank() != slow_rank) EmulatedDevice::slow_stage = -1;
+  const test::EmulatedStreamOwner owner(Placement{.stage = 0});
+  const test::EmulatedContext& ctx = owner.ctx();
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  StagedMpiLink<EmulatedDevice> q(capacity, rows, cols, ctx, ctx);
+  MpiLinkEnd end;
+  end.comm = comm;
+  end.peer = 1 - world_rank();
+  end.role = world_rank() == 0 ? LinkRole::Producer : LinkRole::Consumer;
+  for (int g = 0; g < messages; ++g) end.order.push_back(g);
+  q.connect(end);
+  const auto wait = [](auto ready) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!ready())
+      if (std::chrono::steady_clock::now() > until) throw Error("link: a wait timed out");
+  };
+  const auto rows_of = [](int g) { return index_t{1} + g % rows; };
+  if (world_rank() == 0) {
+    for (int g = 0; g < messages; ++g) {
+      wait([&] { return q.can_push(); });
+      MicroBatchMessage& m = q.back();
+      m.micro_batch = g;
+      m.data.rows = rows_of(g);
+      q.acquire_back(ctx);
+      for_each_index(ctx, m.data.rows * cols, FillMessage{m.data.data, g});
+      q.release_back(ctx);
+      q.push();
+    }
+    wait([&] { return q.sends_done(); });
+  } else {
+    test::EmulatedBuffer<float> got(messages * rows * cols);
+    for (int g = 0; g < messages; ++g) {
+      wait([&] { return q.can_pop(); });
+      const MicroBatchMessage& m = q.front();
+      if (m.micro_batch != g || m.data.rows != rows_of(g))
+        fail("link: message " + std::to_string(g) + " came as " + std::to_string(m.micro_batch) +
+             " of " + std::to_string(m.data.rows) + " rows");
+      q.acquire_front(ctx);
+      copy_buffer(ctx, m.data.data, got.data() + g * rows * cols, m.data.rows * cols);
+      q.release_front(ctx);
+      q.pop();
+    }
+    std::vector<float> host(static_cast<std::size_t>(messages * rows * cols));
+    try {
+      copy_to_host(ctx, got.data(), host.data(), messages * rows * cols);
+    } catch (const std::exception& e) {
+      fail(std::string("link: the consumer's stream faulted: ") + e.what());
+    }
+    int wrong = 0;
+    for (int g = 0; g < messages; ++g)
+      for (index_t i = 0; i < rows_of(g) * cols; ++i)
+        wrong += host[static_cast<std::size_t>(g * rows * cols + i)] !=
+                 static_cast<float>(g * 100) + static_cast<float>(i);
+    if (wrong > 0)
+      fail("link: " + std::to_string(wrong) + " values arrived wrong (rank " +
+           std::to_string(slow_rank) + "'s stream slow)");
+  }
+  q = StagedMpiLink<EmulatedDevice>();
+  MPI_Comm_free(&comm);
+}
+
+// A fault on 2 ranks, after which the job must end (the caller aborts): `nan`, a NaN feature, so
+// the last stage's loss (read on its rank at the end of the run) is NaN; `device`, rank 0's
+// device faulted before the run, as by a kernel reading an illegal address.
+void fault(const std::string& kind) {
+  if (world_size() != 2) throw ConfigError("fault: run on 2 ranks");
+  test::LabelledData d = test::random_classification(16 * 12, 12, 4, 3);
+  if (kind == "nan") d.x[static_cast<std::size_t>((5 * 16 + 3) * 12)] = std::nanf("");
+  MpiExecutor exec;
+  exec.wait_timeout = std::chrono::seconds(20);
+  Emulation emulation(20);
+  DevicePipe<A, D> pipe(optimizer_for("latest"),
+                        PipelineOptions{.batch = 16, .micro_batches = 2, .seed = 7},
+                        make_predictor("latest"));
+  const Schedule s = make_schedule("async-1f1b", 2, 2, 12);
+  if (kind == "device" && exec.rank() == 0) {
+    pipe.for_each_optimizer_state_on([](int k, auto&, const auto& ctx) {
+      if (k == 0) test::fail_on_stream(ctx, "illegal address (injected)");
+    });
+  }
+  for (int e = 0; e < 2; ++e) pipe.train(s, d.epoch(), exec);
+  throw Error("fault " + kind + ": the run did not fail");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi_default_tuning();
+  MPI_Init(&argc, &argv);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "bitwise")
+      bitwise();
+    else if (mode == "dp")
+      data_parallel();
+    else if (mode == "link") {
+      link(0);
+      link(1);
+    } else if (mode == "fault" && argc > 2)
+      fault(argv[2]);
+    else
+      throw ConfigError("usage: xpipe_test_mpi_device bitwise|dp|link|fault <nan|device>");
+  } catch (const std::exception& e) {
+    // A failed run leaves the ranks unable to go on together: end the job, a moment after the
+    // other ranks (told by the executor) have printed what they saw.
+    std::fprintf(stderr, "xpipe_test_mpi_device: rank %d: %s\n", world_rank(), e.what());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank() == 0) std::printf("%s: %s\n", mode.c_str(), total == 0 ? "ok" : "FAILED");
+  MPI_Finalize();
+  return total == 0 ? 0 : 1;
+}
