@@ -1,7 +1,9 @@
 // xpipe-train's GPU runs (--device cuda): the reference MLP, the VGG, the ResNet and the GPT over
 // 4 stages on CUDA devices, with every predictor, through the same run_pipeline as the host
-// (train_run.hpp). A CUDA translation unit (nvcc), built into xpipe-train when the CUDA Toolkit
-// is found.
+// (train_run.hpp). Built with MPI, their links are MpiChannel's: device rings in one process
+// (--executor cuda, threaded, reference), and under --executor mpi a rank per GPU (or ranks
+// sharing one), the messages staged through pinned host memory (comm/mpi_staged_link.hpp). A CUDA
+// translation unit (nvcc), built into xpipe-train when the CUDA Toolkit is found.
 #include <string>
 
 // The CUDA umbrella: the backend, its loops and the CUDA layers and executor.
@@ -11,26 +13,34 @@
 
 namespace xpipe::tools::train {
 
+#if defined(XPIPE_WITH_MPI)
+using GpuLinks = MpiChannel;
+#else
+using GpuLinks = InProcessRing;
+#endif
+
 RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   // One Pipeline type: every predictor and optimizer, chosen at run time.
-  return run_pipeline<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer, Cuda>>(
-      c, data, check);
+  return run_pipeline<
+      Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer, Cuda, GpuLinks>>(c, data,
+                                                                                            check);
 }
 
 RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
-  return run_pipeline<Pipeline<vgg::A, vgg::B, vgg::C, vgg::D, AnyPredictor, AnyOptimizer, Cuda>>(
-      c, data, check);
+  return run_pipeline<
+      Pipeline<vgg::A, vgg::B, vgg::C, vgg::D, AnyPredictor, AnyOptimizer, Cuda, GpuLinks>>(c, data,
+                                                                                            check);
 }
 
 RunRecord run_resnet4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
-  return run_pipeline<
-      Pipeline<resnet::A, resnet::B, resnet::C, resnet::D, AnyPredictor, AnyOptimizer, Cuda>>(
-      c, data, check);
+  return run_pipeline<Pipeline<resnet::A, resnet::B, resnet::C, resnet::D, AnyPredictor,
+                               AnyOptimizer, Cuda, GpuLinks>>(c, data, check);
 }
 
 RunRecord run_gpt4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
-  return run_pipeline<Pipeline<Gpt::A, Gpt::B, Gpt::B, Gpt::C, AnyPredictor, AnyOptimizer, Cuda>>(
-      c, data, check);
+  return run_pipeline<
+      Pipeline<Gpt::A, Gpt::B, Gpt::B, Gpt::C, AnyPredictor, AnyOptimizer, Cuda, GpuLinks>>(c, data,
+                                                                                            check);
 }
 
 std::string cuda_device_problem() {
@@ -40,6 +50,13 @@ std::string cuda_device_problem() {
     return std::string("no CUDA device: cudaGetDeviceCount says ") + cudaGetErrorString(err);
   if (devices == 0) return "no CUDA device: cudaGetDeviceCount found 0 devices";
   return {};
+}
+
+int rank_device(int local_rank) {
+  int devices = 0;
+  XPIPE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices < 1) throw ConfigError("xpipe-train: no CUDA device (cudaGetDeviceCount found 0)");
+  return local_rank % devices;
 }
 
 }  // namespace xpipe::tools::train

@@ -222,6 +222,14 @@ inline std::string data_crc32(const Dataset& d) {
 inline MpiExecutor* mpi_executor = nullptr;
 #endif
 inline int mpi_rank = 0;
+// This rank's place among the ranks of its machine (MPI_COMM_TYPE_SHARED): with --device cuda
+// it trains on GPU mpi_local_rank % (the machine's GPU count).
+inline int mpi_local_rank = 0;
+#if defined(XPIPE_WITH_CUDA)
+// The GPU of the rank `local_rank` of a machine: local_rank % the machine's GPU count
+// (train_models_cuda.cu).
+int rank_device(int local_rank);
+#endif
 
 // Under MPI a run that fails cannot go on: every rank prints what it saw (the executor told the
 // others first), then the job ends with MPI_Abort. Rank 0 calls it once the run is recorded in
@@ -353,13 +361,18 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   const bool root = mpi_rank == 0;
   // Each of the dp replicas trains on its share of every mini-batch of c.batch rows.
   const index_t replica_batch = c.batch / c.dp;
-  P pipe(make_optimizer(c.optimizer, c.lr),
-         PipelineOptions{.batch = replica_batch,
-                         .micro_batches = c.micro_batches,
-                         .seed = c.seed,
-                         .measure_prediction = c.measure_prediction,
-                         .clip_norm = c.clip_norm},
-         run_predictor(c));
+  PipelineOptions options{.batch = replica_batch,
+                          .micro_batches = c.micro_batches,
+                          .seed = c.seed,
+                          .measure_prediction = c.measure_prediction,
+                          .clip_norm = c.clip_norm};
+#if defined(XPIPE_WITH_CUDA)
+  // A rank per GPU: every stage of this rank on its machine's GPU local rank % count (2 ranks
+  // on a machine of one GPU share it).
+  if constexpr (P::on_device)
+    if (on_mpi) options.devices = {rank_device(mpi_local_rank)};
+#endif
+  P pipe(make_optimizer(c.optimizer, c.lr), options, run_predictor(c));
   // Augmented training images are drawn afresh each epoch into a copy of the set, which the
   // batcher reads (deterministic from seed, epoch and sample: every executor trains on the same).
   const bool augmenting = !c.augment.identity();

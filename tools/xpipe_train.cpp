@@ -395,11 +395,22 @@ std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
       c.stages != 4)
     return "runs the mlp, vgg, resnet or gpt over 4 stages only (got " + c.model + " over " +
            std::to_string(c.stages) + ")";
-  if (c.executor == "mpi" || c.dp > 1) return "runs in one process (no --executor mpi, no --dp)";
+  if (c.executor == "mpi" && c.clip_norm > 0)
+    return "cannot clip over MPI ranks yet (each stage's gradient norm stays on its GPU: no "
+           "--clip-norm with --executor mpi)";
   if (c.measure_prediction)
     return "cannot measure predictions (weights in device memory: no --measure-prediction)";
   if (!c.pin_cpus.empty()) return "pins no threads (no --pin-cpus)";
-  return cuda_device_problem();
+  // Under mpirun each rank checks its own machine: the rank and host name the one without a GPU.
+  std::string why = cuda_device_problem();
+  if (!why.empty() && launched_ranks() > 0) {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr) rank = std::getenv("PMI_RANK");
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    why = "rank " + std::string(rank != nullptr ? rank : "?") + " on host " + host + ": " + why;
+  }
+  return why;
 #else
   return "this xpipe-train was built without CUDA (configure where nvcc is found, with "
          "-DXPIPE_ENABLE_CUDA=ON)";
@@ -541,6 +552,10 @@ Exit start_mpi([[maybe_unused]] int& argc, [[maybe_unused]] char**& argv,
   under_mpi = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  MPI_Comm machine = MPI_COMM_NULL;  // the ranks sharing this machine (and its GPUs)
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mpi_rank, MPI_INFO_NULL, &machine);
+  MPI_Comm_rank(machine, &mpi_local_rank);
+  MPI_Comm_free(&machine);
   if (const std::string why = mpi_launch_problem(c, ranks, provided); !why.empty())
     return usage_error("--executor mpi: " + why, mpi_rank == 0);
   session.exec.emplace(MPI_COMM_WORLD, c.dp);
