@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds every gpu-labelled test, the GPU benchmark, xpipe-train (for its --device cuda run) and
 # xpipe-plan (the schedules timed on the machine's many cores) for one GPU architecture and packs
-# them, with the shared libraries a bare machine with only the
-# CUDA toolkit lacks and the Fashion-MNIST files (when found), into gpu-bundle/ (ignored by git),
+# them, with the shared libraries a bare machine with only the CUDA toolkit lacks, Open MPI's
+# runtime (scripts/bundle-openmpi.sh) and the Fashion-MNIST files (when found), into gpu-bundle/
+# (ignored by git),
 # for scripts/gpu-check.sh to run on a lent GPU machine (docs/guide.md, "Checking on a GPU"). Runs here,
 # without a GPU.
 #   scripts/gpu-bundle.sh [--arch 90] [--build-dir build-gpu-sm90] [--out gpu-bundle] [--compress]
@@ -173,6 +174,14 @@ done | sort -u | while read -r name path; do
   cp "$real" "$stage/lib/$name"  # under the soname the executables ask for
 done
 
+# Open MPI's runtime (the lent machines have none), for the runs of 2 ranks sharing the GPU
+# (gpu.mpi_pipeline, xpipe-train --executor mpi): scripts/bundle-openmpi.sh, about 10 MiB.
+mpi_note="none (no orterun here: gpu-check.sh skips the 2-rank runs)"
+if command -v orterun >/dev/null; then
+  "$root/scripts/bundle-openmpi.sh" "$stage"
+  mpi_note="Open MPI $(orterun --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*' || echo '?')"
+fi
+
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | head -1)
 {
@@ -182,11 +191,13 @@ dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | hea
   echo "arch: sm_$arch"
   echo "nvcc: $("$nvcc" --version | grep -o 'release [0-9.]*')"
   echo "data: $data_note"
+  echo "mpi: $mpi_note"
   echo "tests (name, timeout s, skip code, command):"
   sed 's/^/  /' "$stage/tests.tsv"
   echo "files:"
   folders=(bin lib)
   [[ -d "$stage/data" ]] && folders+=(data)
+  [[ -d "$stage/openmpi" ]] && folders+=(openmpi)
   (cd "$stage" && find "${folders[@]}" -type f -printf '  %p %s bytes\n' | sort)
 } >"$stage/manifest.txt"
 

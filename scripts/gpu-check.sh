@@ -134,6 +134,17 @@ for root in nvidia.__path__:
 EOF
 )
 run_bundled() { LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+# Open MPI: this machine's, or the bundled runtime (scripts/bundle-openmpi.sh), relocated here;
+# the 2-rank runs (gpu.mpi_pipeline, xpipe-train --executor mpi) find it as $XPIPE_MPIRUN.
+mpi_origin="none: no mpirun here and none bundled"
+if command -v mpirun >/dev/null; then
+  export XPIPE_MPIRUN=${XPIPE_MPIRUN:-mpirun}
+  mpi_origin="this machine's ($(command -v mpirun))"
+elif [[ -f "$bundle/openmpi/openmpi-env.sh" ]]; then
+  # shellcheck disable=SC1091  # made by bundle-openmpi.sh
+  . "$bundle/openmpi/openmpi-env.sh" "$bundle"
+  mpi_origin="the bundle's ($(sed -n 's/^mpi: //p' "$bundle/manifest.txt"))"
+fi
 chmod +x "$bundle"/bin/* 2>/dev/null  # a copy that lost its modes
 # Every shared library each executable needs must resolve here; say which do not, once.
 unresolved=""
@@ -237,6 +248,34 @@ else
       "$logs/xpipe-train-$model.log")$'\n'
     save_logs
   done
+  # One GPU per MPI rank: 2 ranks sharing this GPU (ZB-V: two stages per rank) against the same
+  # run in one process; runs.csv's epoch, loss and test accuracy must be the same text.
+  if [[ -n "${XPIPE_MPIRUN:-}" ]]; then
+    v=(--device cuda -K 4 -M 4 --schedule zb-v --predictor latest --epochs 1
+      --train-samples 8192 --test-samples 2000 --data-dir "$data_dir")
+    (cd "$work" && run_bundled timeout 300 "$bundle/bin/xpipe-train" "${v[@]}" \
+      --out "$work/train-one") >"$logs/xpipe-train-one-process.log" 2>&1
+    one_rc=$?
+    (cd "$work" && run_bundled timeout 300 "$XPIPE_MPIRUN" --oversubscribe --allow-run-as-root \
+      -np 2 "$bundle/bin/xpipe-train" --executor mpi "${v[@]}" --out "$work/train-mpi") \
+      >"$logs/xpipe-train-mpi.log" 2>&1
+    mpi_rc=$?
+    one=$(cut -d, -f9-11 "$work/train-one/runs.csv" 2>/dev/null | tail -n +2)
+    two=$(cut -d, -f9-11 "$work/train-mpi/runs.csv" 2>/dev/null | tail -n +2)
+    mpi_rows=$(awk '/samples\/s/ && /%/ && !/^run/ {print "1 process: " $0}' \
+      "$logs/xpipe-train-one-process.log"; awk '/samples\/s/ && /%/ && !/^run/ {print "2 ranks:   " $0}' \
+      "$logs/xpipe-train-mpi.log")
+    if [[ $one_rc -eq 0 && $mpi_rc -eq 0 && -n "$one" && "$one" == "$two" ]]; then
+      mpi_verdict="the same epoch, loss and test accuracy (runs.csv): $one"
+    else
+      failed=1
+      mpi_verdict="FAILED: exit $one_rc (1 process) and $mpi_rc (2 ranks); runs.csv '$one' against '$two'"
+    fi
+    echo "gpu-check: xpipe-train --executor mpi on 2 ranks: $mpi_verdict"
+    save_logs
+  else
+    mpi_verdict="not run: $mpi_origin"
+  fi
 fi
 # The GPT over 4 stages (GPipe, M = 4) on 262,144 training and 65,536 validation tokens of the
 # bundled fortunes text: its CUDA attention, embedding and LayerNorm trained end to end.
@@ -397,6 +436,16 @@ EOF
     echo '```'
   fi
   [[ -n "$train_note" ]] && echo "$train_note"
+  echo
+  echo "One GPU per MPI rank: \`mpirun -np 2 xpipe-train --device cuda --executor mpi -K 4 -M 4" \
+    "--schedule zb-v\`, 2 ranks sharing this GPU, 8,192 training images, against one process" \
+    "(Open MPI: $mpi_origin): ${mpi_verdict:-not run (no study run above)}"
+  if [[ -n "${mpi_rows:-}" ]]; then
+    echo
+    echo '```'
+    echo "$mpi_rows"
+    echo '```'
+  fi
   echo
   echo "## the schedules on this machine's $cores cores: xpipe-plan validate"
   echo
