@@ -45,6 +45,8 @@ namespace xpipe {
 //!             receive is posted once the event is done (progress(), in slot order), never
 //!             while the copy may still read the pinned bytes.
 //! The emulated device enforces both host-side waits (tests/support/emulated_device.hpp).
+//! Usage: `Pipeline<S0, S1, XPipe, Cuda, MpiChannel>` (MpiChannel names it; MpiExecutor wires
+//! the ends and calls progress()).
 template <class B>
 class StagedMpiLink {
  public:
@@ -55,7 +57,9 @@ class StagedMpiLink {
   //! it an end between ranks only when the contexts were given (the constructor below).
   StagedMpiLink(int capacity, index_t rows, index_t cols)
       : capacity_(capacity), rows_(rows), cols_(cols) {
-    if (capacity < 1) throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1");
+    if (capacity < 1)
+      throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1 (got " +
+                        std::to_string(capacity) + ")");
     ring_.emplace(capacity, rows, cols);
   }
   StagedMpiLink(int capacity, index_t rows, index_t cols, const Context& producer,
@@ -66,11 +70,14 @@ class StagedMpiLink {
         producer_(producer),
         consumer_(consumer),
         has_contexts_(true) {
-    if (capacity < 1) throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1");
+    if (capacity < 1)
+      throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1 (got " +
+                        std::to_string(capacity) + ")");
     ring_.emplace(capacity, rows, cols, producer, consumer);
   }
   StagedMpiLink(StagedMpiLink&& o) noexcept { *this = std::move(o); }
   StagedMpiLink& operator=(StagedMpiLink&& o) noexcept {
+    if (this == &o) return *this;
     release();
     capacity_ = o.capacity_;
     rows_ = o.rows_;
@@ -166,9 +173,9 @@ class StagedMpiLink {
     }
     const auto u = static_cast<std::size_t>(cursor_);
     if (state_[u] != Slot::Enqueued)
-      throw Error(
-          "xpipe: StagedMpiLink: push() without release_back(ctx), which copies the "
-          "slot to its pinned staging");
+      throw Error("xpipe: StagedMpiLink: push() of micro-batch " +
+                  std::to_string(slots_[u].micro_batch) + " to rank " + std::to_string(end_.peer) +
+                  " without release_back(ctx), which copies the slot to its pinned staging");
     state_[u] = Slot::Staged;
     cursor_ = (cursor_ + 1) % capacity_;
     progress();
@@ -205,9 +212,10 @@ class StagedMpiLink {
     }
     const auto u = static_cast<std::size_t>(cursor_);
     if (state_[u] != Slot::Enqueued)
-      throw Error(
-          "xpipe: StagedMpiLink: pop() without acquire_front(ctx), which copies the "
-          "pinned slot to the device");
+      throw Error("xpipe: StagedMpiLink: pop() of micro-batch " +
+                  std::to_string(slots_[u].micro_batch) + " from rank " +
+                  std::to_string(end_.peer) +
+                  " without acquire_front(ctx), which copies the pinned slot to the device");
     state_[u] = Slot::Copying;
     cursor_ = (cursor_ + 1) % capacity_;
     progress();
@@ -303,8 +311,10 @@ class StagedMpiLink {
     state_[u] = Slot::Busy;
   }
 
-  // Cancels receives still posted and lets go of sends still in flight (only after a failed
-  // run), after this end's stream has passed its copies (they read or write the pinned slots).
+  // Cancels receives still posted (waiting for the cancel, so MPI no longer writes the pinned
+  // slots) and lets go of sends still in flight (only after a failed run, which the caller ends
+  // with MPI_Abort: MPI may still read a freed slot of such a send), after this end's stream has
+  // passed its copies (they read or write the pinned slots).
   void release() noexcept {
     if (!state_.empty()) {
       try {
@@ -315,8 +325,12 @@ class StagedMpiLink {
     }
     for (MPI_Request& r : requests_) {
       if (r == MPI_REQUEST_NULL) continue;
-      if (end_.role == LinkRole::Consumer) MPI_Cancel(&r);
-      MPI_Request_free(&r);
+      if (end_.role == LinkRole::Consumer) {
+        MPI_Cancel(&r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Request_free(&r);
+      }
     }
     requests_.clear();
     state_.clear();

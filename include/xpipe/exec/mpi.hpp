@@ -125,7 +125,7 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
   for (float& v : g) v *= inv;
 }
 
-//! Runs a Program whose links are MpiLink ends (a Pipeline<..., MpiChannel>) on the ranks of a
+//! Runs a Program whose links are MPI link ends (a Pipeline<..., MpiChannel>) on the ranks of a
 //! communicator: R replicas (`replicas`) of a pipeline of P = ranks / R ranks, rank r running
 //! worker r % P of replica r / P: stage r % P, or, when the schedule has virtual stages
 //! (interleaved 1F1B, ZB-V, DualPipeV: schedule.workers() = P < stages), every stage of that
@@ -236,8 +236,8 @@ class MpiExecutor {
   void run(P& program) {
     static_assert(
         requires { program.links().at(Channel{}).connect(MpiLinkEnd{}); },
-        "xpipe: MpiExecutor: the Program's links must be MpiLink ends: use "
-        "Pipeline<..., MpiChannel>");
+        "xpipe: MpiExecutor: the Program's links must be MPI link ends (MpiLink, StagedMpiLink): "
+        "use Pipeline<..., MpiChannel>");
     const Schedule& s = program.schedule();
     check_structure(s);  // any Program may hand one in: worker_steps needs it whole
     bool clipping = false;
@@ -258,7 +258,7 @@ class MpiExecutor {
                         " workers, but " + std::to_string(size_) + " ranks over " +
                         std::to_string(replicas_) + " replica(s) make " + std::to_string(workers_) +
                         " a pipeline (launch replicas x workers ranks)");
-    if (replicas_ > 1 && !has_gradients<P>)
+    if (replicas_ > 1 && !has_gradients<P> && !on_device<P>)
       throw ConfigError("xpipe: MpiExecutor: " + std::to_string(replicas_) +
                         " replicas need the Program's gradients(k) to average them");
     if (clipping && on_device<P>)
@@ -388,29 +388,50 @@ class MpiExecutor {
   const ExecutionTrace& trace() const { return trace_; }
 
   //! Broadcasts each stage's optimizer state (weights, moments, step count) and its layers'
-  //! state (BatchNorm running statistics) from the rank that
-  //! trained it to every rank of its pipeline, so that every rank holds the whole trained
-  //! model (to evaluate, checkpoint or compare it). Collective over each pipeline; `p` is the
-  //! Pipeline that run() trained.
+  //! state (BatchNorm running statistics) from the rank that trained it to every rank of its
+  //! pipeline, so that every rank holds the whole trained model (to evaluate, checkpoint or
+  //! compare it); a device pipeline's through host memory. Collective over each pipeline; `p`
+  //! is the Pipeline that run() trained.
   template <class Pipe>
   void share_stage_states(Pipe& p) {
     p.for_each_optimizer_state_on([&](int k, auto& opt, const auto& ctx) {
       using State = std::decay_t<decltype(opt)>;
       const index_t n = opt.size();
       const std::string what = "stage " + std::to_string(k) + "'s trained state";
-      share<Pipe>(opt.weights(), n, owner(k), ctx, what);
-      for (int m = 0; m < State::moment_buffers; ++m)
-        share<Pipe>(opt.moment(m), n, owner(k), ctx, what);
+      const Awaited all = collective(what, rank_of(0, replica_), 1, workers_);
       long steps = opt.steps_taken();
-      MPI_Request req = MPI_REQUEST_NULL;
-      XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, owner(k), pipeline_, &req));
-      wait_request(req, first_stage_, "share", collective(what, rank_of(0, replica_), 1, workers_));
+      if constexpr (Pipe::on_device) {  // through host memory, a buffer at a time
+        share_staged(opt.weights(), n, owner(k), ctx, all);
+        for (int m = 0; m < State::moment_buffers; ++m)
+          share_staged(opt.moment(m), n, owner(k), ctx, all);
+        MPI_Request req = MPI_REQUEST_NULL;
+        XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, owner(k), pipeline_, &req));
+        wait_request(req, first_stage_, "share", all);
+      } else {  // straight from and into the buffers, every broadcast started before any wait
+        std::vector<MPI_Request> reqs(State::moment_buffers + 2, MPI_REQUEST_NULL);
+        const int root = owner(k), count = static_cast<int>(n);
+        XPIPE_MPI_CHECK(MPI_Ibcast(opt.weights(), count, MPI_FLOAT, root, pipeline_, &reqs[0]));
+        for (int m = 0; m < State::moment_buffers; ++m)
+          XPIPE_MPI_CHECK(MPI_Ibcast(opt.moment(m), count, MPI_FLOAT, root, pipeline_,
+                                     &reqs[static_cast<std::size_t>(m) + 1]));
+        XPIPE_MPI_CHECK(MPI_Ibcast(&steps, 1, MPI_LONG, root, pipeline_, &reqs.back()));
+        for (MPI_Request& r : reqs) wait_request(r, first_stage_, "share", all);
+      }
       opt.set_steps_taken(steps);
     });
     // The layers' non-trainable state (BatchNorm's running statistics) too: the rank that
     // evaluates or checkpoints needs every stage's, not the initial ones.
     p.for_each_running_state_on([&](int k, float* state, index_t n, const auto& ctx) {
-      share<Pipe>(state, n, owner(k), ctx, "stage " + std::to_string(k) + "'s layer state");
+      const Awaited all = collective("stage " + std::to_string(k) + "'s layer state",
+                                     rank_of(0, replica_), 1, workers_);
+      if constexpr (Pipe::on_device) {
+        share_staged(state, n, owner(k), ctx, all);
+      } else {
+        MPI_Request req = MPI_REQUEST_NULL;
+        XPIPE_MPI_CHECK(
+            MPI_Ibcast(state, static_cast<int>(n), MPI_FLOAT, owner(k), pipeline_, &req));
+        wait_request(req, first_stage_, "share", all);
+      }
     });
   }
 
@@ -446,24 +467,6 @@ class MpiExecutor {
     return "rank " + std::to_string(r) + (count > 1 ? " (stages " : " (stage ") + stages + ")";
   }
 
-  // Broadcasts n floats at `data` from pipeline rank `root` (share_stage_states). On a device
-  // (Pipe::on_device) they go through host memory: copied out on the root, in on the others,
-  // each copy waited for on ctx's stream (between runs).
-  template <class Pipe, class Ctx>
-  void share(float* data, index_t n, int root, const Ctx& ctx, const std::string& what) {
-    float* at = data;
-    if constexpr (Pipe::on_device) {
-      share_staging_.resize(static_cast<std::size_t>(n));
-      at = share_staging_.data();
-      if (root == worker_) copy_to_host(ctx, static_cast<const float*>(data), at, n);
-    }
-    MPI_Request req = MPI_REQUEST_NULL;
-    XPIPE_MPI_CHECK(MPI_Ibcast(at, static_cast<int>(n), MPI_FLOAT, root, pipeline_, &req));
-    wait_request(req, first_stage_, "share", collective(what, rank_of(0, replica_), 1, workers_));
-    if constexpr (Pipe::on_device)
-      if (root != worker_) copy_from_host(ctx, static_cast<const float*>(at), data, n);
-  }
-
   // What a wait waits for: one rank (`rank`), or the ranks of a collective (first, first +
   // stride, ..., `count` of them; rank -1), or, for neither, nobody in particular.
   struct Awaited {
@@ -473,6 +476,20 @@ class MpiExecutor {
   };
   static Awaited collective(std::string what, int first, int stride, int count) {
     return {std::move(what), -1, first, stride, count};
+  }
+
+  // Broadcasts n floats of device memory at `data` from pipeline rank `root`
+  // (share_stage_states on a device) through host memory: copied out on the root, in on the
+  // others, each copy waited for on ctx's stream (between runs).
+  template <class Ctx>
+  void share_staged(float* data, index_t n, int root, const Ctx& ctx, const Awaited& all) {
+    share_staging_.resize(static_cast<std::size_t>(n));
+    float* at = share_staging_.data();
+    if (root == worker_) copy_to_host(ctx, static_cast<const float*>(data), at, n);
+    MPI_Request req = MPI_REQUEST_NULL;
+    XPIPE_MPI_CHECK(MPI_Ibcast(at, static_cast<int>(n), MPI_FLOAT, root, pipeline_, &req));
+    wait_request(req, first_stage_, "share", all);
+    if (root != worker_) copy_from_host(ctx, static_cast<const float*>(at), data, n);
   }
 
   // Wires this rank's ends of every boundary: a producer or consumer end towards the rank of

@@ -609,7 +609,7 @@ class Pipeline {
     // process's ends; stage k's flat gradient, to all-reduce it over replicas; each
     // micro-batch's loss, which only the last stage computes, to share it.
     Links<queue>& links() { return p->run_.links; }
-    std::span<float> gradients(int k) {
+    std::span<float> gradients(int k) requires(!on_device) {
       return detail::visit_stage(p->runtimes_, k, [](auto& rt, auto) {
         return std::span<float>(rt.opt.grads(), static_cast<std::size_t>(rt.opt.size()));
       });
