@@ -24,35 +24,14 @@
 #include <vector>
 
 #include "../support/support.hpp"
+#include "mpi_support.hpp"
 #include "xpipe/exec/mpi.hpp"
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
+using namespace xpipe::test::mpi;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-using A = Stage<Linear<12, 16>, ReLU>;
-using B = Stage<Linear<16, 16>, GELU>;
-using C = Stage<Linear<16, 16>, ReLU>;
-using D = Stage<Linear<16, 4>>;
-
-// The optimizer each predictor is meant for (SpecTrain: SGD momentum; XPipe: AdamW).
-AnyOptimizer optimizer_for(const std::string& predictor) {
-  if (predictor == "spectrain") return make_optimizer("sgd", 0.05f);
-  if (predictor == "xpipe") return make_optimizer("adamw", 1e-2f);
-  return make_optimizer("adam", 1e-2f);
-}
 
 // A 64-bit FNV-1a hash of the bytes of `w`: replicas compare it instead of whole buffers.
 std::uint64_t hash_of(const std::vector<float>& w) {
@@ -60,13 +39,6 @@ std::uint64_t hash_of(const std::vector<float>& w) {
   const auto* b = reinterpret_cast<const unsigned char*>(w.data());
   for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
   return h;
-}
-
-// Failures on this rank; the test fails when any rank counts one.
-int failures = 0;
-void fail(const std::string& what) {
-  ++failures;
-  std::fprintf(stderr, "FAIL rank %d: %s\n", world_rank(), what.c_str());
 }
 
 struct Outcome {
@@ -232,17 +204,6 @@ void bitwise() {
   } else {
     throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(n) + ")");
   }
-}
-
-// Replica r's rows of d (replica_rows), gathered into a contiguous copy.
-test::LabelledData replica_data(const test::LabelledData& d, index_t batch, int M, int R, int r) {
-  const std::vector<index_t> rows = replica_rows(d.rows, batch, M, R, r);
-  test::LabelledData out{{}, {}, static_cast<index_t>(rows.size()), d.cols};
-  for (index_t i : rows) {
-    out.x.insert(out.x.end(), d.x.begin() + i * d.cols, d.x.begin() + (i + 1) * d.cols);
-    out.y.push_back(d.y[static_cast<std::size_t>(i)]);
-  }
-  return out;
 }
 
 // dp = 2 replicas of a pipeline of 2 ranks on 4 ranks: 2 stages (virtual = false), or 4 stages,
@@ -492,9 +453,5 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  int total = 0;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (world_rank() == 0) std::printf("%s: %s\n", mode.c_str(), total == 0 ? "ok" : "FAILED");
-  MPI_Finalize();
-  return total == 0 ? 0 : 1;
+  return finish(mode);
 }

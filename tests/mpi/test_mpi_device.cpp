@@ -23,46 +23,21 @@
 
 #include "../support/emulated_device.hpp"
 #include "../support/support.hpp"
+#include "mpi_support.hpp"
 #include "xpipe/exec/mpi.hpp"
 #include "xpipe/xpipe.hpp"
 
 using namespace xpipe;
+using namespace xpipe::test::mpi;
 using test::EmulatedDevice;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-using A = Stage<Linear<12, 16>, ReLU>;
-using B = Stage<Linear<16, 16>, GELU>;
-using C = Stage<Linear<16, 16>, ReLU>;
-using D = Stage<Linear<16, 4>>;
 
 template <class... S>
 using HostPipe = Pipeline<S..., AnyPredictor, AnyOptimizer, MpiChannel>;
 template <class... S>
 using DevicePipe = Pipeline<S..., AnyPredictor, AnyOptimizer, EmulatedDevice, MpiChannel>;
 
-AnyOptimizer optimizer_for(const std::string& predictor) {
-  if (predictor == "spectrain") return make_optimizer("sgd", 0.05f);
-  if (predictor == "xpipe") return make_optimizer("adamw", 1e-2f);
-  return make_optimizer("adam", 1e-2f);
-}
-
-int failures = 0;
-void fail(const std::string& what) {
-  ++failures;
-  std::fprintf(stderr, "FAIL rank %d: %s\n", world_rank(), what.c_str());
-}
 // A run that failed where it should not have: the ranks may be out of step (one gave up, the
 // others wait on it), so the job ends here rather than at every later wait's deadline.
 [[noreturn]] void fatal(const std::string& what) {
@@ -215,17 +190,6 @@ void bitwise() {
   } else {
     throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(world_size()) + ")");
   }
-}
-
-// Replica r's rows of d (replica_rows), gathered.
-test::LabelledData replica_data(const test::LabelledData& d, index_t batch, int M, int R, int r) {
-  const std::vector<index_t> rows = replica_rows(d.rows, batch, M, R, r);
-  test::LabelledData out{{}, {}, static_cast<index_t>(rows.size()), d.cols};
-  for (index_t i : rows) {
-    out.x.insert(out.x.end(), d.x.begin() + i * d.cols, d.x.begin() + (i + 1) * d.cols);
-    out.y.push_back(d.y[static_cast<std::size_t>(i)]);
-  }
-  return out;
 }
 
 // 2 replicas of a 2-rank pipeline on 4 ranks: each stage's gradient copied to pinned memory,
@@ -387,9 +351,5 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  int total = 0;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (world_rank() == 0) std::printf("%s: %s\n", mode.c_str(), total == 0 ? "ok" : "FAILED");
-  MPI_Finalize();
-  return total == 0 ? 0 : 1;
+  return finish(mode);
 }

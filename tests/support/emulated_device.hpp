@@ -398,17 +398,10 @@ class EmulatedEvent {
     state_->stream = ctx.stream->core();
     state_->position = state_->stream->position();
   }
-  //! Whether ctx's stream has run what was enqueued before the record current now (never
+  //! Whether the stream of the record current now has run what was enqueued before it (never
   //! recorded: true); throws the device's fault, as cudaEventQuery returns a sticky error.
   bool done() const {
-    check_live();
-    std::shared_ptr<emu::StreamCore> on;
-    std::uint64_t pos = 0;
-    {
-      std::lock_guard lock(state_->m);
-      on = state_->stream;
-      pos = state_->position;
-    }
+    const auto [on, pos] = current_record();
     if (on == nullptr || EmulatedDevice::done_early) return true;
     bool passed = false;
     {
@@ -421,14 +414,7 @@ class EmulatedEvent {
   }
   //! Makes ctx's stream wait for the record current now (later records do not move it).
   void wait(const EmulatedContext& ctx) const {
-    check_live();
-    std::shared_ptr<emu::StreamCore> on;
-    std::uint64_t pos = 0;
-    {
-      std::lock_guard lock(state_->m);
-      on = state_->stream;
-      pos = state_->position;
-    }
+    const auto [on, pos] = current_record();
     if (on == nullptr || EmulatedDevice::skip_waits) return;  // never recorded: complete
     ctx.stream->enqueue([on, pos] { on->wait_for(pos); });
   }
@@ -436,6 +422,12 @@ class EmulatedEvent {
  private:
   void check_live() const {
     if (!state_) throw BackendError("xpipe: emulated device: use of a moved-from event");
+  }
+  // The stream and position of the record current now (none: never recorded).
+  std::pair<std::shared_ptr<emu::StreamCore>, std::uint64_t> current_record() const {
+    check_live();
+    std::lock_guard lock(state_->m);
+    return {state_->stream, state_->position};
   }
   struct State {
     std::mutex m;
