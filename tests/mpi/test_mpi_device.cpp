@@ -192,33 +192,41 @@ void bitwise() {
   }
 }
 
-// 2 replicas of a 2-rank pipeline on 4 ranks: each stage's gradient copied to pinned memory,
-// summed by MPI, divided and copied back; the host pipeline over the same ranks is the oracle
-// (the same sums in the same order: the same bits).
-void data_parallel() {
-  if (world_size() != 4) throw ConfigError("dp: run on 4 ranks");
-  const int R = 2, M = 2;
+// 2 replicas of a 2-rank pipeline on 4 ranks, of 2 stages (virtual = false) or of 4, two per
+// rank (virtual = true: a device ring between each rank's two stages): each stage's gradient
+// copied to pinned memory, summed by MPI, divided and copied back; the host pipeline over the
+// same ranks is the oracle (the same sums in the same order: the same bits).
+template <class... S>
+int data_parallel_for(bool virtual_stages) {
+  const int R = 2, M = virtual_stages ? 4 : 2;
   const index_t batch = 16;
   const test::LabelledData d = test::random_classification(96, 12, 4, 5);
   MpiExecutor exec(MPI_COMM_WORLD, R);
   const test::LabelledData mine = replica_data(d, batch, M, R, exec.replica());
   int compared = 0;
   for (const char* sched : schedule_names) {
-    if (stages_per_worker(sched) > 1) continue;
+    if ((stages_per_worker(sched) > 1) != virtual_stages) continue;
     for (const char* pred : {"latest", "xpipe"}) {
       const std::string what = std::string(sched) + " x " + pred + ", 2 replicas";
-      const Outcome host = train<HostPipe<A, D>>(exec, sched, pred, M, batch / R, mine, 2);
+      const Outcome host = train<HostPipe<S...>>(exec, sched, pred, M, batch / R, mine, 2);
       Emulation emulation(20, exec.worker(), 100);
-      const Outcome device = train<DevicePipe<A, D>>(exec, sched, pred, M, batch / R, mine, 2);
+      const Outcome device = train<DevicePipe<S...>>(exec, sched, pred, M, batch / R, mine, 2);
       compared += compare(what, host, device);
       if (!host.error.empty() && std::string(sched) != "2bw") fail(what + ": " + host.error);
     }
   }
+  return compared;
+}
+
+void data_parallel() {
+  if (world_size() != 4) throw ConfigError("dp: run on 4 ranks");
+  const int two = data_parallel_for<A, D>(false);
+  const int four = data_parallel_for<A, B, C, D>(true);
   if (world_rank() == 0)
     std::printf(
-        "dp: %d device runs of 2 replicas x 2 ranks equal to the host's over the same "
-        "ranks\n",
-        compared);
+        "dp: %d device runs of 2 replicas x 2 ranks of 2 stages, %d of 4 stages, equal to the "
+        "host's over the same ranks\n",
+        two, four);
 }
 
 // One StagedMpiLink between 2 ranks, without a pipeline's back-pressure: rank 0's stream
