@@ -85,10 +85,7 @@ class MpiLink {
       ring_.emplace(capacity_, rows_, cols_);
       return;
     }
-    int* ub = nullptr;
-    int flag = 0;
-    XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
-    tag_ub_ = flag && ub ? *ub : 32767;
+    tag_ub_ = mpi_tag_upper_bound(end_.comm);
     storage_ = typename B::template Buffer<float>(capacity_ * rows_ * cols_);
     slots_.assign(static_cast<std::size_t>(capacity_), {});
     requests_.assign(static_cast<std::size_t>(capacity_), MPI_REQUEST_NULL);
@@ -114,10 +111,9 @@ class MpiLink {
       return;
     }
     MicroBatchMessage& m = back();
-    XPIPE_MPI_CHECK(
-        MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
-                  mpi_link_tag(m.micro_batch, end_.direction, tag_ub_, end_.lane, end_.lanes),
-                  end_.comm, &requests_[static_cast<std::size_t>(cursor_)]));
+    XPIPE_MPI_CHECK(MPI_Isend(m.data.data, static_cast<int>(m.data.rows * cols_), MPI_FLOAT,
+                              end_.peer, end_.tag(m.micro_batch, tag_ub_), end_.comm,
+                              &requests_[static_cast<std::size_t>(cursor_)]));
     arrived_[static_cast<std::size_t>(cursor_)] = 0;
     cursor_ = (cursor_ + 1) % capacity_;
   }
@@ -177,9 +173,8 @@ class MpiLink {
     }
     const int g = end_.order[posted_++];
     slots_[u].micro_batch = g;
-    XPIPE_MPI_CHECK(MPI_Irecv(
-        slots_[u].data.data, static_cast<int>(rows_ * cols_), MPI_FLOAT, end_.peer,
-        mpi_link_tag(g, end_.direction, tag_ub_, end_.lane, end_.lanes), end_.comm, &requests_[u]));
+    XPIPE_MPI_CHECK(MPI_Irecv(slots_[u].data.data, static_cast<int>(rows_ * cols_), MPI_FLOAT,
+                              end_.peer, end_.tag(g, tag_ub_), end_.comm, &requests_[u]));
   }
 
   // Cancels receives still posted and lets go of sends still in flight (only after a failed

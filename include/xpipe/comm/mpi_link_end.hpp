@@ -35,6 +35,24 @@ inline void mpi_check(int rc, const char* call) {
 //! two stages are its own: a ring in memory, no MPI), or neither.
 enum class LinkRole : unsigned char { None, Producer, Consumer, Both };
 
+//! The tag of micro-batch g's message in `direction` on `lane` of `lanes`: 2 (lanes g + lane) +
+//! direction, g wrapped below tag_ub (the receives in flight on one link are a few apart, never
+//! 2^20 / lanes, so a wrapped tag is never ambiguous). One lane: 2g + direction.
+inline int mpi_link_tag(int g, int direction, int tag_ub, int lane = 0, int lanes = 1) {
+  const int per_g = 2 * lanes;
+  const int wrap = tag_ub < (1 << 21) ? (tag_ub + 1) / per_g : (1 << 20) / lanes;
+  return per_g * (g % wrap) + 2 * lane + direction;
+}
+
+//! The largest tag MPI allows on `comm` (MPI_TAG_UB; 32767, the least the standard promises,
+//! when the attribute is missing).
+inline int mpi_tag_upper_bound(MPI_Comm comm) {
+  int* ub = nullptr;
+  int flag = 0;
+  XPIPE_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag));
+  return flag && ub ? *ub : 32767;
+}
+
 //! How a rank's end of one link is wired: the communicator, the peer's rank in it, the
 //! direction (0: activations, 1: gradients; part of every tag), for a consumer the micro-batch
 //! numbers in the order its actions pop them (receives are posted in that order), and the lane
@@ -47,15 +65,8 @@ struct MpiLinkEnd {
   int direction = 0;
   std::vector<int> order;
   int lane = 0, lanes = 1;
+  //! The tag of micro-batch g's message on this end (mpi_link_tag).
+  int tag(int g, int tag_ub) const { return mpi_link_tag(g, direction, tag_ub, lane, lanes); }
 };
-
-//! The tag of micro-batch g's message in `direction` on `lane` of `lanes`: 2 (lanes g + lane) +
-//! direction, g wrapped below tag_ub (the receives in flight on one link are a few apart, never
-//! 2^20 / lanes, so a wrapped tag is never ambiguous). One lane: 2g + direction.
-inline int mpi_link_tag(int g, int direction, int tag_ub, int lane = 0, int lanes = 1) {
-  const int per_g = 2 * lanes;
-  const int wrap = tag_ub < (1 << 21) ? (tag_ub + 1) / per_g : (1 << 20) / lanes;
-  return per_g * (g % wrap) + 2 * lane + direction;
-}
 
 }  // namespace xpipe

@@ -56,23 +56,17 @@ class StagedMpiLink {
   //! A ring whose two ends are on the current device (Queue's constructor); connect() may make
   //! it an end between ranks only when the contexts were given (the constructor below).
   StagedMpiLink(int capacity, index_t rows, index_t cols)
-      : capacity_(capacity), rows_(rows), cols_(cols) {
-    if (capacity < 1)
-      throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1 (got " +
-                        std::to_string(capacity) + ")");
+      : capacity_(checked(capacity)), rows_(rows), cols_(cols) {
     ring_.emplace(capacity, rows, cols);
   }
   StagedMpiLink(int capacity, index_t rows, index_t cols, const Context& producer,
                 const Context& consumer)
-      : capacity_(capacity),
+      : capacity_(checked(capacity)),
         rows_(rows),
         cols_(cols),
         producer_(producer),
         consumer_(consumer),
         has_contexts_(true) {
-    if (capacity < 1)
-      throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1 (got " +
-                        std::to_string(capacity) + ")");
     ring_.emplace(capacity, rows, cols, producer, consumer);
   }
   StagedMpiLink(StagedMpiLink&& o) noexcept { *this = std::move(o); }
@@ -122,10 +116,7 @@ class StagedMpiLink {
       ring_.emplace(capacity_, rows_, cols_, producer_, consumer_);
       return;
     }
-    int* ub = nullptr;
-    int flag = 0;
-    XPIPE_MPI_CHECK(MPI_Comm_get_attr(end_.comm, MPI_TAG_UB, &ub, &flag));
-    tag_ub_ = flag && ub ? *ub : 32767;
+    tag_ub_ = mpi_tag_upper_bound(end_.comm);
     detail::activate_context(mine());
     const index_t floats = capacity_ * rows_ * cols_;
     device_ = typename B::template Buffer<float>(floats);
@@ -249,6 +240,13 @@ class StagedMpiLink {
   }
 
  private:
+  static int checked(int capacity) {
+    if (capacity < 1)
+      throw ConfigError("xpipe: StagedMpiLink: capacity must be >= 1 (got " +
+                        std::to_string(capacity) + ")");
+    return capacity;
+  }
+
   // What a slot holds. Producer: Free (may be filled), Enqueued (its copy to pinned memory is
   // enqueued), Staged (pushed; the send starts when the copy is done), Busy (the send is in
   // flight). Consumer: Busy (a receive is posted), Arrived, Enqueued (its copy to the device is
@@ -289,10 +287,9 @@ class StagedMpiLink {
   void start_send(int i) const {
     const auto u = static_cast<std::size_t>(i);
     const MicroBatchMessage& m = slots_[u];
-    XPIPE_MPI_CHECK(
-        MPI_Isend(pinned(i), static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
-                  mpi_link_tag(m.micro_batch, end_.direction, tag_ub_, end_.lane, end_.lanes),
-                  end_.comm, &requests_[u]));
+    XPIPE_MPI_CHECK(MPI_Isend(pinned(i), static_cast<int>(m.data.rows * cols_), MPI_FLOAT,
+                              end_.peer, end_.tag(m.micro_batch, tag_ub_), end_.comm,
+                              &requests_[u]));
     state_[u] = Slot::Busy;
   }
   // Posts slot i's receive for the next micro-batch of the order (none left: the slot is Free).
@@ -306,8 +303,7 @@ class StagedMpiLink {
     const int g = end_.order[posted_++];
     slots_[u].micro_batch = g;
     XPIPE_MPI_CHECK(MPI_Irecv(pinned(i), static_cast<int>(rows_ * cols_), MPI_FLOAT, end_.peer,
-                              mpi_link_tag(g, end_.direction, tag_ub_, end_.lane, end_.lanes),
-                              end_.comm, &requests_[u]));
+                              end_.tag(g, tag_ub_), end_.comm, &requests_[u]));
     state_[u] = Slot::Busy;
   }
 
