@@ -543,3 +543,55 @@ TEST_CASE("BatchNorm2d's channel sums go level by level and equal a plain sum",
     }
   }
 }
+
+TEST_CASE("The backward's two channel sums in one pass have the bits of one pass each",
+          "[layers][batchnorm]") {
+  // channel_sum_pairs (sum(dy) and sum(dy xhat) from one read of x and dy) against two
+  // channel_sums calls, the path the backward took before, bit for bit; and the pair against a
+  // long-double sum term by term, for shapes of 0, 1, 2 and 3 levels, on one and two threads.
+  for (const int threads : {1, 2})
+    for (const auto& [rows, channels, plane] : std::vector<std::array<int, 3>>{
+             {1, 2, 1}, {1, 2, 100}, {3, 2, 49}, {5, 3, 300}, {130, 2, 784}}) {
+      const xpipe::NormGeometry g{rows, channels, plane};
+      const auto n = static_cast<std::size_t>(rows) * channels * plane;
+      std::vector<float> x(n), dy(n), stats(2 * static_cast<std::size_t>(channels));
+      xpipe::Rng rng{static_cast<std::uint64_t>(rows * 7 + plane)};
+      for (float& v : x) v = rng.uniform(-1.f, 3.f);
+      for (float& v : dy) v = rng.uniform(-2.f, 2.f);
+      for (int c = 0; c < channels; ++c) {
+        stats[static_cast<std::size_t>(c)] = 0.5f + 0.25f * static_cast<float>(c);  // mean
+        stats[static_cast<std::size_t>(channels + c)] = 1.5f;                       // invstd
+      }
+      const index_t width = static_cast<index_t>(channels) * plane;
+      const ConstMatrix xm{x.data(), rows, width}, dym{dy.data(), rows, width};
+      const xpipe::ops::ValueTerm sum_dy{dym};
+      const xpipe::ops::GradientXhatTerm sum_dy_xhat{xm, dym, stats.data(), channels};
+      const HostContext ctx{.threads = threads};
+      std::vector<double> scratch(static_cast<std::size_t>(xpipe::batch_norm_scratch_doubles(g)));
+      std::vector<double> one_a(static_cast<std::size_t>(channels)), one_b(one_a.size());
+      xpipe::channel_sums(ctx, g, sum_dy, scratch.data(), one_a.data());
+      xpipe::channel_sums(ctx, g, sum_dy_xhat, scratch.data(), one_b.data());
+      std::vector<double> pair_a(one_a.size(), -1), pair_b(one_a.size(), -1);
+      xpipe::channel_sum_pairs(ctx, g, sum_dy, sum_dy_xhat, scratch.data(), pair_a.data(),
+                               pair_b.data());
+      INFO("threads " << threads << ", rows " << rows << ", channels " << channels << ", plane "
+                      << plane);
+      CHECK(pair_a == one_a);
+      CHECK(pair_b == one_b);
+      for (int c = 0; c < channels; ++c) {
+        long double a = 0, b = 0;
+        const float mean = stats[static_cast<std::size_t>(c)],
+                    invstd = stats[static_cast<std::size_t>(channels + c)];
+        for (int r = 0; r < rows; ++r)
+          for (int i = 0; i < plane; ++i) {
+            const index_t col = static_cast<index_t>(c) * plane + i;
+            a += dym(r, col);
+            b += static_cast<long double>(dym(r, col)) * ((xm(r, col) - mean) * invstd);
+          }
+        CHECK(pair_a[static_cast<std::size_t>(c)] ==
+              Approx(static_cast<double>(a)).epsilon(1e-12).margin(1e-9));
+        CHECK(pair_b[static_cast<std::size_t>(c)] ==
+              Approx(static_cast<double>(b)).epsilon(1e-9).margin(1e-6));
+      }
+    }
+}

@@ -47,6 +47,29 @@ XPIPE_HOST_DEVICE double lane_sum(index_t n, const F& f) {
   return s;
 }
 
+//! Two lane_sum's in one loop over the terms: f's into sf and g's into sg, each with the bits
+//! lane_sum gives it alone (the same lanes, the same order), reading the terms' inputs once.
+template <class F, class G>
+XPIPE_HOST_DEVICE void lane_sums(index_t n, const F& f, const G& g, double& sf, double& sg) {
+  double lf[reduce_lanes] = {}, lg[reduce_lanes] = {};
+  const index_t whole = n / reduce_lanes * reduce_lanes;
+  for (index_t t = 0; t < whole; t += reduce_lanes)
+    for (int j = 0; j < reduce_lanes; ++j) {
+      lf[j] += f(t + j);
+      lg[j] += g(t + j);
+    }
+  for (index_t t = whole; t < n; ++t) {
+    lf[t - whole] += f(t);
+    lg[t - whole] += g(t);
+  }
+  sf = 0;
+  sg = 0;
+  for (int j = 0; j < reduce_lanes; ++j) {
+    sf += lf[j];
+    sg += lg[j];
+  }
+}
+
 //! How a channel's terms, `rows` planes of `plane`, are summed: each plane in chunks of
 //! reduce_chunk (the last one shorter), each chunk in lanes (level 1: rows ceil(plane /
 //! reduce_chunk) partial sums per channel, in row then chunk order), then those partial sums in
@@ -149,6 +172,28 @@ struct ChannelChunkSums {
     const index_t col = c * g.plane + first;
     out[i] =
         math::lane_sum(math::chunk_count(g.plane, first), [&](index_t t) { return f(r, col + t); });
+  }
+};
+
+//! Level 1 of two channel reductions at once (the backward's sums of dy and of dy xhat): what
+//! ChannelChunkSums<A> and ChannelChunkSums<B> give, into out_a[i] and out_b[i], in one pass.
+template <class A, class B>
+struct ChannelChunkSumPairs {
+  NormGeometry g;
+  A a;
+  B b;
+  index_t chunks, partials;
+  double* out_a;
+  double* out_b;
+  XPIPE_HOST_DEVICE void operator()(index_t i) const {
+    const index_t c = i / partials, s = i - c * partials, r = s / chunks,
+                  first = (s - r * chunks) * math::reduce_chunk;
+    const auto fa = a.at(c);
+    const auto fb = b.at(c);
+    const index_t col = c * g.plane + first;
+    math::lane_sums(
+        math::chunk_count(g.plane, first), [&](index_t t) { return fa(r, col + t); },
+        [&](index_t t) { return fb(r, col + t); }, out_a[i], out_b[i]);
   }
 };
 
@@ -274,15 +319,35 @@ struct BatchNormBackwardInput {
 
 }  // namespace ops
 
-//! Doubles of the scratch a channel reduction of g takes (every level's partial sums) plus its
-//! two results of C doubles each (batch_norm_statistics: the sums of x and of the squared
-//! deviations; the backward: of dy and of dy xhat). Usage: `Buffer<double>
-//! scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
-constexpr index_t batch_norm_scratch_doubles(const NormGeometry& g) {
-  index_t partial_sums = 0;  // per channel, of the levels before the last
+//! Doubles of every level's partial sums but the last, per channel, of one channel reduction.
+constexpr index_t channel_partial_sums(const NormGeometry& g) {
+  index_t partial_sums = 0;
   for (int l = 1; l < math::channel_sum_levels(g.rows, g.plane); ++l)
     partial_sums += math::channel_sum_partials(g.rows, g.plane, l);
-  return g.channels * (partial_sums + 2);
+  return partial_sums;
+}
+
+//! Doubles of the scratch BatchNorm's reductions of g take: two reductions' partial sums at
+//! once (the backward sums dy and dy xhat in one pass) plus their two results of C doubles each
+//! (batch_norm_statistics: the sums of x and of the squared deviations; the backward: of dy and
+//! of dy xhat). Usage: `Buffer<double> scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
+constexpr index_t batch_norm_scratch_doubles(const NormGeometry& g) {
+  return g.channels * (2 * channel_partial_sums(g) + 2);
+}
+
+// The levels after the first of a channel reduction whose level-1 partial sums (`partials` per
+// channel) are in `level` (the scratch, unless one level is all), the later ones after them.
+template <class Ctx>
+void channel_sum_levels_after_first(const Ctx& ctx, const NormGeometry& g, double* level,
+                                    index_t partials, double* out) {
+  const int levels = math::channel_sum_levels(g.rows, g.plane);
+  for (int l = 2; l <= levels; ++l) {
+    const index_t next = l == levels ? 1 : math::channel_sum_partials(g.rows, g.plane, l);
+    double* into = l == levels ? out : level + g.channels * partials;
+    for_each_element(ctx, g.channels, next, ops::PartialChunkSums{level, partials, next, into});
+    level = into;
+    partials = next;
+  }
 }
 
 //! out[c] = the sum over rows and pixels of channel c's terms (ops::ValueTerm and the others),
@@ -299,13 +364,23 @@ void channel_sums(const Ctx& ctx, const NormGeometry& g, const Term& term, doubl
   index_t partials = g.rows * chunks;
   for_each_index(ctx, g.channels * partials, g.channels * g.rows * g.plane,
                  ops::ChannelChunkSums<Term>{g, term, chunks, partials, level});
-  for (int l = 2; l <= levels; ++l) {
-    const index_t next = l == levels ? 1 : math::channel_sum_partials(g.rows, g.plane, l);
-    double* into = l == levels ? out : level + g.channels * partials;
-    for_each_element(ctx, g.channels, next, ops::PartialChunkSums{level, partials, next, into});
-    level = into;
-    partials = next;
-  }
+  channel_sum_levels_after_first(ctx, g, level, partials, out);
+}
+
+//! out_a[c] and out_b[c]: the channel sums of two terms, each with the bits channel_sums gives
+//! it, the first level of both in one pass over the rows (its inputs read once). `scratch`: two
+//! reductions' partial sums (2 channel_partial_sums(g) per channel).
+template <class Ctx, class A, class B>
+void channel_sum_pairs(const Ctx& ctx, const NormGeometry& g, const A& a, const B& b,
+                       double* scratch, double* out_a, double* out_b) {
+  const int levels = math::channel_sum_levels(g.rows, g.plane);
+  const index_t chunks = math::chunks_of(g.plane), partials = g.rows * chunks;
+  double* level_a = levels <= 1 ? out_a : scratch;
+  double* level_b = levels <= 1 ? out_b : scratch + g.channels * channel_partial_sums(g);
+  for_each_index(ctx, g.channels * partials, 2 * g.channels * g.rows * g.plane,
+                 ops::ChannelChunkSumPairs<A, B>{g, a, b, chunks, partials, level_a, level_b});
+  channel_sum_levels_after_first(ctx, g, level_a, partials, out_a);
+  channel_sum_levels_after_first(ctx, g, level_b, partials, out_b);
 }
 
 //! Training statistics of x (mean, invstd into stats: 2 C floats), updating `running` (mean,
@@ -354,9 +429,8 @@ void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix
                               const float* stats, float* sums, float* dgamma, float* dbeta,
                               bool accumulate, double* scratch) {
   double* reduced = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
-  channel_sums(ctx, g, ops::ValueTerm{dy}, scratch, reduced);
-  channel_sums(ctx, g, ops::GradientXhatTerm{x, dy, stats, g.channels}, scratch,
-               reduced + g.channels);
+  channel_sum_pairs(ctx, g, ops::ValueTerm{dy}, ops::GradientXhatTerm{x, dy, stats, g.channels},
+                    scratch, reduced, reduced + g.channels);
   for_each_index(ctx, g.channels,
                  ops::BatchNormBackwardSums{reduced, g.channels, sums, dgamma, dbeta, accumulate});
 }
