@@ -836,6 +836,28 @@ case $case in
     run 2 "${small[@]}" --clip-norm -1
     says "--clip-norm"
     ;;
+  threads_per_stage)  # --threads: both executors train the same bits, recorded, resumed alike
+    base=(--model resnet --train-samples 256 --test-samples 100 --stages 2 -M 2 --batch 64)
+    run 0 "${base[@]}" --threads 2 --epochs 1 --executor reference --checkpoint-dir ck --out ref
+    run 0 "${base[@]}" --threads 2 --epochs 1 --out thr
+    same_epochs ref thr "executors differ at --threads 2"
+    grep -Eq '"threads": ?2' ref/runs.json || fail "runs.json lacks threads 2"
+    grep -q '^field run.threads 2$' ck/async-1f1b_xpipe_adam/ckpt-000001/MANIFEST ||
+      fail "the MANIFEST does not record run.threads"
+    # The flag reaches the stages: oneDNN splits a convolution's weight-gradient sums by thread
+    # (backend/host_conv.hpp), so one thread per stage trains other bits.
+    run 0 "${base[@]}" --epochs 1 --executor reference --out one
+    cut -d, -f9-12 one/runs.csv >one.txt
+    cmp -s want.txt one.txt && fail "--threads 2 trained the bits of --threads 1"
+    # So a resume on another thread count is refused.
+    run 1 "${base[@]}" --epochs 2 --threads 1 --executor reference --checkpoint-dir ck --resume \
+      --out again
+    says "cannot resume .*ckpt-000001: it was run with run.threads = 2, this run has 1"
+    run 2 "${tiny[@]}" --threads 2 --pin-cpus 0
+    says "--pin-cpus with --threads 2: a pinned stage thread's OpenMP threads would share its one CPU"
+    run 2 "${tiny[@]}" --threads 0
+    says "--threads: Value 0 not in range 1 to 256"
+    ;;
   *) fail "no such case" ;;
 esac
 echo "ok: $case"

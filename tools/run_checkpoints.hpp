@@ -129,8 +129,9 @@ inline std::string key_value_difference(const std::string& saved, const std::str
 }
 
 //! Refuses to resume a run whose configuration differs from the checkpoint's, naming the first
-//! field that differs (the fields are those that change what the run computes). Fields that
-//! xpipe-train added later are missing from older checkpoints: run.dp means 1 there, and the
+//! field that differs (the fields are those that change what the run computes: run.threads too,
+//! as the GEMMs' sums follow the thread count). Fields that xpipe-train added later are missing
+//! from older checkpoints: run.dp and run.threads mean 1 there, and the
 //! data's CRCs cannot be checked (said on stderr, and resumed). `defaults` adds fields whose
 //! value in an older checkpoint depends on the run (run.predictor_params: the predictor's
 //! default hyper-parameters); run.predictor_params is compared key by key, so a checkpoint
@@ -145,7 +146,8 @@ inline void check_run_fields(const std::map<std::string, std::string>& saved,
                                                  {"run.test_data_crc32", ""},
                                                  {"run.augment", "pad=0,flip=0"},
                                                  {"run.lr_schedule", "constant"},
-                                                 {"run.clip_norm", "0"}};
+                                                 {"run.clip_norm", "0"},
+                                                 {"run.threads", "1"}};
   added_later.insert(defaults.begin(), defaults.end());
   for (const auto& [key, value] : now) {
     const auto it = saved.find(key);

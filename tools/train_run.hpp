@@ -61,6 +61,7 @@ struct RunConfig {
   int dp = 1;                   // --executor mpi: data-parallel replicas of the pipeline
   double wait_timeout = 60;     // seconds a stage may wait on another before giving up
   std::vector<int> pin_cpus;    // --executor threaded: stage k on CPU pin_cpus[k % size]
+  int threads = 1;              // --threads: host threads of each stage (GEMMs, element loops)
   std::string checkpoint_dir;   // empty: no checkpoints
   int checkpoint_every = 1;     // epochs
   bool resume = false;
@@ -200,6 +201,7 @@ inline std::map<std::string, std::string> run_fields(const RunConfig& c, const D
           {"run.train_data_crc32", c.train_data_crc32},
           {"run.test_data_crc32", c.test_data_crc32},
           {"run.dp", std::to_string(c.dp)},
+          {"run.threads", std::to_string(c.threads)},
           {"run.augment", augment_text(c.augment)}};
 }
 
@@ -316,10 +318,12 @@ Schedule run_schedule(const RunConfig& c, const DatasetPair& data, index_t repli
   } else {
     SplitBackwardCosts costs;
     if (mpi_rank == 0) {
-      P probe(
-          make_optimizer(c.optimizer, c.lr),
-          PipelineOptions{.batch = replica_batch, .micro_batches = c.micro_batches, .seed = c.seed},
-          run_predictor(c));
+      P probe(make_optimizer(c.optimizer, c.lr),
+              PipelineOptions{.batch = replica_batch,
+                              .micro_batches = c.micro_batches,
+                              .seed = c.seed,
+                              .threads_per_stage = c.threads},
+              run_predictor(c));
       const Dataset first = head(data.train, std::min(data.train.count, 3 * replica_batch));
       costs = profile_split_backward(probe, EpochData{first.matrix(), first.labels.data()}, 2,
                                      c.pin_cpus);
@@ -364,6 +368,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   PipelineOptions options{.batch = replica_batch,
                           .micro_batches = c.micro_batches,
                           .seed = c.seed,
+                          .threads_per_stage = c.threads,
                           .measure_prediction = c.measure_prediction,
                           .clip_norm = c.clip_norm};
 #if defined(XPIPE_WITH_CUDA)

@@ -401,6 +401,7 @@ std::string cuda_problem([[maybe_unused]] const RunConfig& c) {
   if (c.measure_prediction)
     return "cannot measure predictions (weights in device memory: no --measure-prediction)";
   if (!c.pin_cpus.empty()) return "pins no threads (no --pin-cpus)";
+  if (c.threads != 1) return "runs no host threads per stage (no --threads)";
   // Under mpirun each rank checks its own machine: the rank and host name the one without a GPU.
   std::string why = cuda_device_problem();
   if (!why.empty() && launched_ranks() > 0) {
@@ -479,6 +480,10 @@ UsageProblem usage_problem(Flags& f) {
     if (const std::string why = cuda_problem(c); !why.empty()) return {"--device cuda: " + why};
   if (!c.pin_cpus.empty()) {
     if (c.executor != "threaded") return {"--pin-cpus needs --executor threaded"};
+    if (c.threads != 1)
+      return {"--pin-cpus with --threads " + std::to_string(c.threads) +
+              ": a pinned stage thread's OpenMP threads would share its one CPU (pin with "
+              "--threads 1)"};
     try {
       ThreadedExecutor probe;
       probe.cpus = c.pin_cpus;

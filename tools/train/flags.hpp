@@ -172,6 +172,10 @@ inline void add_flags(CLI::App& app, Flags& f) {
              "host, or cuda: the mlp, vgg, resnet or gpt over 4 stages on CUDA devices (stage k "
              "on device k mod count), with any predictor; needs a build with CUDA and a device")
           ->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--threads", c.threads,
+                 "Host threads of each stage (its GEMMs, convolutions and element loops; 1 by "
+                 "default): e.g. -K 1 --threads 2 trains on two cores with one stage")
+      ->check(CLI::Range(1, 256));
   app.add_option("--pin-cpus", c.pin_cpus,
                  "Pin stage k's thread to the (k mod n)-th of these CPUs (--executor threaded; "
                  "e.g. 0,1: with more stages than cores, each core then shares its own stages)")

@@ -277,6 +277,7 @@ class StudyFiles {
                         {"batch", c.batch},
                         {"seed", c.seed},
                         {"executor", c.executor},
+                        {"threads", c.threads},
                         {"device", c.device},
                         {"augment", augment_text(c.augment)},
                         {"epochs", nlohmann::json::array()}};
