@@ -2,7 +2,9 @@
 // 4 stages on CUDA devices, with every predictor, through the same run_pipeline as the host
 // (train_run.hpp). Built with MPI, their links are MpiChannel's: device rings in one process
 // (--executor cuda, threaded, reference), and under --executor mpi a rank per GPU (or ranks
-// sharing one), the messages staged through pinned host memory (comm/mpi_staged_link.hpp). A CUDA
+// sharing one), the messages staged through pinned host memory (comm/mpi_staged_link.hpp), and
+// with --dp the replicas' gradients averaged by NCCL where each rank has a GPU of its own (built
+// with NCCL: comm/nccl_replicas.cuh), through pinned memory and MPI otherwise. A CUDA
 // translation unit (nvcc), built into xpipe-train when the CUDA Toolkit is found.
 #include <string>
 
@@ -10,6 +12,10 @@
 #include "train_run.hpp"
 #include "xpipe/exec/cuda.cuh"
 #include "xpipe/xpipe_cuda.cuh"
+#if defined(XPIPE_WITH_MPI) && defined(XPIPE_WITH_NCCL)
+// --dp with each replica's rank on a GPU of its own: the gradients averaged on the GPUs.
+#include "xpipe/comm/nccl_replicas.cuh"
+#endif
 
 namespace xpipe::tools::train {
 

@@ -543,6 +543,14 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     const ExecutionTrace& tr = c.executor == "reference" ? reference.trace() : threaded.trace();
 #if defined(XPIPE_WITH_MPI)
     const ExecutionTrace& trace = on_mpi ? mpi_executor->trace() : tr;
+    // GPU replicas: which way the first epoch averaged rank 0's stages' gradients.
+    if constexpr (P::on_device)
+      if (on_mpi && c.dp > 1 && root && e == first_epoch)
+        std::printf("  --dp %d: rank 0's gradients averaged over the replicas %s\n", c.dp,
+                    mpi_executor->replica_means_on_device()
+                        ? "on their GPUs (NCCL)"
+                        : "through pinned host memory and MPI (the replicas share a GPU, or "
+                          "this xpipe-train was built without NCCL)");
 #else
     const ExecutionTrace& trace = tr;
 #endif

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../support/emulated_device.hpp"
+#include "../support/emulated_replica_mean.hpp"
 #include "../support/support.hpp"
 #include "mpi_support.hpp"
 #include "xpipe/exec/mpi.hpp"
@@ -193,9 +194,12 @@ void bitwise() {
 }
 
 // 2 replicas of a 2-rank pipeline on 4 ranks, of 2 stages (virtual = false) or of 4, two per
-// rank (virtual = true: a device ring between each rank's two stages): each stage's gradient
-// copied to pinned memory, summed by MPI, divided and copied back; the host pipeline over the
-// same ranks is the oracle (the same sums in the same order: the same bits).
+// rank (virtual = true: a device ring between each rank's two stages), each device run twice:
+// with every rank on a device of its own, each stage's gradient averaged on the devices
+// (DeviceReplicaMean, emulated: a blocking all-reduce on the stage's stream); and with the
+// ranks naming one shared device, copied to pinned memory, summed by MPI, divided and copied
+// back. The host pipeline over the same ranks is the oracle (the same sums in the same order:
+// the same bits), and each run must have taken the way its devices call for.
 template <class... S>
 int data_parallel_for(bool virtual_stages) {
   const int R = 2, M = virtual_stages ? 4 : 2;
@@ -207,12 +211,21 @@ int data_parallel_for(bool virtual_stages) {
   for (const char* sched : schedule_names) {
     if ((stages_per_worker(sched) > 1) != virtual_stages) continue;
     for (const char* pred : {"latest", "xpipe"}) {
-      const std::string what = std::string(sched) + " x " + pred + ", 2 replicas";
       const Outcome host = train<HostPipe<S...>>(exec, sched, pred, M, batch / R, mine, 2);
-      Emulation emulation(20, exec.worker(), 100);
-      const Outcome device = train<DevicePipe<S...>>(exec, sched, pred, M, batch / R, mine, 2);
-      compared += compare(what, host, device);
-      if (!host.error.empty() && std::string(sched) != "2bw") fail(what + ": " + host.error);
+      if (!host.error.empty() && std::string(sched) != "2bw")
+        fail(std::string(sched) + " x " + pred + ": " + host.error);
+      for (const bool shared : {false, true}) {
+        const std::string what = std::string(sched) + " x " + pred + ", 2 replicas" +
+                                 (shared ? " sharing a device" : " on devices of their own");
+        test::shared_replica_device = shared;
+        Emulation emulation(20, exec.worker(), 100);
+        const Outcome device = train<DevicePipe<S...>>(exec, sched, pred, M, batch / R, mine, 2);
+        test::shared_replica_device = false;
+        compared += compare(what, host, device);
+        if (device.error.empty() && exec.replica_means_on_device() == shared)
+          fail(what + ": the gradients were averaged " +
+               (shared ? "on the devices" : "through pinned memory"));
+      }
     }
   }
   return compared;
@@ -224,7 +237,8 @@ void data_parallel() {
   const int four = data_parallel_for<A, B, C, D>(true);
   if (world_rank() == 0)
     std::printf(
-        "dp: %d device runs of 2 replicas x 2 ranks of 2 stages, %d of 4 stages, equal to the "
+        "dp: %d device runs of 2 replicas x 2 ranks of 2 stages, %d of 4 stages (half with "
+        "the gradients averaged on the devices, half through pinned memory), equal to the "
         "host's over the same ranks\n",
         two, four);
 }
@@ -337,7 +351,9 @@ void fault(const std::string& kind) {
 
 int main(int argc, char** argv) {
   mpi_default_tuning();
-  MPI_Init(&argc, &argv);
+  // The emulated replica mean's all-reduce runs on a stream's thread (emulated_replica_mean.hpp).
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "bitwise")

@@ -28,6 +28,10 @@
 //     an event recorded after the copy is done: a copy whose source changed between its enqueue
 //     and its run faults its device ("the host changed pinned memory ...");
 //   - freeing a buffer first waits for every stream of its device (cudaFree synchronises);
+//   - a data-parallel gradient mean on the device (emulated_replica_mean.hpp, what NCCL's
+//     all-reduce is on CUDA) is a task of the stage's stream that completes only once every
+//     replica's stream has reached its own, so one enqueued before the backward it averages, or
+//     summed on the host at enqueue time, averages stale gradients;
 //   - a task that throws is a fault of its device, sticky as an illegal address is in CUDA:
 //     every later task on every stream of that device is skipped and every synchronisation
 //     there throws it, until the device's last stream is gone.

@@ -20,15 +20,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/comm/mpi_link.hpp"
+#include "xpipe/comm/replica_mean.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/exec/executor.hpp"
 #include "xpipe/exec/mpi_waits.hpp"
@@ -149,8 +152,12 @@ inline void scale_gradient_sum(std::span<float> g, int replicas) {
 //! stages' streams, MPI moving the pinned copies), so the host never waits for the device inside
 //! the run: a send starts, and a receive is posted again, once the copy's event is done, which
 //! every wait and every action checks (progress()). With replicas each stage's gradient is
-//! copied to pinned memory after its last backward, summed there by MPI_Iallreduce once the
-//! copy is done, divided by R and copied back before the step. At the end of the run each rank
+//! averaged on the devices where the backend can (DeviceReplicaMean: NCCL's all-reduce on the
+//! stage's stream) and the stage's replicas each have a device of their own, found at the start
+//! of each run by gathering their device_identity() (replica_means_on_device() says which way
+//! the last run went); otherwise it is copied to pinned memory after its last backward, summed
+//! there by MPI_Iallreduce once the copy is done, divided by R and copied back before the step.
+//! Both ways give the same bits with 2 replicas. At the end of the run each rank
 //! waits for its own streams and the rank of the last stage reads and checks the losses
 //! (finish_here), before they are shared. Global clipping of a device pipeline is refused.
 //!
@@ -231,6 +238,9 @@ class MpiExecutor {
   //! The ranks of this rank's pipeline (its workers, in order) and of its worker's replicas.
   MPI_Comm pipeline_comm() const { return pipeline_; }
   MPI_Comm replicas_comm() const { return replicas_of_worker_; }
+  //! Whether the last run averaged this rank's stages' gradients over their replicas on the
+  //! devices (DeviceReplicaMean) rather than through pinned host memory and MPI.
+  bool replica_means_on_device() const { return means_on_device_; }
 
   template <Program P>
   void run(P& program) {
@@ -266,12 +276,18 @@ class MpiExecutor {
           "xpipe: MpiExecutor: global gradient-norm clipping of a device pipeline over MPI ranks "
           "is not built (each stage's norm stays in its device's memory): train it in one "
           "process (CudaExecutor), or over ranks without clip_norm");
-    if constexpr (on_device<P>)
-      if (replicas_ > 1) program.prepare_host_gradients();
     owner_ = stage_workers(s);
     const std::vector<WorkerStep> mine = worker_steps(s)[static_cast<std::size_t>(worker_)];
     const int k0 = mine.empty() ? worker_ : mine.front().stage;  // for the waits of the ends
     first_stage_ = k0;
+    means_on_device_ = false;
+    if constexpr (on_device<P>)
+      if (replicas_ > 1) {
+        if constexpr (device_means<P>) means_on_device_ = connect_device_means(program, s, k0);
+        if (!means_on_device_) program.prepare_host_gradients();
+      }
+    std::fill(mean_enqueued_.begin(), mean_enqueued_.end(), 0);
+    mean_enqueued_.resize(static_cast<std::size_t>(s.stages), 0);
     const auto action_at = [&](std::size_t i) -> const Action& {
       return s.actions[static_cast<std::size_t>(mine[i].stage)][mine[i].position];
     };
@@ -358,16 +374,20 @@ class MpiExecutor {
       share_losses(program, s, k0);
       gather_trace(s, k0);
     } catch (const MpiAbortNotice&) {
+      give_up_device_means();
       throw;
     } catch (const StageError& e) {
+      give_up_device_means();
       notify_others(e.what(), gave_up_);
       throw;
     } catch (const std::exception& e) {
+      give_up_device_means();
       const std::string at = i < mine.size() ? to_string(action_at(i)) : "end";
       StageError err(i < mine.size() ? mine[i].stage : k0, at, on_rank() + ": " + e.what());
       notify_others(err.what(), false);
       throw err;
     } catch (...) {
+      give_up_device_means();
       const std::string at = i < mine.size() ? to_string(action_at(i)) : "end";
       StageError err(i < mine.size() ? mine[i].stage : k0, at,
                      on_rank() + ": non-standard exception");
@@ -607,6 +627,83 @@ class MpiExecutor {
   static constexpr bool has_progress = requires(P& p) {
     p.links().at(Channel{}).progress();
   };
+  // A device pipeline whose backend averages gradients over replicas on the devices.
+  template <class P>
+  struct MeanOf {
+    using type =
+        DeviceReplicaMean<std::remove_cvref_t<decltype(std::declval<P&>().stage_context(0))>>;
+  };
+  template <class P>
+  static constexpr bool device_means = [] {
+    if constexpr (requires(P & p) { p.stage_context(0); })
+      return MeanOf<P>::type::available;
+    else
+      return false;
+  }();
+
+  // With replicas on a device: whether every replica of each of this rank's stages has a device
+  // of its own (their device_identity()s gathered over the replicas' communicator, with the
+  // run's deadline), and then the stages' DeviceReplicaMeans, made once and kept while the
+  // replicas' devices and this rank's stages stay the same. Every replica decides alike: all
+  // see the same identities. False: the gradients go through pinned memory and MPI.
+  template <class P>
+  bool connect_device_means(P& program, const Schedule& s, int k0) {
+    using Mean = typename MeanOf<P>::type;
+    constexpr std::size_t slot = 256;
+    std::vector<int> stages;
+    for (int k = 0; k < s.stages; ++k)
+      if (owner(k) == worker_) stages.push_back(k);
+    std::string mine_text, key = typeid(Mean).name();
+    for (int k : stages) {
+      std::string id = Mean::device_identity(program.stage_context(k));
+      id.resize(slot - 1, ' ');
+      mine_text += id;
+      mine_text.push_back('\0');
+    }
+    const std::size_t each = mine_text.size();
+    std::vector<char> all(each * static_cast<std::size_t>(replicas_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    XPIPE_MPI_CHECK(MPI_Iallgather(mine_text.data(), static_cast<int>(each), MPI_CHAR, all.data(),
+                                   static_cast<int>(each), MPI_CHAR, replicas_of_worker_, &req));
+    wait_request(req, k0, "start",
+                 collective("the devices of the replicas of stage " + std::to_string(k0), worker_,
+                            workers_, replicas_));
+    bool distinct = true;
+    for (std::size_t j = 0; j < stages.size(); ++j)
+      for (int a = 0; a < replicas_; ++a)
+        for (int b = a + 1; b < replicas_; ++b) {
+          const char* x = all.data() + static_cast<std::size_t>(a) * each + j * slot;
+          const char* y = all.data() + static_cast<std::size_t>(b) * each + j * slot;
+          if (std::memcmp(x, y, slot) == 0) distinct = false;
+        }
+    if (!distinct) return false;
+    key.append(all.begin(), all.end());
+    for (int k : stages) key += "," + std::to_string(k);
+    if (means_ == nullptr || means_key_ != key) {
+      means_.reset();
+      auto made = std::make_shared<std::vector<std::unique_ptr<Mean>>>(s.stages);
+      for (int k : stages)
+        (*made)[static_cast<std::size_t>(k)] =
+            std::make_unique<Mean>(replicas_of_worker_, program.stage_context(k));
+      means_ = made;
+      means_key_ = key;
+      abort_means_ = [made] {
+        for (auto& m : *made)
+          if (m) m->abort();
+      };
+    }
+    return true;
+  }
+
+  // A failed run: the device means are given up (their peers may never reach a collective)
+  // and made anew by the next run.
+  void give_up_device_means() noexcept {
+    if (means_ == nullptr) return;
+    if (abort_means_) abort_means_();
+    abort_means_ = nullptr;
+    means_.reset();
+    means_key_.clear();
+  }
 
   // Moves on what needs no wait: the staged transfers of a device pipeline's links, and the
   // all-reduces of the gradients whose copies to the host are done (started in the order their
@@ -735,6 +832,16 @@ class MpiExecutor {
 
   template <class P>
   void start_reduce(P& program, int k, MPI_Request& req) {
+    if constexpr (device_means<P>)
+      if (means_on_device_) {  // on the stage's stream, after the backward just enqueued
+        using Mean = typename MeanOf<P>::type;
+        Mean& mean = *(*std::static_pointer_cast<std::vector<std::unique_ptr<Mean>>>(
+            means_))[static_cast<std::size_t>(k)];
+        program.with_device_gradients(
+            k, [&](const auto& ctx, float* g, index_t n) { mean.mean(ctx, g, n); });
+        mean_enqueued_[static_cast<std::size_t>(k)] = 1;
+        return;
+      }
     if constexpr (on_device<P>) {  // the all-reduce starts once the copy is done (pump)
       program.gradients_to_host(k);
       to_reduce_.push_back(k);
@@ -745,6 +852,13 @@ class MpiExecutor {
 
   template <class P>
   void finish_reduce(P& program, int k, const Action& a, MPI_Request& req) {
+    if (means_on_device_) {  // the step follows the mean on the stage's stream: no host wait
+      if (!mean_enqueued_[static_cast<std::size_t>(k)])
+        throw Error("no gradient mean over the replicas was enqueued for " + to_string(a) +
+                    " (no backward before it)");
+      mean_enqueued_[static_cast<std::size_t>(k)] = 0;
+      return;
+    }
     if constexpr (on_device<P>)
       if (reduce_pending(k))
         wait_until([&] { return !reduce_pending(k); }, k, to_string(a),
@@ -1073,6 +1187,14 @@ class MpiExecutor {
   std::vector<int> to_reduce_;        // device replicas: stages whose gradient copies are enqueued,
   std::size_t reduce_head_ = 0;       // in order; those before the head have their all-reduce
   std::vector<float> share_staging_;  // share_stage_states on a device: host copies
+  // Device replicas averaged on the devices: whether the last run did, which stages have a mean
+  // enqueued and not yet followed by their step, and the DeviceReplicaMeans (a vector by stage
+  // of the backend's type, kept between runs under means_key_).
+  bool means_on_device_ = false;
+  std::vector<char> mean_enqueued_;
+  std::shared_ptr<void> means_;
+  std::string means_key_;
+  std::function<void()> abort_means_;
   std::atomic<long> list_size_{0}, done_{0};
   detail::MpiWaitBoard board_;
   bool gave_up_ = false;  // the StageError in flight is this rank's own timeout

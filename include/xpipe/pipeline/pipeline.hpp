@@ -660,6 +660,17 @@ class Pipeline {
         p->device_.gradients_from_host(rt.ctx(), k, rt.opt.grads(), rt.opt.size());
       });
     }
+    // Or averaged over them on the devices (DeviceReplicaMean, comm/replica_mean.hpp), where
+    // each replica's rank has a device of its own: stage k's context, and f(ctx, g, n) called
+    // with that context made current and the stage's flat gradient in its device memory.
+    const Context& stage_context(int k) const requires on_device { return p->ctx_of(k); }
+    template <class F>
+    void with_device_gradients(int k, F&& f) requires on_device {
+      detail::visit_stage(p->runtimes_, k, [&](auto& rt, auto) {
+        detail::activate_context(rt.ctx());
+        f(rt.ctx(), rt.opt.grads(), rt.opt.size());
+      });
+    }
   };
   static_assert(Program<RunProgram>);
 
