@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi_launch.hpp"
 #include "xpipe/exec/cuda.cuh"
 #include "xpipe/exec/mpi.hpp"
 #include "xpipe/xpipe_cuda.cuh"
@@ -31,14 +32,7 @@ using D = Stage<Linear<64, 10>>;
 constexpr index_t batch = 32;
 constexpr int mini_batches = 7;
 
-int failures = 0;
-int rank = 0;
-
-void report(const std::string& what, bool ok, const std::string& detail) {
-  if (rank == 0 || !ok)
-    std::printf("rank %d: %-52s %s (%s)\n", rank, what.c_str(), ok ? "ok" : "FAIL", detail.c_str());
-  failures += !ok;
-}
+test::RankReport report;
 
 struct Data {
   std::vector<float> x;
@@ -114,39 +108,14 @@ void compare_schedules(const std::vector<const char*>& schedules, const Data& d)
     }
 }
 
-// Runs this executable under `mpirun -np 2`; returns its exit status (77: nothing to run it).
-int launch(const char* self) {
-  int devices = 0;
-  const cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s); the MPI pipeline on the GPU was built but not run\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    return 77;
-  }
-  const char* env = std::getenv("XPIPE_MPIRUN");
-  std::string mpirun = env != nullptr && *env != '\0' ? env : "";
-  if (mpirun.empty() && std::system("command -v mpirun >/dev/null 2>&1") == 0) mpirun = "mpirun";
-  if (mpirun.empty()) {
-    std::printf(
-        "SKIP: a CUDA device but no mpirun (not on PATH, $XPIPE_MPIRUN unset): the 2-rank run on "
-        "the GPU was built but not run\n");
-    return 77;
-  }
-  const std::string cmd =
-      mpirun + " --oversubscribe --allow-run-as-root -np 2 '" + self + "' ranks";
-  std::printf("%s\n", cmd.c_str());
-  std::fflush(stdout);
-  const int status = std::system(cmd.c_str());
-  return status == 0 ? 0 : 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) != "ranks") return launch(argv[0]);
+  if (argc < 2 || std::string(argv[1]) != "ranks")
+    return test::launch_under_mpirun(argv[0], 2, 1, "the MPI pipeline on the GPU");
   mpi_default_tuning();
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_rank(MPI_COMM_WORLD, &report.rank);
   try {
     const Data d = make_data();
     compare_schedules<A, D>({"gpipe", "1f1b-flush", "async-1f1b", "zb-h1", "2bw"}, d);
@@ -155,12 +124,12 @@ int main(int argc, char** argv) {
     // must have been compared, or the test compared nothing it claims to.
     report("runs compared bit for bit", compared >= 20, std::to_string(compared) + " of 24");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    std::fprintf(stderr, "rank %d: %s\n", report.rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   int total = 0;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) std::printf("gpu mpi: %s\n", total == 0 ? "ok" : "FAILED");
+  MPI_Allreduce(&report.failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (report.rank == 0) std::printf("gpu mpi: %s\n", total == 0 ? "ok" : "FAILED");
   MPI_Finalize();
   return total == 0 ? 0 : 1;
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi_launch.hpp"
 #include "xpipe/comm/nccl_replicas.cuh"
 #include "xpipe/exec/mpi.hpp"
 #include "xpipe/xpipe_cuda.cuh"
@@ -31,14 +32,7 @@ using P = Pipeline<S, AnyPredictor, AnyOptimizer, Cuda, MpiChannel>;
 constexpr index_t batch = 16;  // per replica
 constexpr int mini_batches = 6;
 
-int failures = 0;
-int rank = 0;
-
-void report(const std::string& what, bool ok, const std::string& detail) {
-  if (rank == 0 || !ok)
-    std::printf("rank %d: %-56s %s (%s)\n", rank, what.c_str(), ok ? "ok" : "FAIL", detail.c_str());
-  failures += !ok;
-}
+test::RankReport report;
 
 // This replica's rows: drawn from a seed of its own, so the replicas' gradients differ.
 struct Data {
@@ -81,44 +75,19 @@ Outcome train(MpiExecutor& exec, int device, const Data& d) {
   return o;
 }
 
-// Runs this executable under `mpirun -np 2`; returns its exit status (77: nothing to run it).
-int launch(const char* self) {
-  int devices = 0;
-  const cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err != cudaSuccess || devices < 2) {
-    std::printf(
-        "SKIP: the NCCL replica mean needs 2 CUDA devices (found %d%s); it was built but not "
-        "run\n",
-        err != cudaSuccess ? 0 : devices,
-        err != cudaSuccess ? (std::string(": ") + cudaGetErrorString(err)).c_str() : "");
-    return 77;
-  }
-  const char* env = std::getenv("XPIPE_MPIRUN");
-  std::string mpirun = env != nullptr && *env != '\0' ? env : "";
-  if (mpirun.empty() && std::system("command -v mpirun >/dev/null 2>&1") == 0) mpirun = "mpirun";
-  if (mpirun.empty()) {
-    std::printf("SKIP: 2 CUDA devices but no mpirun (not on PATH, $XPIPE_MPIRUN unset)\n");
-    return 77;
-  }
-  const std::string cmd =
-      mpirun + " --oversubscribe --allow-run-as-root -np 2 '" + self + "' ranks";
-  std::printf("%s\n", cmd.c_str());
-  std::fflush(stdout);
-  return std::system(cmd.c_str()) == 0 ? 0 : 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) != "ranks") return launch(argv[0]);
+  if (argc < 2 || std::string(argv[1]) != "ranks")
+    return test::launch_under_mpirun(argv[0], 2, 2, "the NCCL replica mean");
   mpi_default_tuning();
   MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_rank(MPI_COMM_WORLD, &report.rank);
   try {
     MpiExecutor exec(MPI_COMM_WORLD, 2);  // 2 replicas of a 1-stage pipeline
     const Data d(exec.replica());
-    const Outcome nccl = train(exec, rank, d);  // replica r on GPU r
-    const Outcome pinned = train(exec, 0, d);   // both on GPU 0
+    const Outcome nccl = train(exec, report.rank, d);  // replica r on GPU r
+    const Outcome pinned = train(exec, 0, d);          // both on GPU 0
     report("GPUs of their own: trained", nccl.error.empty(), nccl.error);
     report("GPUs of their own: averaged on the GPUs", nccl.on_device, "replica_means_on_device");
     report("one GPU shared: trained", pinned.error.empty(), pinned.error);
@@ -135,12 +104,12 @@ int main(int argc, char** argv) {
              bitwise ? "bit for bit" : "largest relative difference " + std::to_string(worst));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    std::fprintf(stderr, "rank %d: %s\n", report.rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   int total = 0;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) std::printf("gpu nccl replicas: %s\n", total == 0 ? "ok" : "FAILED");
+  MPI_Allreduce(&report.failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (report.rank == 0) std::printf("gpu nccl replicas: %s\n", total == 0 ? "ok" : "FAILED");
   MPI_Finalize();
   return total == 0 ? 0 : 1;
 }
