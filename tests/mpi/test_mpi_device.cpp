@@ -6,8 +6,9 @@
 // is the host's, so every result must equal the host pipeline's bit for bit: the threaded
 // executor's in one process (and the same device pipeline trained in one process), and with
 // replicas the host pipeline's over the same ranks; one link without a pipeline around it must
-// carry every message whole. Usage: mpirun -np N xpipe_test_mpi_device bitwise|dp|link|fault
-// <nan|device>.
+// carry every message whole. Each also runs with MPI moving the device slots themselves (the
+// emulated device's mpi_aware, what a CUDA-aware MPI does), no pinned copies. Usage: mpirun -np N
+// xpipe_test_mpi_device bitwise|dp|link|fault <nan|device>.
 #include <mpi.h>
 
 #include <chrono>
@@ -62,6 +63,7 @@ struct Emulation {
     EmulatedDevice::slow_stage = -1;
     EmulatedDevice::slow_us = 0;
     EmulatedDevice::done_early = false;
+    EmulatedDevice::mpi_aware = false;
   }
 };
 
@@ -112,7 +114,7 @@ bool compare(const std::string& what, const Outcome& host, const Outcome& got) {
 // predictors, and every predictor under async 1F1B, the streams jittered; then each stage's
 // stream in turn far behind the others (the staging's host waits are what keeps those bits).
 template <class... S>
-void bitwise_for(bool virtual_stages) {
+void bitwise_for(bool virtual_stages, bool self_check) {
   const int K = static_cast<int>(sizeof...(S)), M = K;
   const test::LabelledData d = test::random_classification(88, 12, 4, 11);
   MpiExecutor exec;
@@ -135,6 +137,22 @@ void bitwise_for(bool virtual_stages) {
   for (const char* pred : predictor_names)
     run(virtual_stages ? "interleaved-1f1b" : "async-1f1b", pred, 20, -1, 0);
   for (int k = 0; k < K; ++k) run(virtual_stages ? "zb-v" : "zb-h1", "latest", 0, k, 300);
+  // A CUDA-aware MPI (mpi_aware): the device slots themselves on the wire, no pinned copies;
+  // the streams jittered, then each stage's far behind.
+  const auto direct = [&](const std::string& sched, int jitter, int slow, int slow_us) {
+    if ((stages_per_worker(sched) > 1) != virtual_stages) return;
+    const std::string what = sched + " x latest, MPI moving device memory (jitter " +
+                             std::to_string(jitter) + " us, stage " + std::to_string(slow) +
+                             " slow)";
+    const Outcome host = train<HostPipe<S...>>(threads, sched, "latest", M, 16, d, 2);
+    Emulation emulation(jitter, slow, slow_us);
+    EmulatedDevice::mpi_aware = true;
+    const Outcome ranks = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
+    ++runs;
+    compared += compare(what, host, ranks);
+  };
+  for (const char* sched : schedule_names) direct(sched, 20, -1, 0);
+  for (int k = 0; k < K; ++k) direct(virtual_stages ? "zb-v" : "zb-h1", 0, k, 300);
   // The same device pipeline in one process (its links device rings): the host's bits too.
   {
     Emulation emulation(20);
@@ -143,10 +161,18 @@ void bitwise_for(bool virtual_stages) {
     compared += compare(std::string(sched) + " in one process", host,
                         train<DevicePipe<S...>>(threads, sched, "xpipe", M, 16, d, 2));
   }
+  // Global clipping of a device pipeline over ranks is refused, before any action, alike on
+  // every rank.
+  const Outcome clipped = train<DevicePipe<S...>>(exec, "gpipe", "latest", M, 16, d, 1, 0.05f);
+  if (!virtual_stages &&
+      clipped.error.find("global gradient-norm clipping of a device pipeline over MPI ranks is "
+                         "not built") == std::string::npos)
+    fail("clipping: expected the refusal, got '" + clipped.error + "'");
   // The self-check: with every event reported done at once, the host sends pinned slots before
   // their copies have run (NaN) or posts receives under pending copies (a fault): the bits must
-  // not be the host's.
-  {
+  // not be the host's. Last of the program's runs (`self_check`): a run that faults on one rank
+  // may end on the other before the word reaches it, which would stop that rank's next run.
+  if (self_check) {
     // Stage 0's stream 3 ms behind per task: the host reaches a pinned slot before its copy on
     // almost every message, however loaded the machine (a run with every copy on time would
     // keep the host's bits).
@@ -154,6 +180,20 @@ void bitwise_for(bool virtual_stages) {
     EmulatedDevice::done_early = true;
     const char* sched = virtual_stages ? "zb-v" : "zb-h1";
     const Outcome host = train<HostPipe<S...>>(threads, sched, "latest", M, 16, d, 2);
+    // With MPI moving the device slots first: sends of slots the slow stream has not written
+    // yet carry stale values, and receives posted again overwrite what it has not read. Stale
+    // values are finite and nothing faults, so the ranks stay in step for the run below (a
+    // failed run would leave them unable to go on together).
+    EmulatedDevice::mpi_aware = true;
+    const Outcome direct = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
+    EmulatedDevice::mpi_aware = false;
+    if (!direct.error.empty())
+      fatal("self-check: with done() true at once and MPI moving device memory: '" + direct.error +
+            "'");
+    if (same_bits(host.weights, direct.weights))
+      fail(
+          "self-check: with done() true at once and MPI moving device memory the ranks still "
+          "have the host's bits");
     const Outcome early = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
     // Caught: a receive posted under a pending copy faults, a send of NaN makes a NaN loss, a
     // stale one other bits.
@@ -168,13 +208,6 @@ void bitwise_for(bool virtual_stages) {
           "failed otherwise: '" +
           early.error + "'");
   }
-  // Global clipping of a device pipeline over ranks is refused, before any action, alike on
-  // every rank.
-  const Outcome clipped = train<DevicePipe<S...>>(exec, "gpipe", "latest", M, 16, d, 1, 0.05f);
-  if (!virtual_stages &&
-      clipped.error.find("global gradient-norm clipping of a device pipeline over MPI ranks is "
-                         "not built") == std::string::npos)
-    fail("clipping: expected the refusal, got '" + clipped.error + "'");
   if (world_rank() == 0)
     std::printf(
         "bitwise: %d device runs of %d stages on %d ranks, %d equal to the host's (the "
@@ -184,10 +217,10 @@ void bitwise_for(bool virtual_stages) {
 
 void bitwise() {
   if (world_size() == 2) {
-    bitwise_for<A, D>(false);
-    bitwise_for<A, B, C, D>(true);  // two stages per rank
+    bitwise_for<A, D>(false, false);
+    bitwise_for<A, B, C, D>(true, true);  // two stages per rank
   } else if (world_size() == 4) {
-    bitwise_for<A, B, C, D>(false);
+    bitwise_for<A, B, C, D>(false, true);
   } else {
     throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(world_size()) + ")");
   }
@@ -257,12 +290,13 @@ struct FillMessage {  // element i of message g: g * 100 + i
     slot[i] = static_cast<float>(g * 100) + static_cast<float>(i);
   }
 };
-void link(int slow_rank) {
+void link(int slow_rank, bool mpi_aware) {
   if (world_size() != 2) throw ConfigError("link: run on 2 ranks");
   constexpr int capacity = 2, messages = 40;
   constexpr index_t rows = 3, cols = 5;
   Emulation emulation(10, 0, 2000);  // stage 0 is this rank's only stream
   if (world_rank() != slow_rank) EmulatedDevice::slow_stage = -1;
+  EmulatedDevice::mpi_aware = mpi_aware;
   const test::EmulatedStreamOwner owner(Placement{.stage = 0});
   const test::EmulatedContext& ctx = owner.ctx();
   MPI_Comm comm = MPI_COMM_NULL;
@@ -274,6 +308,9 @@ void link(int slow_rank) {
   end.role = world_rank() == 0 ? LinkRole::Producer : LinkRole::Consumer;
   for (int g = 0; g < messages; ++g) end.order.push_back(g);
   q.connect(end);
+  if (q.direct() != mpi_aware)
+    fail(std::string("link: the end ") + (mpi_aware ? "stages" : "sends device memory") +
+         " where MPI " + (mpi_aware ? "moves device memory" : "does not"));
   const auto wait = [](auto ready) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!ready())
@@ -318,7 +355,8 @@ void link(int slow_rank) {
                  static_cast<float>(g * 100) + static_cast<float>(i);
     if (wrong > 0)
       fail("link: " + std::to_string(wrong) + " values arrived wrong (rank " +
-           std::to_string(slow_rank) + "'s stream slow)");
+           std::to_string(slow_rank) + "'s stream slow" +
+           (mpi_aware ? ", MPI moving device memory)" : ")"));
   }
   q = StagedMpiLink<EmulatedDevice>();
   MPI_Comm_free(&comm);
@@ -361,8 +399,10 @@ int main(int argc, char** argv) {
     else if (mode == "dp")
       data_parallel();
     else if (mode == "link") {
-      link(0);
-      link(1);
+      for (const bool mpi_aware : {false, true}) {
+        link(0, mpi_aware);
+        link(1, mpi_aware);
+      }
     } else if (mode == "fault" && argc > 2)
       fault(argv[2]);
     else

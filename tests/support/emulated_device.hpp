@@ -28,6 +28,9 @@
 //     an event recorded after the copy is done: a copy whose source changed between its enqueue
 //     and its run faults its device ("the host changed pinned memory ...");
 //   - freeing a buffer first waits for every stream of its device (cudaFree synchronises);
+//   - with mpi_aware (a CUDA-aware MPI), MPI reads and writes the device slots themselves: a
+//     send started before the stage's writes have run carries the slot's stale values, and a
+//     receive posted again before the stage's reads have run overwrites what they read;
 //   - a data-parallel gradient mean on the device (emulated_replica_mean.hpp, what NCCL's
 //     all-reduce is on CUDA) is a task of the stage's stream that completes only once every
 //     replica's stream has reached its own, so one enqueued before the backward it averages, or
@@ -325,6 +328,10 @@ struct EmulatedDevice {
   //! touches pinned memory before the copies reach it (MPI staging sends NaN, or re-posts a
   //! receive under a pending copy, which faults).
   static inline std::atomic<bool> done_early{false};
+  //! MPI moves emulated device memory itself, as a CUDA-aware MPI moves CUDA's: StagedMpiLink
+  //! then sends and receives the device slots, with no pinned copies (off: it stages them).
+  static inline std::atomic<bool> mpi_aware{false};
+  static bool mpi_moves_device_memory() { return mpi_aware; }
 };
 
 namespace emu {

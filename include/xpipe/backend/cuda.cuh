@@ -32,6 +32,9 @@ struct Cuda {
   //! What orders two streams (the queues' filled and drained marks).
   using Event = CudaEvent;
   static constexpr const char* name = "cuda";
+  //! Its buffers are CUDA device memory, which a CUDA-aware MPI moves itself (mpi_cuda_aware:
+  //! StagedMpiLink then sends the device slots, no pinned copy).
+  static constexpr bool cuda_memory = true;
   //! Columns one step of a column reduction (bias_grad) sums: one per thread, the partial sum
   //! in a register, adjacent threads on adjacent columns so each row's loads coalesce.
   static constexpr index_t column_block = 1;

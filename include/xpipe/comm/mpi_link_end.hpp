@@ -1,9 +1,13 @@
 // What both kinds of MPI link share (comm/mpi_link.hpp: slots in host memory; comm/
 // mpi_staged_link.hpp: device slots staged through pinned host memory): MPI's errors, which end
-// of a link a rank holds, how it is wired, and the tags of its messages. Needs <mpi.h>.
+// of a link a rank holds, how it is wired, the tags of its messages, and whether the library is
+// CUDA-aware. Needs <mpi.h>.
 #pragma once
 
 #include <mpi.h>
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
 
 #include <string>
 #include <vector>
@@ -30,6 +34,17 @@ inline void mpi_check(int rc, const char* call) {
 
 //! Checks an MPI call's return code; throws MpiError naming the call and MPI's reason.
 #define XPIPE_MPI_CHECK(call) ::xpipe::detail::mpi_check((call), #call)
+
+//! Whether the MPI library says it sends and receives CUDA device memory itself (CUDA-aware):
+//! Open MPI built with CUDA (MPIX_CUDA_AWARE_SUPPORT) asked at run time
+//! (MPIX_Query_cuda_support); false for any other library, and for Open MPI as Debian builds it.
+inline bool mpi_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
 
 //! Which end of a link this rank holds: it sends (Producer), receives (Consumer), both (the
 //! two stages are its own: a ring in memory, no MPI), or neither.

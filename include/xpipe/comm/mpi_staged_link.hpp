@@ -1,13 +1,15 @@
 // Micro-batch queues between MPI ranks whose stages run on a device (what MpiChannel names on
 // CUDA and on the emulated device): the stages' kernels read and write device slots, and MPI
 // carries pinned host copies of them, so no CUDA-aware MPI is needed (Open MPI as Debian builds
-// it is not). A boundary between two stages of one rank, and every boundary of a pipeline
-// trained in one process, is the device ring (SpscRing, its events ordering the two streams).
+// it is not); where the MPI library is CUDA-aware, MPI moves the device slots themselves. A
+// boundary between two stages of one rank, and every boundary of a pipeline trained in one
+// process, is the device ring (SpscRing, its events ordering the two streams).
 // Needs <mpi.h>: link xpipe::mpi.
 #pragma once
 
 #include <mpi.h>
 
+#include <concepts>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -22,6 +24,21 @@
 #include "xpipe/core/tensor.hpp"
 
 namespace xpipe {
+
+//! Whether MPI may send and receive backend B's device memory itself: a backend that says so
+//! (`static bool mpi_moves_device_memory()`: the emulated device's setting); CUDA memory
+//! (B::cuda_memory) where the MPI library is CUDA-aware (mpi_cuda_aware); otherwise false.
+template <class B>
+bool mpi_moves_device_memory() {
+  if constexpr (requires {
+                  { B::mpi_moves_device_memory() } -> std::convertible_to<bool>;
+                })
+    return B::mpi_moves_device_memory();
+  else if constexpr (requires { requires B::cuda_memory; })
+    return mpi_cuda_aware();
+  else
+    return false;
+}
 
 //! One end of a link between two ranks of a device pipeline: a Queue of `capacity` slots of up
 //! to rows x cols floats, each a device slot that the stage's stream writes or reads, and a
@@ -44,6 +61,11 @@ namespace xpipe {
 //!             reads follow it on its stream; pop() marks the slot copying, and the slot's next
 //!             receive is posted once the event is done (progress(), in slot order), never
 //!             while the copy may still read the pinned bytes.
+//! Where MPI moves device memory itself (mpi_moves_device_memory<B>: a CUDA-aware MPI), there
+//! are no pinned slots and no copies (direct()): release_back records the slot's event after the
+//! stage's writes and the send from the device slot starts once it is done; receives land in the
+//! device slots, and release_front records the event after the stage's reads, the slot's next
+//! receive posted once it is done. Decided at connect(), for the whole run.
 //! The emulated device enforces both host-side waits (tests/support/emulated_device.hpp).
 //! Usage: `Pipeline<S0, S1, XPipe, Cuda, MpiChannel>` (MpiChannel names it; MpiExecutor wires
 //! the ends and calls progress()).
@@ -91,6 +113,7 @@ class StagedMpiLink {
     requests_ = std::move(o.requests_);
     state_ = std::move(o.state_);
     cursor_ = o.cursor_;
+    direct_ = o.direct_;
     next_ = o.next_;
     posted_ = o.posted_;
     o.requests_.clear();
@@ -117,10 +140,11 @@ class StagedMpiLink {
       return;
     }
     tag_ub_ = mpi_tag_upper_bound(end_.comm);
+    direct_ = mpi_moves_device_memory<B>();
     detail::activate_context(mine());
     const index_t floats = capacity_ * rows_ * cols_;
     device_ = typename B::template Buffer<float>(floats);
-    pinned_ = typename B::template PinnedBuffer<float>(floats);
+    pinned_ = typename B::template PinnedBuffer<float>(direct_ ? 0 : floats);
     copied_ = std::vector<typename B::Event>(static_cast<std::size_t>(capacity_));
     slots_.assign(static_cast<std::size_t>(capacity_), {});
     requests_.assign(static_cast<std::size_t>(capacity_), MPI_REQUEST_NULL);
@@ -134,6 +158,8 @@ class StagedMpiLink {
       for (int i = 0; i < capacity_; ++i) post_receive(i);
   }
   const MpiLinkEnd& end() const { return end_; }
+  //! Whether MPI moves this end's device slots itself (a CUDA-aware MPI), not pinned copies.
+  bool direct() const { return direct_ && !ring_ && !state_.empty(); }
 
   // ---- producer side ----
   bool can_push() const {
@@ -153,8 +179,9 @@ class StagedMpiLink {
       return;
     }
     const auto u = static_cast<std::size_t>(cursor_);
-    copy_to_pinned_async(ctx, slots_[u].data.data, pinned(cursor_), slots_[u].data.rows * cols_);
-    copied_[u].record(ctx);
+    if (!direct_)
+      copy_to_pinned_async(ctx, slots_[u].data.data, pinned(cursor_), slots_[u].data.rows * cols_);
+    copied_[u].record(ctx);  // after the copy, or (direct) after the stage's writes
     state_[u] = Slot::Enqueued;
   }
   void push() {
@@ -188,13 +215,25 @@ class StagedMpiLink {
       return;
     }
     const auto u = static_cast<std::size_t>(cursor_);
+    if (direct_) {  // the message is in the device slot: the event follows the stage's reads
+      state_[u] = Slot::Reading;
+      return;
+    }
     copy_from_pinned_async(ctx, static_cast<const float*>(pinned(cursor_)), slots_[u].data.data,
                            slots_[u].data.rows * cols_);
     copied_[u].record(ctx);
     state_[u] = Slot::Enqueued;
   }
   void release_front(const Context& ctx) {
-    if (ring_) ring_->release_front(ctx);
+    if (ring_) {
+      ring_->release_front(ctx);
+      return;
+    }
+    const auto u = static_cast<std::size_t>(cursor_);
+    if (direct_ && state_[u] == Slot::Reading) {
+      copied_[u].record(ctx);
+      state_[u] = Slot::Enqueued;
+    }
   }
   void pop() {
     if (ring_) {
@@ -206,7 +245,10 @@ class StagedMpiLink {
       throw Error("xpipe: StagedMpiLink: pop() of micro-batch " +
                   std::to_string(slots_[u].micro_batch) + " from rank " +
                   std::to_string(end_.peer) +
-                  " without acquire_front(ctx), which copies the pinned slot to the device");
+                  (direct_ ? " without acquire_front(ctx) and release_front(ctx), which mark "
+                             "the end of the stage's reads of the device slot"
+                           : " without acquire_front(ctx), which copies the pinned slot to the "
+                             "device"));
     state_[u] = Slot::Copying;
     cursor_ = (cursor_ + 1) % capacity_;
     progress();
@@ -250,12 +292,17 @@ class StagedMpiLink {
   // What a slot holds. Producer: Free (may be filled), Enqueued (its copy to pinned memory is
   // enqueued), Staged (pushed; the send starts when the copy is done), Busy (the send is in
   // flight). Consumer: Busy (a receive is posted), Arrived, Enqueued (its copy to the device is
-  // enqueued), Copying (popped; the next receive is posted when the copy is done), Free (no
-  // micro-batch left to receive).
-  enum class Slot : unsigned char { Free, Enqueued, Staged, Busy, Arrived, Copying };
+  // enqueued; direct: the stage's reads are, and the event after them), Copying (popped; the next
+  // receive is posted when the copy, or the reads, are done), Free (no micro-batch left to
+  // receive); direct only: Reading (acquired, the stage's reads being enqueued).
+  enum class Slot : unsigned char { Free, Enqueued, Staged, Busy, Arrived, Copying, Reading };
 
   const Context& mine() const { return end_.role == LinkRole::Producer ? producer_ : consumer_; }
   float* pinned(int i) const { return pinned_.data() + static_cast<index_t>(i) * rows_ * cols_; }
+  // What MPI sends from or receives into for slot i: its pinned copy, or (direct) the slot.
+  float* wire(int i) const {
+    return direct_ ? slots_[static_cast<std::size_t>(i)].data.data : pinned(i);
+  }
 
   // Producer: whether slot i may be filled (its last send, if any, has completed).
   bool sent(int i) const {
@@ -287,9 +334,8 @@ class StagedMpiLink {
   void start_send(int i) const {
     const auto u = static_cast<std::size_t>(i);
     const MicroBatchMessage& m = slots_[u];
-    XPIPE_MPI_CHECK(MPI_Isend(pinned(i), static_cast<int>(m.data.rows * cols_), MPI_FLOAT,
-                              end_.peer, end_.tag(m.micro_batch, tag_ub_), end_.comm,
-                              &requests_[u]));
+    XPIPE_MPI_CHECK(MPI_Isend(wire(i), static_cast<int>(m.data.rows * cols_), MPI_FLOAT, end_.peer,
+                              end_.tag(m.micro_batch, tag_ub_), end_.comm, &requests_[u]));
     state_[u] = Slot::Busy;
   }
   // Posts slot i's receive for the next micro-batch of the order (none left: the slot is Free).
@@ -302,7 +348,7 @@ class StagedMpiLink {
     }
     const int g = end_.order[posted_++];
     slots_[u].micro_batch = g;
-    XPIPE_MPI_CHECK(MPI_Irecv(pinned(i), static_cast<int>(rows_ * cols_), MPI_FLOAT, end_.peer,
+    XPIPE_MPI_CHECK(MPI_Irecv(wire(i), static_cast<int>(rows_ * cols_), MPI_FLOAT, end_.peer,
                               end_.tag(g, tag_ub_), end_.comm, &requests_[u]));
     state_[u] = Slot::Busy;
   }
@@ -346,6 +392,7 @@ class StagedMpiLink {
   mutable std::vector<MPI_Request> requests_;
   mutable std::vector<Slot> state_;
   int cursor_ = 0;        // the slot a producer fills next, or a consumer reads
+  bool direct_ = false;   // MPI moves the device slots themselves (no pinned copies)
   mutable int next_ = 0;  // the slot whose send starts, or receive is posted, next
   mutable std::size_t posted_ = 0;
 };
