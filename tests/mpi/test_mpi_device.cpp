@@ -7,8 +7,9 @@
 // executor's in one process (and the same device pipeline trained in one process), and with
 // replicas the host pipeline's over the same ranks; one link without a pipeline around it must
 // carry every message whole. Each also runs with MPI moving the device slots themselves (the
-// emulated device's mpi_aware, what a CUDA-aware MPI does), no pinned copies. Usage: mpirun -np N
-// xpipe_test_mpi_device bitwise|dp|link|fault <nan|device>.
+// emulated device's mpi_aware, what a CUDA-aware MPI does), no pinned copies; and with events
+// reported done too early the bits must not be the host's (selfcheck, a job of its own). Usage:
+// mpirun -np N xpipe_test_mpi_device bitwise|dp|link|fault <nan|device>.
 #include <mpi.h>
 
 #include <chrono>
@@ -114,7 +115,7 @@ bool compare(const std::string& what, const Outcome& host, const Outcome& got) {
 // predictors, and every predictor under async 1F1B, the streams jittered; then each stage's
 // stream in turn far behind the others (the staging's host waits are what keeps those bits).
 template <class... S>
-void bitwise_for(bool virtual_stages, bool self_check) {
+void bitwise_for(bool virtual_stages) {
   const int K = static_cast<int>(sizeof...(S)), M = K;
   const test::LabelledData d = test::random_classification(88, 12, 4, 11);
   MpiExecutor exec;
@@ -168,46 +169,6 @@ void bitwise_for(bool virtual_stages, bool self_check) {
       clipped.error.find("global gradient-norm clipping of a device pipeline over MPI ranks is "
                          "not built") == std::string::npos)
     fail("clipping: expected the refusal, got '" + clipped.error + "'");
-  // The self-check: with every event reported done at once, the host sends pinned slots before
-  // their copies have run (NaN) or posts receives under pending copies (a fault): the bits must
-  // not be the host's. Last of the program's runs (`self_check`): a run that faults on one rank
-  // may end on the other before the word reaches it, which would stop that rank's next run.
-  if (self_check) {
-    // Stage 0's stream 3 ms behind per task: the host reaches a pinned slot before its copy on
-    // almost every message, however loaded the machine (a run with every copy on time would
-    // keep the host's bits).
-    Emulation emulation(0, 0, 3000);
-    EmulatedDevice::done_early = true;
-    const char* sched = virtual_stages ? "zb-v" : "zb-h1";
-    const Outcome host = train<HostPipe<S...>>(threads, sched, "latest", M, 16, d, 2);
-    // With MPI moving the device slots first: sends of slots the slow stream has not written
-    // yet carry stale values, and receives posted again overwrite what it has not read. Stale
-    // values are finite and nothing faults, so the ranks stay in step for the run below (a
-    // failed run would leave them unable to go on together).
-    EmulatedDevice::mpi_aware = true;
-    const Outcome direct = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
-    EmulatedDevice::mpi_aware = false;
-    if (!direct.error.empty())
-      fatal("self-check: with done() true at once and MPI moving device memory: '" + direct.error +
-            "'");
-    if (same_bits(host.weights, direct.weights))
-      fail(
-          "self-check: with done() true at once and MPI moving device memory the ranks still "
-          "have the host's bits");
-    const Outcome early = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
-    // Caught: a receive posted under a pending copy faults, a send of NaN makes a NaN loss, a
-    // stale one other bits.
-    const bool caught =
-        early.error.empty()
-            ? !same_bits(host.weights, early.weights)
-            : early.error.find("the host changed pinned memory") != std::string::npos ||
-                  early.error.find("loss is NaN") != std::string::npos;
-    if (!caught)
-      fail(
-          "self-check: with done() true at once the ranks still have the host's bits, or "
-          "failed otherwise: '" +
-          early.error + "'");
-  }
   if (world_rank() == 0)
     std::printf(
         "bitwise: %d device runs of %d stages on %d ranks, %d equal to the host's (the "
@@ -217,13 +178,62 @@ void bitwise_for(bool virtual_stages, bool self_check) {
 
 void bitwise() {
   if (world_size() == 2) {
-    bitwise_for<A, D>(false, false);
-    bitwise_for<A, B, C, D>(true, true);  // two stages per rank
+    bitwise_for<A, D>(false);
+    bitwise_for<A, B, C, D>(true);  // two stages per rank
   } else if (world_size() == 4) {
-    bitwise_for<A, B, C, D>(false, true);
+    bitwise_for<A, B, C, D>(false);
   } else {
     throw ConfigError("bitwise: run on 2 or 4 ranks (got " + std::to_string(world_size()) + ")");
   }
+}
+
+// The self-check, a job of its own: with every event reported done at once, the host touches
+// a slot before the stream's work on it has run, and the bits must not be the host's. First with
+// MPI moving the device slots (sends of slots the slow stream has not written carry stale
+// values, receives posted again overwrite what it has not read: finite values, no fault, so the
+// ranks stay in step), then staged (a send of NaN makes a NaN loss, a receive posted under a
+// pending copy faults, a stale one gives other bits). A run that fails leaves the ranks unable
+// to go on together (a collective may stay posted on one of them), so the program ends there:
+// each rank says what it saw, and the job is aborted (the test reads rank 0's line).
+template <class... S>
+[[noreturn]] void self_check(bool virtual_stages) {
+  const int M = static_cast<int>(sizeof...(S));
+  const test::LabelledData d = test::random_classification(88, 12, 4, 11);
+  MpiExecutor exec;
+  ThreadedExecutor threads;
+  // Stage 0's stream 3 ms behind per task: the host reaches a slot before the stream on almost
+  // every message, however loaded the machine.
+  Emulation emulation(0, 0, 3000);
+  EmulatedDevice::done_early = true;
+  const char* sched = virtual_stages ? "zb-v" : "zb-h1";
+  const Outcome host = train<HostPipe<S...>>(threads, sched, "latest", M, 16, d, 2);
+  EmulatedDevice::mpi_aware = true;
+  const Outcome direct = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
+  EmulatedDevice::mpi_aware = false;
+  if (!direct.error.empty())
+    fatal("self-check: with done() true at once and MPI moving device memory: '" + direct.error +
+          "'");
+  if (same_bits(host.weights, direct.weights))
+    fatal(
+        "self-check: with done() true at once and MPI moving device memory the ranks still have "
+        "the host's bits");
+  const Outcome early = train<DevicePipe<S...>>(exec, sched, "latest", M, 16, d, 2);
+  const bool caught =
+      early.error.empty()
+          ? !same_bits(host.weights, early.weights)
+          : early.error.find("the host changed pinned memory") != std::string::npos ||
+                early.error.find("loss is NaN") != std::string::npos;
+  if (!caught)
+    fatal(
+        "self-check: with done() true at once the ranks still have the host's bits, or failed "
+        "otherwise: '" +
+        early.error + "'");
+  std::printf("self-check rank %d: caught both ways (direct: other bits; staged: %s)\n",
+              world_rank(), early.error.empty() ? "other bits" : "failed as expected");
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // every rank's line first
+  MPI_Abort(MPI_COMM_WORLD, 0);
+  std::abort();
 }
 
 // 2 replicas of a 2-rank pipeline on 4 ranks, of 2 stages (virtual = false) or of 4, two per
@@ -403,10 +413,16 @@ int main(int argc, char** argv) {
         link(0, mpi_aware);
         link(1, mpi_aware);
       }
+    } else if (mode == "selfcheck") {
+      if (world_size() == 2)
+        self_check<A, B, C, D>(true);  // two stages per rank
+      else
+        self_check<A, B, C, D>(false);
     } else if (mode == "fault" && argc > 2)
       fault(argv[2]);
     else
-      throw ConfigError("usage: xpipe_test_mpi_device bitwise|dp|link|fault <nan|device>");
+      throw ConfigError(
+          "usage: xpipe_test_mpi_device bitwise|dp|link|selfcheck|fault <nan|device>");
   } catch (const std::exception& e) {
     // A failed run leaves the ranks unable to go on together: end the job, a moment after the
     // other ranks (told by the executor) have printed what they saw.
