@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <mpi.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +51,15 @@ struct RankReport {
       std::printf("rank %d: %-56s %s (%s)\n", rank, what.c_str(), ok ? "ok" : "FAIL",
                   detail.c_str());
     failures += !ok;
+  }
+  //! The end of the ranks' run: the failures summed over the ranks, "<name>: ok" or
+  //! "<name>: FAILED" from rank 0, MPI finalised; the process's exit status.
+  int finish(const char* name) {
+    int total = 0;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) std::printf("%s: %s\n", name, total == 0 ? "ok" : "FAILED");
+    MPI_Finalize();
+    return total == 0 ? 0 : 1;
   }
 };
 

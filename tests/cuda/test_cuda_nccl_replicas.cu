@@ -107,9 +107,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: %s\n", report.rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  int total = 0;
-  MPI_Allreduce(&report.failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (report.rank == 0) std::printf("gpu nccl replicas: %s\n", total == 0 ? "ok" : "FAILED");
-  MPI_Finalize();
-  return total == 0 ? 0 : 1;
+  return report.finish("gpu nccl replicas");
 }

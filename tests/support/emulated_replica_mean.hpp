@@ -18,6 +18,7 @@
 #include "emulated_device.hpp"
 #include "xpipe/comm/replica_mean.hpp"
 #include "xpipe/core/error.hpp"
+#include "xpipe/kernels/ops.hpp"
 
 namespace xpipe::test {
 //! Every rank's emulated device named alike (ranks sharing one device).
@@ -60,18 +61,18 @@ class DeviceReplicaMean<test::EmulatedContext> {
     if (!finalized && !aborted_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
-  //! On ctx's stream: g summed over the replicas (MPI_Allreduce, as NCCL sums), then times 1 / R.
+  //! On ctx's stream: g summed over the replicas (MPI_Allreduce, as NCCL sums), then the pass
+  //! times 1 / R that CUDA's mean runs (scale_buffer).
   void mean(const test::EmulatedContext& ctx, float* g, index_t n) {
     test::emu::check_launch(ctx, "the replicas' gradient mean");
     test::emu::check_memory(g, ctx.device, false, "the gradient averaged over replicas");
     const MPI_Comm comm = comm_;
-    const float inv = 1.f / static_cast<float>(replicas_);
-    ctx.stream->enqueue([comm, g, n, inv] {
+    ctx.stream->enqueue([comm, g, n] {
       if (MPI_Allreduce(MPI_IN_PLACE, g, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm) !=
           MPI_SUCCESS)
         throw BackendError("xpipe: emulated DeviceReplicaMean: MPI_Allreduce failed");
-      for (index_t i = 0; i < n; ++i) g[i] *= inv;
     });
+    scale_buffer(ctx, g, n, 1.f / static_cast<float>(replicas_));
   }
 
   void abort() noexcept { aborted_ = true; }

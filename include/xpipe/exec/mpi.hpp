@@ -681,16 +681,13 @@ class MpiExecutor {
     for (int k : stages) key += "," + std::to_string(k);
     if (means_ == nullptr || means_key_ != key) {
       means_.reset();
-      auto made = std::make_shared<std::vector<std::unique_ptr<Mean>>>(s.stages);
+      auto made = std::make_unique<DeviceMeans<Mean>>();
+      made->of.resize(static_cast<std::size_t>(s.stages));
       for (int k : stages)
-        (*made)[static_cast<std::size_t>(k)] =
+        made->of[static_cast<std::size_t>(k)] =
             std::make_unique<Mean>(replicas_of_worker_, program.stage_context(k));
-      means_ = made;
+      means_ = std::move(made);
       means_key_ = key;
-      abort_means_ = [made] {
-        for (auto& m : *made)
-          if (m) m->abort();
-      };
     }
     return true;
   }
@@ -699,8 +696,7 @@ class MpiExecutor {
   // and made anew by the next run.
   void give_up_device_means() noexcept {
     if (means_ == nullptr) return;
-    if (abort_means_) abort_means_();
-    abort_means_ = nullptr;
+    means_->abort();
     means_.reset();
     means_key_.clear();
   }
@@ -835,8 +831,7 @@ class MpiExecutor {
     if constexpr (device_means<P>)
       if (means_on_device_) {  // on the stage's stream, after the backward just enqueued
         using Mean = typename MeanOf<P>::type;
-        Mean& mean = *(*std::static_pointer_cast<std::vector<std::unique_ptr<Mean>>>(
-            means_))[static_cast<std::size_t>(k)];
+        Mean& mean = *static_cast<DeviceMeans<Mean>&>(*means_).of[static_cast<std::size_t>(k)];
         program.with_device_gradients(
             k, [&](const auto& ctx, float* g, index_t n) { mean.mean(ctx, g, n); });
         mean_enqueued_[static_cast<std::size_t>(k)] = 1;
@@ -1188,13 +1183,24 @@ class MpiExecutor {
   std::size_t reduce_head_ = 0;       // in order; those before the head have their all-reduce
   std::vector<float> share_staging_;  // share_stage_states on a device: host copies
   // Device replicas averaged on the devices: whether the last run did, which stages have a mean
-  // enqueued and not yet followed by their step, and the DeviceReplicaMeans (a vector by stage
-  // of the backend's type, kept between runs under means_key_).
+  // enqueued and not yet followed by their step, and the DeviceReplicaMeans by stage (of the
+  // backend the last run's program ran on; kept between runs under means_key_).
+  struct AnyDeviceMeans {
+    virtual ~AnyDeviceMeans() = default;
+    virtual void abort() noexcept = 0;
+  };
+  template <class Mean>
+  struct DeviceMeans final : AnyDeviceMeans {
+    std::vector<std::unique_ptr<Mean>> of;  // by stage; null where another rank runs it
+    void abort() noexcept override {
+      for (auto& m : of)
+        if (m) m->abort();
+    }
+  };
   bool means_on_device_ = false;
   std::vector<char> mean_enqueued_;
-  std::shared_ptr<void> means_;
+  std::unique_ptr<AnyDeviceMeans> means_;
   std::string means_key_;
-  std::function<void()> abort_means_;
   std::atomic<long> list_size_{0}, done_{0};
   detail::MpiWaitBoard board_;
   bool gave_up_ = false;  // the StageError in flight is this rank's own timeout
