@@ -1,7 +1,8 @@
 // Conv2d's forward + backward (data and weights) on the host against oneDNN's primitives alone on
 // the same shapes, in one binary: `vs_onednn` is the primitives' time over the layer's (the
 // layer's overhead; 1 = none), `vs_onednn_best` the same against primitives that pick their own
-// blocked layouts (what xpipe's plain NCHW rows cost), each best of several timed runs.
+// blocked layouts (what xpipe's channels-last rows cost against oneDNN's favourite, reorders
+// left out), each best of several timed runs.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -18,9 +19,9 @@ using xpipe::ConvGeometry;
 using xpipe::index_t;
 
 // oneDNN's three convolution primitives on one geometry, made with its C++ API and run through
-// its argument maps: the baseline a user of oneDNN alone would write. `best_layout` lets oneDNN
-// choose activation and weight layouts (format_tag::any) and reorders the operands into them
-// once, outside the timing.
+// its argument maps: the baseline a user of oneDNN alone would write: channels-last activations
+// as the layer's, weights in oneDNN's choice (format_tag::any). `best_layout` lets oneDNN choose
+// the activations' layout too. Operands are made in their layouts once, outside the timing.
 class OneDnnConv {
  public:
   OneDnnConv(const ConvGeometry& g, bool best_layout)
@@ -28,7 +29,9 @@ class OneDnnConv {
     using tag = dnnl::memory::format_tag;
     using md = dnnl::memory::desc;
     const auto f32 = dnnl::memory::data_type::f32;
-    const tag act = best_layout ? tag::any : tag::nchw, wt = best_layout ? tag::any : tag::oihw;
+    // Weights always in oneDNN's choice: on fixed OIHW weights it has only its reference kernel
+    // (hundreds of times slower), and the layer reorders its few weights per call into that choice.
+    const tag act = best_layout ? tag::any : tag::nhwc, wt = tag::any;
     const md src({g.rows, g.c, g.h, g.w}, f32, act), weights({g.oc, g.c, g.k, g.k}, f32, wt),
         bias({g.oc}, f32, tag::x), dst({g.rows, g.oc, g.oh, g.ow}, f32, act);
     const dnnl::memory::dims s{g.stride, g.stride}, p{g.pad, g.pad};

@@ -5,6 +5,7 @@ a CPU baseline for xpipe-train's sequential (K = 1) throughput and accuracy.
   --mode time:  samples/s of plain training on T threads; prints one JSON line.
   --mode train: a full training run on Fashion-MNIST; per-epoch loss and test accuracy, then JSON.
   /usr/bin/python3 benchmarks/torch_cnn.py --mode time --model vgg [--threads 2] [--samples 4096]
+      [--channels-last]
   /usr/bin/python3 benchmarks/torch_cnn.py --mode train --model resnet --epochs 3
       [--augment-pad 2 --augment-flip] [--train-samples N --test-samples N]
 """
@@ -50,6 +51,14 @@ class Basic(nn.Module):
 
     def forward(self, x):
         return F.relu(self.f(x) + self.shortcut(x))
+
+
+class ChannelsLast(nn.Module):
+    """The input in channels-last memory (torch.channels_last), which the convolutions and
+    BatchNorms after it keep: PyTorch's NHWC path, as xpipe lays its images out."""
+
+    def forward(self, x):
+        return x.contiguous(memory_format=torch.channels_last)
 
 
 def vgg():
@@ -178,7 +187,7 @@ def run_time(args, model, opt, params):
         train_step(model, opt, x[i:i + args.batch], y[i:i + args.batch])
     seconds = time.perf_counter() - start
     print(json.dumps({"model": args.model, "threads": args.threads, "batch": args.batch,
-                      "samples": n, "data": source, "seconds": round(seconds, 4),
+                      "channels_last": args.channels_last, "samples": n, "data": source, "seconds": round(seconds, 4),
                       "samples_per_second": round(n / seconds, 1),
                       "parameters": {"total": params[0], "xpipe_padded": params[1]},
                       "torch": torch.__version__}))
@@ -237,6 +246,8 @@ def main():
     ap.add_argument("--batch", type=int, default=128, help="mini-batch (default 128)")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     ap.add_argument("--seed", type=int, default=1, help="init, shuffle and augmentation seed")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="train in channels-last memory (PyTorch's NHWC path; default NCHW)")
     ap.add_argument("--data-dir", default=os.environ.get("XPIPE_DATA_DIR") or
                     "/usr/share/datasets/fashion-mnist",
                     help="the four Fashion-MNIST .gz IDX files (default $XPIPE_DATA_DIR or "
@@ -269,6 +280,8 @@ def main():
     torch.set_num_threads(args.threads)
     model = {"vgg": vgg, "resnet": resnet}[args.model]()
     init_like_xpipe(model, args.seed)
+    if args.channels_last:
+        model = nn.Sequential(ChannelsLast(), model).to(memory_format=torch.channels_last)
     params = parameter_counts(model)
     assert params == XPIPE_PARAMS[args.model], f"{args.model}: {params} != xpipe's"
     # torch's Adam defaults are xpipe's: betas (0.9, 0.999), eps 1e-8, no weight decay.

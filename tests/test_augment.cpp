@@ -24,19 +24,20 @@ using xpipe::test::same_bits;
 using Image = std::vector<float>;
 
 // The definition, written the long way round (not the kernel's index arithmetic): build the
-// (h + 2p) x (w + 2p) zero-padded image, cut h x w out at (dy, dx), then mirror each row.
+// (h + 2p) x (w + 2p) zero-padded image of each channel, cut h x w out at (dy, dx), then mirror
+// each row; images channels-last (channel c of pixel (y, x) at (y w + x) c + c).
 Image reference(const Image& img, Dims s, int pad, int dy, int dx, bool flip) {
   const int ph = s.h + 2 * pad, pw = s.w + 2 * pad;
   Image out(img.size());
   for (int c = 0; c < s.c; ++c) {
     std::vector<float> padded(static_cast<std::size_t>(ph * pw), 0.f);
     for (int y = 0; y < s.h; ++y)
-      for (int x = 0; x < s.w; ++x) padded[(y + pad) * pw + x + pad] = img[(c * s.h + y) * s.w + x];
+      for (int x = 0; x < s.w; ++x) padded[(y + pad) * pw + x + pad] = img[(y * s.w + x) * s.c + c];
     for (int y = 0; y < s.h; ++y) {
       std::vector<float> row(padded.begin() + (y + dy) * pw + dx,
                              padded.begin() + (y + dy) * pw + dx + s.w);
       if (flip) std::reverse(row.begin(), row.end());
-      std::copy(row.begin(), row.end(), out.begin() + (c * s.h + y) * s.w);
+      for (int x = 0; x < s.w; ++x) out[(y * s.w + x) * s.c + c] = row[x];
     }
   }
   return out;
@@ -105,6 +106,11 @@ TEST_CASE("augment: the reference crops and flips a 1x4x4 image as worked by han
   REQUIRE(reference(img, s, 1, 1, 1, false) == img);
   REQUIRE(reference(img, s, 1, 1, 1, true) ==
           Image{4, 3, 2, 1, 8, 7, 6, 5, 12, 11, 10, 9, 16, 15, 14, 13});
+  // Channels-last, two channels of a 1 x 2 image: a mirror moves whole pixels, both channels.
+  const Image two{1, -1, 2, -2};
+  REQUIRE(reference(two, Dims{2, 1, 2}, 1, 1, 1, true) == Image{2, -2, 1, -1});
+  // Shifted one pixel left (offset 2 along x): the padding pixel comes in, zero in both channels.
+  REQUIRE(reference(two, Dims{2, 1, 2}, 1, 1, 2, false) == Image{2, -2, 0, 0});
 }
 
 TEST_CASE("augment: each output is a legal crop/flip and every one occurs about equally often",
@@ -118,8 +124,9 @@ TEST_CASE("augment: each output is a legal crop/flip and every one occurs about 
   }));
   CAPTURE(s.c, s.h, s.w, a.pad, a.flip);
   Image img = iota_image(s, 1.f);
-  // The second channel negative: a channel read from the wrong plane cannot pass as legal.
-  for (std::size_t i = static_cast<std::size_t>(s.h) * s.w; i < img.size(); ++i) img[i] = -img[i];
+  // The second channel negative: a value read from the wrong channel cannot pass as legal.
+  if (s.c > 1)
+    for (std::size_t i = 1; i < img.size(); i += static_cast<std::size_t>(s.c)) img[i] = -img[i];
   const auto legal = legal_results(img, s, a);
   for (std::size_t i = 0; i < legal.size(); ++i)
     for (std::size_t j = 0; j < i; ++j) REQUIRE(legal[i].image != legal[j].image);

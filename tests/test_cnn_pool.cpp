@@ -219,13 +219,24 @@ TEST_CASE("A NaN in a max-pooling window reaches the output", "[pool]") {
 
 TEST_CASE("GlobalAvgPool averages each channel, by hand", "[pool]") {
   using G = xpipe::GlobalAvgPool<Shape<2, 2, 3>>;
-  const std::vector<float> x{1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};
+  // Channels-last: channel 0 holds 1..6, channel 1 holds 10..60, pixel by pixel side by side.
+  const std::vector<float> x{1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60};
   const auto [y, dx] = run_layer<G>(x, std::vector<float>{6, 12}, 1);
   require_equal(y, {3.5f, 35});
-  require_equal(dx, {1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2});
+  require_equal(dx, {1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2});
 }
 
-TEST_CASE("Flatten copies rows through views with leading dimensions", "[pool][flatten]") {
+TEST_CASE("image_index lays images out channels-last, worked by hand", "[pool][flatten]") {
+  // A 3-channel image 2 pixels high and 4 wide: pixel (y, x) takes floats [3 (4 y + x), +3).
+  STATIC_REQUIRE(xpipe::image_index(3, 4, 0, 0, 0) == 0);
+  STATIC_REQUIRE(xpipe::image_index(3, 4, 2, 0, 0) == 2);   // the first pixel's last channel
+  STATIC_REQUIRE(xpipe::image_index(3, 4, 0, 0, 1) == 3);   // the next pixel of the row
+  STATIC_REQUIRE(xpipe::image_index(3, 4, 1, 1, 0) == 13);  // row 1 starts after 4 pixels
+  STATIC_REQUIRE(xpipe::image_index(3, 4, 2, 1, 3) == 23);  // the last float of 24
+}
+
+TEST_CASE("Flatten hands features over in PyTorch's order, through views with leading dimensions",
+          "[pool][flatten]") {
   using F = xpipe::Flatten<Shape<2, 2, 2>>;
   const HostContext ctx{};
   // Two rows of 8 inside rows of 10 (x) and 12 (y): the gaps must stay as they were.
@@ -233,14 +244,19 @@ TEST_CASE("Flatten copies rows through views with leading dimensions", "[pool][f
   std::iota(x.begin(), x.end(), 1.f);
   const ConstMatrix xv{x.data(), 2, 8, 10};
   F::forward(ctx, nullptr, xv, Matrix{y.data(), 2, 8, 12});
-  F::backward(ctx, nullptr, nullptr, false, ConstMatrix{}, ConstMatrix{}, xv,
-              Matrix{dx.data(), 2, 8, 12});
-  for (const auto* out : {&y, &dx})
-    for (int r = 0; r < 2; ++r)
-      for (int c = 0; c < 12; ++c) {
-        INFO("row " << r << ", column " << c);
-        REQUIRE((*out)[r * 12 + c] == (c < 8 ? x[r * 10 + c] : -7.f));
-      }
+  // Row 0 channels-last: pixels (1, 2), (3, 4), (5, 6), (7, 8); planar: channel 0's pixels,
+  // then channel 1's. Row 1 likewise from 11.
+  const std::vector<float> planar{1,  3,  5,  7,  2,  4,  6,  8,  -7, -7, -7, -7,
+                                  11, 13, 15, 17, 12, 14, 16, 18, -7, -7, -7, -7};
+  require_equal(y, planar);
+  // The backward takes a planar gradient back to channels-last: y's values back to x's places.
+  F::backward(ctx, nullptr, nullptr, false, ConstMatrix{}, ConstMatrix{},
+              ConstMatrix{y.data(), 2, 8, 12}, Matrix{dx.data(), 2, 8, 12});
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 12; ++c) {
+      INFO("row " << r << ", column " << c);
+      REQUIRE(dx[r * 12 + c] == (c < 8 ? x[r * 10 + c] : -7.f));
+    }
 }
 
 TEST_CASE("Pooling and flatten backward write nothing without an input gradient", "[pool]") {

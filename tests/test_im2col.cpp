@@ -42,12 +42,13 @@ Direct direct(const ConvGeometry& g, const std::vector<float>& x, const std::vec
   d.dw.assign(w.size(), 0.0);
   d.db.assign(static_cast<std::size_t>(g.oc), 0.0);
   d.y_abs = d.y, d.dx_abs = d.dx, d.dw_abs = d.dw, d.db_abs = d.db;
-  auto xi = [&](index_t n, int c, int iy, int ix) { return ((n * g.c + c) * g.h + iy) * g.w + ix; };
+  // x and y channels-last (channel fastest), w OIHW.
+  auto xi = [&](index_t n, int c, int iy, int ix) { return ((n * g.h + iy) * g.w + ix) * g.c + c; };
   auto wi = [&](int o, int c, int ky, int kx) {
     return ((index_t{o} * g.c + c) * g.k + ky) * g.k + kx;
   };
   auto yi = [&](index_t n, int o, int oy, int ox) {
-    return ((n * g.oc + o) * g.oh + oy) * g.ow + ox;
+    return ((n * g.oh + oy) * g.ow + ox) * g.oc + o;
   };
   for (index_t n = 0; n < g.rows; ++n)
     for (int o = 0; o < g.oc; ++o)
@@ -105,8 +106,8 @@ void check_against_direct(const ConvGeometry& g, index_t chunk, int threads) {
   const Direct ref = direct(g, x, w, b, dy);
 
   const xpipe::ConvWorkspaceFloats n = xpipe::conv_workspace_floats(g, chunk);
-  std::vector<float> cols(n.cols), channels(n.channels), sums(n.plane_sums);
-  const xpipe::ConvWorkspace ws{cols.data(), channels.data(), sums.data(), chunk};
+  std::vector<float> cols(n.cols), sums(n.plane_sums);
+  const xpipe::ConvWorkspace ws{cols.data(), sums.data(), chunk};
   std::vector<float> y(ref.y.size(), 7.f), dx(x.size(), 7.f), dw(w.size(), 7.f), db(b.size(), 7.f);
   xpipe::conv_forward_im2col(ctx, g, ws, x.data(), w.data(), b.data(), y.data());
   xpipe::conv_backward_data_im2col(ctx, g, ws, w.data(), dy.data(), dx.data());
@@ -177,14 +178,23 @@ TEST_CASE("col2im is the adjoint of im2col", "[im2col]") {
 }
 
 TEST_CASE("im2col's column matrix holds the input pixels and zero padding", "[im2col]") {
-  // One 1-channel 3 x 3 image, k 3 pad 1: column p = the centre pixel's 3 x 3 neighbourhood.
-  const ConvGeometry g = geometry(1, 1, 3, 1, 3, 1, 1);
-  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  std::vector<float> cols(9 * 9);
+  // One 2-channel 3 x 3 image, k 3 pad 1, channels-last: pixel q (row-major, 0 to 8) holds q + 1
+  // in channel 0 and 10 (q + 1) in channel 1. Row p of the column matrix is the patch under
+  // output pixel p, 18 columns: channel 0's 3 x 3 window row by row, then channel 1's.
+  const ConvGeometry g = geometry(1, 2, 3, 1, 3, 1, 1);
+  const std::vector<float> x = {1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60, 7, 70, 8, 80, 9, 90};
+  std::vector<float> cols(9 * 18, -1.f);
   xpipe::im2col(HostContext{}, g, x.data(), 0, 1, cols.data());
-  auto entry = [&](int r, int p) { return cols[static_cast<std::size_t>(r * 9 + p)]; };
-  for (int r = 0; r < 9; ++r) CHECK(entry(r, 4) == x[static_cast<std::size_t>(r)]);  // centre
-  // Output pixel 0 (corner): weights of the window's top row and left column read padding.
-  const float corner[] = {0, 0, 0, 0, 1, 2, 0, 4, 5};
-  for (int r = 0; r < 9; ++r) CHECK(entry(r, 0) == corner[r]);
+  auto check_row = [&](int p, const float(&window)[9]) {
+    INFO("output pixel " << p);
+    for (int r = 0; r < 9; ++r) {
+      CHECK(cols[static_cast<std::size_t>(p * 18 + r)] == window[r]);
+      CHECK(cols[static_cast<std::size_t>(p * 18 + 9 + r)] == 10 * window[r]);
+    }
+  };
+  // The centre (p 4): the whole image. The top-left corner (p 0): the window's top row and left
+  // column over the padding. Row 1, column 2 (p 5): the window's right column over the padding.
+  check_row(4, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+  check_row(0, {0, 0, 0, 0, 1, 2, 0, 4, 5});
+  check_row(5, {2, 3, 0, 5, 6, 0, 8, 9, 0});
 }

@@ -551,11 +551,10 @@ void training_steps(const xpipe::CudaContext& ctx, const Options& o) {
 
 // ---- 3b. the ResNet's convolutions against their im2col GEMMs ---------------------------------
 // Each distinct convolution of models/resnet.hpp at batch 128 (no bias; `count` of them in the
-// network): ConvPlans<Cuda> forward, backward_data and backward_weights (im2col, the GEMMs, the
-// layout passes, col2im) against the same three GEMMs per chunk of images alone, called on the
-// same buffers (what an im2col convolution cannot go below). From CUDA graphs (the device's
-// work), aim >= 0.8 each; then the network's convolutions together, each geometry weighted by
-// its count.
+// network): ConvPlans<Cuda> forward, backward_data and backward_weights (im2col, the GEMMs,
+// col2im) against the same three GEMMs per chunk of images alone, called on buffers of the same
+// sizes (what an im2col convolution cannot go below). From CUDA graphs (the device's work),
+// aim >= 0.8 each; then the network's convolutions together, each geometry weighted by its count.
 struct ConvCase {
   const char* name;
   xpipe::ConvGeometry g;
@@ -592,23 +591,25 @@ void convolutions(const xpipe::CudaContext& ctx, const Options& o) {
       plans.backward_data(ctx, g, w.data(), dy.data(), dx.data());
       plans.backward_weights(ctx, g, x.data(), dy.data(), dw.data(), nullptr, false);
     });
-    // The GEMMs alone, on buffers of the workspace's sizes, chunk by chunk as the plans call them.
+    // The GEMMs alone, chunk by chunk as the plans call them: on a column buffer of the
+    // workspace's size, and on y and dy themselves, which the plans' GEMMs read and write in place
+    // (channels-last, a chunk's images are one (n P) x oc matrix).
     const index_t chunk = plans.chunk(), kk = static_cast<index_t>(g.c) * g.k * g.k,
                   pixels = static_cast<index_t>(g.oh) * g.ow;
     const xpipe::ConvWorkspaceFloats sizes = xpipe::conv_workspace_floats(g, chunk);
-    xpipe::DeviceBuffer<float> cols(sizes.cols), channels(sizes.channels);
+    xpipe::DeviceBuffer<float> cols(sizes.cols);
     fill(cols.data(), sizes.cols, -1.f, 1.f, 14);
-    fill(channels.data(), sizes.channels, -0.1f, 0.1f, 15);
     const double gemms = graph_median_ms(ctx.stream, reps, 5, 5, [&] {
       using xpipe::Trans;
       for (index_t first = 0; first < g.rows; first += chunk) {
-        const index_t n = std::min(chunk, g.rows - first), nc = n * pixels;
-        xpipe::gemm(ctx, Trans::No, Trans::No, g.oc, nc, kk, 1.f, w.data(), kk, cols.data(), nc,
-                    0.f, channels.data(), nc);
-        xpipe::gemm(ctx, Trans::Yes, Trans::No, kk, nc, g.oc, 1.f, w.data(), kk, channels.data(),
-                    nc, 0.f, cols.data(), nc);
-        xpipe::gemm(ctx, Trans::No, Trans::Yes, g.oc, kk, nc, 1.f, channels.data(), nc, cols.data(),
-                    nc, first == 0 ? 0.f : 1.f, dw.data(), kk);
+        const index_t n = std::min(chunk, g.rows - first), np = n * pixels,
+                      out = first * g.out_floats();
+        xpipe::gemm(ctx, Trans::No, Trans::Yes, np, g.oc, kk, 1.f, cols.data(), kk, w.data(), kk,
+                    0.f, y.data() + out, g.oc);
+        xpipe::gemm(ctx, Trans::No, Trans::No, np, kk, g.oc, 1.f, dy.data() + out, g.oc, w.data(),
+                    kk, 0.f, cols.data(), kk);
+        xpipe::gemm(ctx, Trans::Yes, Trans::No, g.oc, kk, np, 1.f, dy.data() + out, g.oc,
+                    cols.data(), kk, first == 0 ? 0.f : 1.f, dw.data(), kk);
       }
     });
     if (conv == 0 || gemms == 0) {  // graph_median_ms said why

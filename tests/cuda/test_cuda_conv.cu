@@ -100,8 +100,8 @@ struct Inputs {
 Results on_host(const ConvGeometry& g, const Inputs& in) {
   const xpipe::HostContext ctx{};
   const auto n = xpipe::conv_workspace_floats(g, g.rows);
-  std::vector<float> cols(n.cols), channels(n.channels), sums(n.plane_sums);
-  const xpipe::ConvWorkspace ws{cols.data(), channels.data(), sums.data(), g.rows};
+  std::vector<float> cols(n.cols), sums(n.plane_sums);
+  const xpipe::ConvWorkspace ws{cols.data(), sums.data(), g.rows};
   Results r{std::vector<float>(static_cast<std::size_t>(g.rows * g.out_floats())),
             std::vector<float>(in.x.size()),
             std::vector<float>(in.w.size()),

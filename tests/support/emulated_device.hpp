@@ -642,8 +642,8 @@ inline void fail_on_stream(const EmulatedContext& ctx, std::string why) {
 
 namespace xpipe {
 
-//! The emulated device's convolution is CUDA's (Im2colConvPlans): im2col, the GEMMs and the
-//! layout passes enqueued on the stage's stream, its workspace in the device's memory. A CNN on
+//! The emulated device's convolution is CUDA's (Im2colConvPlans): im2col, the GEMMs, col2im and
+//! the bias passes enqueued on the stage's stream, its workspace in the device's memory. A CNN on
 //! the emulated device thus runs the GPU's convolution code under CUDA's ordering rules.
 template <>
 class ConvPlans<test::EmulatedDevice> : public Im2colConvPlans<test::EmulatedDevice> {

@@ -76,9 +76,12 @@ inline dnnl_engine_t host_engine() {
 
 }  // namespace detail
 
-//! The host's convolution: oneDNN's direct convolution primitives in the layouts they choose
-//! (blocked, e.g. nChw16c with AVX-512: several times faster than on plain NCHW), with reorders
-//! from and to xpipe's plain rows (NCHW activations, OIHW weights) around them. A plan per batch
+//! The host's convolution: oneDNN's direct convolution primitives on xpipe's channels-last rows
+//! as they are (oneDNN's nhwc, which its jit and brgemm kernels run directly), the weights in
+//! the layout the primitive chooses, reordered from and to OIHW around each call (a few KiB).
+//! Activations in oneDNN's own blocked layout (nChw16c) would cost a reorder of every input and
+//! output, in and out, around every call: a ResNet spent 13% of its epoch in them, which the
+//! faster blocked kernels did not win back (docs/results.md). A plan per batch
 //! size (a few: the training micro-batch, a smaller last one, the evaluation chunk), each made
 //! on its first use; after that a call sets memory handles and executes on buffers of the plan.
 //! Scratchpads are ours (oneDNN's user scratchpad mode), so oneDNN makes no scratch buffer per
@@ -273,11 +276,12 @@ class ConvPlans<Host> {
     const float* held_dy = nullptr;
   };
 
-  // The primitives of one batch size, made with oneDNN's choice of layouts (format_tag::any).
+  // The primitives of one batch size: activations channels-last as the caller's, the weights in
+  // oneDNN's choice of layout (format_tag::any).
   struct Plan {
     ConvGeometry g;
-    Desc src, weights, bias, dst;        // plain: NCHW, OIHW, x
-    Desc any_src, any_weights, any_dst;  // the primitive's choice
+    Desc src, weights, bias, dst;  // the caller's: NHWC, OIHW, x
+    Desc any_weights;              // the primitive's choice
     dnnl_dims_t strides{}, padding{};
     detail::DnnlStream stream;
     detail::DnnlAttr attr;
@@ -288,13 +292,11 @@ class ConvPlans<Host> {
     explicit Plan(const ConvGeometry& geometry) : g(geometry) {
       const dnnl_dims_t x{g.rows, g.c, g.h, g.w}, w{g.oc, g.c, g.k, g.k}, b{g.oc},
           y{g.rows, g.oc, g.oh, g.ow};
-      desc(src, 4, x, dnnl_nchw);
+      desc(src, 4, x, dnnl_nhwc);
       desc(weights, 4, w, dnnl_oihw);
       desc(bias, 1, b, dnnl_x);
-      desc(dst, 4, y, dnnl_nchw);
-      desc(any_src, 4, x, dnnl_format_tag_any);
+      desc(dst, 4, y, dnnl_nhwc);
       desc(any_weights, 4, w, dnnl_format_tag_any);
-      desc(any_dst, 4, y, dnnl_format_tag_any);
       strides[0] = strides[1] = g.stride;
       padding[0] = padding[1] = g.pad;
       const dnnl_engine_t e = detail::host_engine();
@@ -305,11 +307,10 @@ class ConvPlans<Host> {
           dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
           "attributes", g);
       dnnl_convolution_desc_t d;
-      detail::dnnl_check(
-          dnnl_convolution_forward_desc_init(&d, dnnl_forward_training, dnnl_convolution_direct,
-                                             &any_src, &any_weights, g.bias ? &bias : nullptr,
-                                             &any_dst, strides, padding, padding),
-          "convolution forward descriptor", g);
+      detail::dnnl_check(dnnl_convolution_forward_desc_init(
+                             &d, dnnl_forward_training, dnnl_convolution_direct, &src, &any_weights,
+                             g.bias ? &bias : nullptr, &dst, strides, padding, padding),
+                         "convolution forward descriptor", g);
       detail::dnnl_check(dnnl_primitive_desc_create(forward_pd.out(), &d, attr.get(), e, nullptr),
                          "convolution forward", g);
     }
@@ -333,13 +334,13 @@ class ConvPlans<Host> {
     void make_backward() {
       const dnnl_engine_t e = detail::host_engine();
       dnnl_convolution_desc_t dd, wd;
-      detail::dnnl_check(dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct,
-                                                                  &any_src, &any_weights, &any_dst,
-                                                                  strides, padding, padding),
-                         "convolution backward-data descriptor", g);
+      detail::dnnl_check(
+          dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &src, &any_weights,
+                                                   &dst, strides, padding, padding),
+          "convolution backward-data descriptor", g);
       detail::dnnl_check(dnnl_convolution_backward_weights_desc_init(
-                             &wd, dnnl_convolution_direct, &any_src, &any_weights,
-                             g.bias ? &bias : nullptr, &any_dst, strides, padding, padding),
+                             &wd, dnnl_convolution_direct, &src, &any_weights,
+                             g.bias ? &bias : nullptr, &dst, strides, padding, padding),
                          "convolution backward-weights descriptor", g);
       detail::DnnlPrimitiveDesc data_pd, weights_pd;
       detail::dnnl_check(

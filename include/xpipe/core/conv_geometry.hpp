@@ -8,8 +8,8 @@
 
 namespace xpipe {
 
-//! A square-kernel convolution of `rows` NCHW images c x h x w into oc x oh x ow, with the same
-//! stride and zero padding on both axes. Weights are OIHW (oc x c x k x k, PyTorch's layout),
+//! A square-kernel convolution of `rows` channels-last images c x h x w into oc x oh x ow, with the
+//! same stride and zero padding on both axes. Weights are OIHW (oc x c x k x k, PyTorch's layout),
 //! then `oc` biases where `bias`. Trivially copyable: a CUDA kernel takes it by value.
 struct ConvGeometry {
   index_t rows = 0;

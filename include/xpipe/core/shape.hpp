@@ -1,6 +1,8 @@
 // Shape<C, H, W>: the image shape a layer takes or gives, as a type. Activations stay rows x width
-// matrices (each row one sample, NCHW-flattened: channel, then row, then column); a shape says
-// how a width of C * H * W is laid out, so Stage and Pipeline can check more than the width.
+// matrices (each row one sample, its image channels-last: row, then column, then channel, as
+// NHWC); a shape says how a width of C * H * W is laid out, so Stage and Pipeline can check more
+// than the width. Also where a channels-last image keeps each value (image_index); whole rows
+// go from and to planar order (NCHW, PyTorch's default) in kernels/image_layout.hpp.
 #pragma once
 
 #include <concepts>
@@ -9,7 +11,9 @@
 
 namespace xpipe {
 
-//! The C x H x W image of one sample, flattened channel-major (NCHW) into C * H * W floats.
+//! The C x H x W image of one sample, flattened channels-last into C * H * W floats: channel c of
+//! pixel (y, x) at (y W + x) C + c (image_index). Channels-last because oneDNN's convolutions run
+//! on it directly, with no reorder around each call (docs/design.md, "Image layout").
 //! Usage: `using Image = Shape<1, 28, 28>; static_assert(Image::size == 784);`
 template <int C, int H, int W>
 struct Shape {
@@ -28,6 +32,13 @@ struct Dims {
   constexpr int size() const { return c * h * w; }
   friend constexpr bool operator==(const Dims&, const Dims&) = default;
 };
+
+//! Where channel ch of pixel (y, x) lies in a channels-last image `channels` wide per pixel and
+//! `width` pixels per row: (y width + x) channels + ch.
+//! Usage: `x[r * Image::size + image_index(Image::channels, Image::width, c, y, x)]`
+XPIPE_HOST_DEVICE constexpr index_t image_index(int channels, int width, int ch, int y, int x) {
+  return (static_cast<index_t>(y) * width + x) * channels + ch;
+}
 
 //! A type that describes an image shape (Shape<C, H, W> or one of its aliases).
 template <class S>

@@ -68,27 +68,21 @@ constexpr AugmentDraw augment_draw(const Augment& a, std::uint64_t seed, int epo
 }
 
 namespace detail {
-// One image (c x h x w) from src to dst under draw d: out[y][x] = in[y + dy - pad][x' + dx - pad]
-// with x' = w - 1 - x when mirrored (crop first, then mirror, as torchvision composes them), and
-// zero where that falls in the padding.
+// One channels-last image (c x h x w) from src to dst under draw d: pixel (y, x) of out = pixel
+// (y + dy - pad, x' + dx - pad) of in, with x' = w - 1 - x when mirrored (crop first, then
+// mirror, as torchvision composes them), every channel of it, and zeros where that falls in the
+// padding.
 inline void augment_image(const float* src, float* dst, const Dims& s, int pad,
                           const AugmentDraw& d) {
   const int oy = d.dy - pad, ox = d.dx - pad;
-  for (int c = 0; c < s.c; ++c) {
-    const float* in = src + static_cast<index_t>(c) * s.h * s.w;
-    float* out = dst + static_cast<index_t>(c) * s.h * s.w;
-    for (int y = 0; y < s.h; ++y) {
-      float* o = out + static_cast<index_t>(y) * s.w;
-      const int sy = y + oy;
-      if (sy < 0 || sy >= s.h) {
-        for (int x = 0; x < s.w; ++x) o[x] = 0.f;
-        continue;
-      }
-      const float* i = in + static_cast<index_t>(sy) * s.w;
-      for (int x = 0; x < s.w; ++x) {
-        const int sx = (d.flip ? s.w - 1 - x : x) + ox;
-        o[x] = sx >= 0 && sx < s.w ? i[sx] : 0.f;
-      }
+  for (int y = 0; y < s.h; ++y) {
+    const int sy = y + oy;
+    for (int x = 0; x < s.w; ++x) {
+      const int sx = (d.flip ? s.w - 1 - x : x) + ox;
+      float* o = dst + image_index(s.c, s.w, 0, y, x);
+      const bool inside = sy >= 0 && sy < s.h && sx >= 0 && sx < s.w;
+      const float* i = inside ? src + image_index(s.c, s.w, 0, sy, sx) : nullptr;
+      for (int c = 0; c < s.c; ++c) o[c] = inside ? i[c] : 0.f;
     }
   }
 }
@@ -98,7 +92,7 @@ inline std::string augment_dims_text(index_t rows, index_t cols) {
 }
 }  // namespace detail
 
-//! Row r of dst = row r of src (an NCHW image of `shape`) augmented with the draw of sample
+//! Row r of dst = row r of src (a channels-last image of `shape`) augmented with the draw of sample
 //! first_index + r, on ctx.threads threads. A block of rows [k, k + n) of a set is augmented by
 //! passing the block's views and first_index = k: the result is the same bits as in one call.
 //! src and dst must not overlap (a crop reads pixels its row has already written).

@@ -1,9 +1,11 @@
-// Batch normalisation over the channels of NCHW rows (BatchNorm2d): the per-channel statistics,
-// the normalisation and its backward as shared per-channel and per-element functions, their
-// function objects and launchers (one code path for the host loop and a CUDA kernel).
+// Batch normalisation over the channels of channels-last image rows (BatchNorm2d): the
+// per-channel statistics, the normalisation and its backward as shared per-channel and
+// per-element functions, their function objects and launchers (one code path for the host loop
+// and a CUDA kernel).
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/config.hpp"
@@ -11,9 +13,10 @@
 
 namespace xpipe {
 
-//! The layout of a batch-normalised activation: `channels` planes of `plane` = H W floats per
-//! row, `rows` rows; eps is added to the variance; momentum weights a new statistic into the
-//! running one (PyTorch's convention: running = (1 - momentum) running + momentum new).
+//! The layout of a batch-normalised activation: `rows` rows of `plane` = H W pixels of `channels`
+//! floats each (channels-last: channel c of pixel p at column p channels + c); eps is added to the
+//! variance; momentum weights a new statistic into the running one (PyTorch's convention: running =
+//! (1 - momentum) running + momentum new).
 struct NormGeometry {
   index_t rows = 0;
   int channels = 0;
@@ -45,29 +48,6 @@ XPIPE_HOST_DEVICE double lane_sum(index_t n, const F& f) {
   double s = 0;
   for (int j = 0; j < reduce_lanes; ++j) s += lane[j];
   return s;
-}
-
-//! Two lane_sum's in one loop over the terms: f's into sf and g's into sg, each with the bits
-//! lane_sum gives it alone (the same lanes, the same order), reading the terms' inputs once.
-template <class F, class G>
-XPIPE_HOST_DEVICE void lane_sums(index_t n, const F& f, const G& g, double& sf, double& sg) {
-  double lf[reduce_lanes] = {}, lg[reduce_lanes] = {};
-  const index_t whole = n / reduce_lanes * reduce_lanes;
-  for (index_t t = 0; t < whole; t += reduce_lanes)
-    for (int j = 0; j < reduce_lanes; ++j) {
-      lf[j] += f(t + j);
-      lg[j] += g(t + j);
-    }
-  for (index_t t = whole; t < n; ++t) {
-    lf[t - whole] += f(t);
-    lg[t - whole] += g(t);
-  }
-  sf = 0;
-  sg = 0;
-  for (int j = 0; j < reduce_lanes; ++j) {
-    sf += lf[j];
-    sg += lg[j];
-  }
 }
 
 //! How a channel's terms, `rows` planes of `plane`, are summed: each plane in chunks of
@@ -117,25 +97,23 @@ XPIPE_HOST_DEVICE float normalize_input_grad(float x, float dy, float mean, floa
 
 namespace ops {
 
-// The terms of the channel reductions. Each says at(c): the function of (row, column) that
-// gives channel c's term there as a double, with what it needs of c loaded once.
+// The terms of the channel reductions: term(r, col, c) gives channel c's term at row r, column
+// col as a double, reading what it needs of c from per-channel arrays (contiguous, so a host call
+// summing several channels at once loads them as one vector).
 
 //! x itself: the channel sums of x (the mean).
 struct ValueTerm {
   ConstMatrix x;
-  XPIPE_HOST_DEVICE ValueTerm at(index_t /*c*/) const { return *this; }
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col) const { return x(r, col); }
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int /*c*/) const { return x(r, col); }
 };
 
-//! (x - mean)^2, mean = sums[c] / n in double: the channel sums of the squared deviations (the
-//! biased variance times n).
+//! (x - mean)^2 in double, means[c] the channel's mean (sum / n): the channel sums of the squared
+//! deviations (the biased variance times n).
 struct SquaredDeviationTerm {
   ConstMatrix x;
-  const double* sums;
-  double n, mean = 0;
-  XPIPE_HOST_DEVICE SquaredDeviationTerm at(index_t c) const { return {x, sums, n, sums[c] / n}; }
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col) const {
-    const double d = x(r, col) - mean;
+  const double* means;
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int c) const {
+    const double d = x(r, col) - means[c];
     return d * d;
   }
 };
@@ -146,54 +124,62 @@ struct GradientXhatTerm {
   ConstMatrix x, dy;
   const float* stats;
   int channels;
-  float mean = 0, invstd = 0;
-  XPIPE_HOST_DEVICE GradientXhatTerm at(index_t c) const {
-    return {x, dy, stats, channels, stats[c], stats[channels + c]};
-  }
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col) const {
-    return static_cast<double>(dy(r, col)) * ((x(r, col) - mean) * invstd);
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int c) const {
+    return static_cast<double>(dy(r, col)) * ((x(r, col) - stats[c]) * stats[channels + c]);
   }
 };
 
-//! Level 1 of a channel reduction (math::channel_sum_levels), index i = c partials + s: partial
-//! sum s of channel c, chunk j of row r's plane (s = r chunks + j), its terms in lanes, into
-//! out[i]. Term k of row r's plane of channel c lies at row r, column c plane + k.
-template <class Term>
+//! No second term: a ChannelChunkSums of one reduction.
+struct NoTerm {
+  XPIPE_HOST_DEVICE double operator()(index_t, index_t, int) const { return 0; }
+};
+
+//! Level 1 of the channel reductions of term A (and of B, unless it is NoTerm: the backward's
+//! sums of dy and of dy xhat, reading x and dy once) over Block channels at a time: index i =
+//! s blocks + b is partial sum s (chunk j of row r's pixels, s = r chunks + j) of channels
+//! [b Block, b Block + Block) (fewer in the last block), into out_a[c partials + s] (and
+//! out_b). Term k of a chunk of channel c lies at row r, column (first + k) channels + c, and
+//! adds into lane k % reduce_lanes; the lanes are added in order at the end: per channel
+//! math::lane_sum's order, whatever Block is. Block 1 (a CUDA thread per channel, neighbours
+//! on neighbouring channels, so their loads coalesce) and Block 16 (a host call, vectorised
+//! across the channels that lie side by side) give the same sums.
+template <int Block, class A, class B = NoTerm>
 struct ChannelChunkSums {
-  NormGeometry g;
-  Term term;
-  index_t chunks;    // per plane: math::chunks_of(plane)
-  index_t partials;  // per channel: rows chunks
-  double* out;
-  XPIPE_HOST_DEVICE void operator()(index_t i) const {
-    const index_t c = i / partials, s = i - c * partials, r = s / chunks,
-                  first = (s - r * chunks) * math::reduce_chunk;
-    const auto f = term.at(c);
-    const index_t col = c * g.plane + first;
-    out[i] =
-        math::lane_sum(math::chunk_count(g.plane, first), [&](index_t t) { return f(r, col + t); });
-  }
-};
-
-//! Level 1 of two channel reductions at once (the backward's sums of dy and of dy xhat): what
-//! ChannelChunkSums<A> and ChannelChunkSums<B> give, into out_a[i] and out_b[i], in one pass.
-template <class A, class B>
-struct ChannelChunkSumPairs {
+  static constexpr bool pair = !std::is_same_v<B, NoTerm>;
+  static constexpr int lanes = math::reduce_lanes;
   NormGeometry g;
   A a;
   B b;
-  index_t chunks, partials;
+  index_t chunks;    // per row: math::chunks_of(plane)
+  index_t partials;  // per channel: rows chunks
   double* out_a;
   double* out_b;
   XPIPE_HOST_DEVICE void operator()(index_t i) const {
-    const index_t c = i / partials, s = i - c * partials, r = s / chunks,
-                  first = (s - r * chunks) * math::reduce_chunk;
-    const auto fa = a.at(c);
-    const auto fb = b.at(c);
-    const index_t col = c * g.plane + first;
-    math::lane_sums(
-        math::chunk_count(g.plane, first), [&](index_t t) { return fa(r, col + t); },
-        [&](index_t t) { return fb(r, col + t); }, out_a[i], out_b[i]);
+    const index_t blocks = (g.channels + Block - 1) / Block, s = i / blocks;
+    const int c0 = static_cast<int>(i - s * blocks) * Block;
+    const int nc = g.channels - c0 < Block ? g.channels - c0 : Block;
+    const index_t r = s / chunks, first = (s - r * chunks) * math::reduce_chunk;
+    const index_t n = math::chunk_count(g.plane, first), whole = n / lanes * lanes;
+    double la[lanes][Block] = {}, lb[pair ? lanes : 1][Block] = {};
+    const auto add = [&](int l, index_t k) {
+      const index_t col = (first + k) * g.channels + c0;
+      for (int j = 0; j < nc; ++j) {
+        la[l][j] += a(r, col + j, c0 + j);
+        if constexpr (pair) lb[l][j] += b(r, col + j, c0 + j);
+      }
+    };
+    for (index_t t = 0; t < whole; t += lanes)
+      for (int l = 0; l < lanes; ++l) add(l, t + l);
+    for (index_t t = whole; t < n; ++t) add(static_cast<int>(t - whole), t);
+    for (int j = 0; j < nc; ++j) {
+      double sa = 0, sb = 0;
+      for (int l = 0; l < lanes; ++l) {
+        sa += la[l][j];
+        if constexpr (pair) sb += lb[l][j];
+      }
+      out_a[(c0 + j) * partials + s] = sa;
+      if constexpr (pair) out_b[(c0 + j) * partials + s] = sb;
+    }
   }
 };
 
@@ -209,6 +195,15 @@ struct PartialChunkSums {
     out[c * partials + s] =
         math::lane_sum(math::chunk_count(in_partials, first), [p](index_t t) { return p[t]; });
   }
+};
+
+//! Per channel c: means[c] = sums[c] / n, the mean in double the squared deviations are taken
+//! from.
+struct ChannelMeans {
+  const double* sums;
+  double n;
+  double* means;
+  XPIPE_HOST_DEVICE void operator()(index_t c) const { means[c] = sums[c] / n; }
 };
 
 //! Per channel c: the micro-batch's mean and 1 / sqrt(var + eps) into stats[c], stats[C + c],
@@ -248,13 +243,12 @@ struct BatchNormRunningStatistics {
   }
 };
 
-// The element passes below run over (plane, pixel) pairs: plane rc = r C + c of the rows, pixel i
-// of it. Each plane's channel comes from one division, outside the pixel loop on the host (a
-// division per element cost more than the normalisation itself: 0.7 ms against 0.1 for a 32 x
-// 16 x 28 x 28 batch), and on a GPU consecutive threads take consecutive pixels, so their loads
-// coalesce.
+// The element passes below run over (row pixel, channel) pairs: element (rp, c) is channel c of
+// pixel rp - r plane of row r = rp / plane. On the host the division is made once per pixel, the
+// channel loop inside it vectorised over the channels' contiguous values and parameters; on a GPU
+// consecutive threads take consecutive channels, so their loads coalesce.
 
-//! Element (rc, i): y = gamma[c] (x - mean[c]) invstd[c] + beta[c].
+//! Element (rp, c): y = gamma[c] (x - mean[c]) invstd[c] + beta[c].
 struct BatchNormForward {
   ConstMatrix x;
   Matrix y;
@@ -262,8 +256,8 @@ struct BatchNormForward {
   const float* beta;
   const float* stats;
   int channels, plane;
-  XPIPE_HOST_DEVICE void operator()(index_t rc, index_t i) const {
-    const index_t r = rc / channels, c = rc - r * channels, col = c * plane + i;
+  XPIPE_HOST_DEVICE void operator()(index_t rp, index_t c) const {
+    const index_t r = rp / plane, col = (rp - r * plane) * channels + c;
     y(r, col) = math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]);
   }
 };
@@ -301,7 +295,7 @@ struct BatchNormBackwardSums {
   }
 };
 
-//! Element (rc, i): dx from the channel sums (math::normalize_input_grad).
+//! Element (rp, c): dx from the channel sums (math::normalize_input_grad).
 struct BatchNormBackwardInput {
   ConstMatrix x, dy;
   Matrix dx;
@@ -310,8 +304,8 @@ struct BatchNormBackwardInput {
   const float* sums;
   int channels, plane;
   float n;
-  XPIPE_HOST_DEVICE void operator()(index_t rc, index_t i) const {
-    const index_t r = rc / channels, c = rc - r * channels, col = c * plane + i;
+  XPIPE_HOST_DEVICE void operator()(index_t rp, index_t c) const {
+    const index_t r = rp / plane, col = (rp - r * plane) * channels + c;
     dx(r, col) = math::normalize_input_grad(x(r, col), dy(r, col), stats[c], stats[channels + c],
                                             gamma[c], sums[c], sums[channels + c], n);
   }
@@ -328,12 +322,20 @@ constexpr index_t channel_partial_sums(const NormGeometry& g) {
 }
 
 //! Doubles of the scratch BatchNorm's reductions of g take: two reductions' partial sums at
-//! once (the backward sums dy and dy xhat in one pass) plus their two results of C doubles each
+//! once (the backward sums dy and dy xhat in one pass), their two results of C doubles each
 //! (batch_norm_statistics: the sums of x and of the squared deviations; the backward: of dy and
-//! of dy xhat). Usage: `Buffer<double> scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
+//! of dy xhat) and the C means. Usage:
+//! `Buffer<double> scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
 constexpr index_t batch_norm_scratch_doubles(const NormGeometry& g) {
-  return g.channels * (2 * channel_partial_sums(g) + 2);
+  return g.channels * (2 * channel_partial_sums(g) + 3);
 }
+
+//! Channels one call of a channel reduction's first level sums on context Ctx
+//! (ops::ChannelChunkSums): 16 on the host, which vectorises across them, one on a GPU thread.
+template <class Ctx>
+inline constexpr int norm_channel_block = 1;
+template <>
+inline constexpr int norm_channel_block<HostContext> = 16;
 
 // The levels after the first of a channel reduction whose level-1 partial sums (`partials` per
 // channel) are in `level` (the scratch, unless one level is all), the later ones after them.
@@ -350,37 +352,29 @@ void channel_sum_levels_after_first(const Ctx& ctx, const NormGeometry& g, doubl
   }
 }
 
-//! out[c] = the sum over rows and pixels of channel c's terms (ops::ValueTerm and the others),
-//! in the fixed order of math::channel_sum_levels: a launch per level, every channel's chunks at
-//! once. `scratch`: the levels' partial sums (batch_norm_scratch_doubles less the results).
-template <class Ctx, class Term>
-void channel_sums(const Ctx& ctx, const NormGeometry& g, const Term& term, double* scratch,
-                  double* out) {
+//! out_a[c] (and out_b[c], unless B is ops::NoTerm) = the sum over rows and pixels of channel
+//! c's terms a (and b), in the fixed order of math::channel_sum_levels: a launch per level,
+//! every channel's chunks at once, the first level of both reductions in one pass over the rows
+//! (their inputs read once). `scratch`: two reductions' partial sums (2 channel_partial_sums(g)
+//! per channel; one where B is NoTerm).
+template <class Ctx, class A, class B = ops::NoTerm>
+void channel_sums(const Ctx& ctx, const NormGeometry& g, const A& a, double* scratch, double* out_a,
+                  const B& b = {}, double* out_b = nullptr) {
+  constexpr int block = norm_channel_block<Ctx>;
   const int levels = math::channel_sum_levels(g.rows, g.plane);
-  const index_t chunks = math::chunks_of(g.plane);
+  const index_t chunks = math::chunks_of(g.plane), partials = g.rows * chunks,
+                blocks = (g.channels + block - 1) / block;
   // Level 1 (also when one term or one chunk is all: then its partial sum is the sum). The work
   // hint counts the terms, so the host forks its threads where the pass is large.
-  double* level = levels <= 1 ? out : scratch;
-  index_t partials = g.rows * chunks;
-  for_each_index(ctx, g.channels * partials, g.channels * g.rows * g.plane,
-                 ops::ChannelChunkSums<Term>{g, term, chunks, partials, level});
-  channel_sum_levels_after_first(ctx, g, level, partials, out);
-}
-
-//! out_a[c] and out_b[c]: the channel sums of two terms, each with the bits channel_sums gives
-//! it, the first level of both in one pass over the rows (its inputs read once). `scratch`: two
-//! reductions' partial sums (2 channel_partial_sums(g) per channel).
-template <class Ctx, class A, class B>
-void channel_sum_pairs(const Ctx& ctx, const NormGeometry& g, const A& a, const B& b,
-                       double* scratch, double* out_a, double* out_b) {
-  const int levels = math::channel_sum_levels(g.rows, g.plane);
-  const index_t chunks = math::chunks_of(g.plane), partials = g.rows * chunks;
   double* level_a = levels <= 1 ? out_a : scratch;
   double* level_b = levels <= 1 ? out_b : scratch + g.channels * channel_partial_sums(g);
-  for_each_index(ctx, g.channels * partials, 2 * g.channels * g.rows * g.plane,
-                 ops::ChannelChunkSumPairs<A, B>{g, a, b, chunks, partials, level_a, level_b});
+  const index_t terms = (ops::ChannelChunkSums<block, A, B>::pair ? 2 : 1) * g.channels * g.rows *
+                        static_cast<index_t>(g.plane);
+  for_each_index(ctx, partials * blocks, terms,
+                 ops::ChannelChunkSums<block, A, B>{g, a, b, chunks, partials, level_a, level_b});
   channel_sum_levels_after_first(ctx, g, level_a, partials, out_a);
-  channel_sum_levels_after_first(ctx, g, level_b, partials, out_b);
+  if constexpr (ops::ChannelChunkSums<block, A, B>::pair)
+    channel_sum_levels_after_first(ctx, g, level_b, partials, out_b);
 }
 
 //! Training statistics of x (mean, invstd into stats: 2 C floats), updating `running` (mean,
@@ -389,10 +383,12 @@ void channel_sum_pairs(const Ctx& ctx, const NormGeometry& g, const A& a, const 
 template <class Ctx>
 void batch_norm_statistics(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, float* stats,
                            float* running, double* scratch) {
-  double* moments = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
+  double* moments = scratch + batch_norm_scratch_doubles(g) - 3 * g.channels;
+  double* means = moments + 2 * g.channels;
   const double n = static_cast<double>(g.rows) * g.plane;
   channel_sums(ctx, g, ops::ValueTerm{x}, scratch, moments);
-  channel_sums(ctx, g, ops::SquaredDeviationTerm{x, moments, n}, scratch, moments + g.channels);
+  for_each_index(ctx, g.channels, ops::ChannelMeans{moments, n, means});
+  channel_sums(ctx, g, ops::SquaredDeviationTerm{x, means}, scratch, moments + g.channels);
   for_each_index(ctx, g.channels, ops::BatchNormStatistics{moments, g, stats, running});
 }
 
@@ -407,7 +403,7 @@ void batch_norm_running_statistics(const Ctx& ctx, const NormGeometry& g, const 
 template <class Ctx>
 void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Matrix y,
                         const float* gamma, const float* beta, const float* stats) {
-  for_each_element(ctx, x.rows * g.channels, g.plane,
+  for_each_element(ctx, x.rows * g.plane, g.channels,
                    ops::BatchNormForward{x, y, gamma, beta, stats, g.channels, g.plane});
 }
 
@@ -418,7 +414,7 @@ void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x,
                            Matrix dx, const float* gamma, const float* stats, const float* sums) {
   const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
   for_each_element(
-      ctx, x.rows * g.channels, g.plane,
+      ctx, x.rows * g.plane, g.channels,
       ops::BatchNormBackwardInput{x, dy, dx, gamma, stats, sums, g.channels, g.plane, n});
 }
 
@@ -428,9 +424,9 @@ template <class Ctx>
 void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
                               const float* stats, float* sums, float* dgamma, float* dbeta,
                               bool accumulate, double* scratch) {
-  double* reduced = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
-  channel_sum_pairs(ctx, g, ops::ValueTerm{dy}, ops::GradientXhatTerm{x, dy, stats, g.channels},
-                    scratch, reduced, reduced + g.channels);
+  double* reduced = scratch + batch_norm_scratch_doubles(g) - 3 * g.channels;
+  channel_sums(ctx, g, ops::ValueTerm{dy}, scratch, reduced,
+               ops::GradientXhatTerm{x, dy, stats, g.channels}, reduced + g.channels);
   for_each_index(ctx, g.channels,
                  ops::BatchNormBackwardSums{reduced, g.channels, sums, dgamma, dbeta, accumulate});
 }

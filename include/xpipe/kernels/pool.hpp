@@ -4,6 +4,7 @@
 
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/conv_geometry.hpp"
+#include "xpipe/core/shape.hpp"  // image_index
 #include "xpipe/core/tensor.hpp"
 
 // As in kernels/ops.hpp, the element loop each launcher calls (for_each_element) is found by
@@ -14,8 +15,8 @@
 
 namespace xpipe {
 
-//! A square k x k pooling window over NCHW images c x h x w, the same stride and zero padding on
-//! both axes, giving c x oh x ow. Trivially copyable: a CUDA kernel takes it by value.
+//! A square k x k pooling window over channels-last images c x h x w, the same stride and zero
+//! padding on both axes, giving c x oh x ow. Trivially copyable: a CUDA kernel takes it by value.
 //! Usage: `constexpr PoolGeometry g = pool_geometry(3, 6, 6, 2, 2, 0);  // g.oh == 3`
 struct PoolGeometry {
   int c = 0, h = 0, w = 0;
@@ -60,6 +61,17 @@ XPIPE_HOST_DEVICE PoolSpan pool_windows_over(int i, int k, int stride, int pad, 
   return {first, last < out ? last : out};
 }
 
+//! A pixel's channel and position, decoded from an index into a channels-last image.
+struct ImagePlace {
+  int ch = 0, y = 0, x = 0;
+};
+
+//! Where element i of a channels-last image `channels` deep and `width` wide lies.
+XPIPE_HOST_DEVICE ImagePlace image_place(int i, int channels, int width) {
+  const int pixel = i / channels, y = pixel / width;
+  return {i - pixel * channels, y, pixel - y * width};
+}
+
 //! Where the maximum of window (ch, oy, ox) lies, as an index into one input image: the first
 //! maximum in row-major scan order, or the last NaN when the window holds one (PyTorch's rule).
 //! Padding cells never win: they stand for -infinity, and with pad <= k / 2 every window holds
@@ -68,12 +80,11 @@ XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int
                                       int ox) {
   const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
   const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
-  const int plane = ch * g.h * g.w;
-  int best = plane + ys.begin * g.w + xs.begin;
+  int best = static_cast<int>(image_index(g.c, g.w, ch, ys.begin, xs.begin));
   float best_value = x[best];
   for (int y = ys.begin; y < ys.end; ++y)
     for (int xx = xs.begin; xx < xs.end; ++xx) {
-      const int at = plane + y * g.w + xx;
+      const int at = static_cast<int>(image_index(g.c, g.w, ch, y, xx));
       const float v = x[at];
       // Strictly greater keeps the first of equal maxima; v != v lets a NaN through, so a
       // diverged input reaches the loss check instead of vanishing behind a finite neighbour.
@@ -85,26 +96,24 @@ XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int
   return best;
 }
 
-//! Output element o (channel-major, then row, then column) of max pooling one image x.
+//! Output element o (channels-last: row, then column, then channel) of max pooling one image x.
 XPIPE_HOST_DEVICE float max_pool_output(const float* x, const PoolGeometry& g, int o) {
-  const int ch = o / (g.oh * g.ow), rest = o - ch * g.oh * g.ow;
-  const int oy = rest / g.ow, ox = rest - oy * g.ow;
-  return x[max_pool_argmax(x, g, ch, oy, ox)];
+  const ImagePlace at = image_place(o, g.c, g.ow);
+  return x[max_pool_argmax(x, g, at.ch, at.y, at.x)];
 }
 
 //! The gradient of input element i of one image: the sum of dy over the windows holding i
 //! whose maximum (recomputed from x) is i, windows taken in row-major order.
 XPIPE_HOST_DEVICE float max_pool_input_grad(const float* x, const float* dy, const PoolGeometry& g,
                                             int i) {
-  const int ch = i / (g.h * g.w), rest = i - ch * g.h * g.w;
-  const int iy = rest / g.w, ix = rest - iy * g.w;
-  const PoolSpan oys = pool_windows_over(iy, g.k, g.stride, g.pad, g.oh);
-  const PoolSpan oxs = pool_windows_over(ix, g.k, g.stride, g.pad, g.ow);
-  const float* dy_plane = dy + ch * g.oh * g.ow;
+  const ImagePlace at = image_place(i, g.c, g.w);
+  const PoolSpan oys = pool_windows_over(at.y, g.k, g.stride, g.pad, g.oh);
+  const PoolSpan oxs = pool_windows_over(at.x, g.k, g.stride, g.pad, g.ow);
   float acc = 0.f;
   for (int oy = oys.begin; oy < oys.end; ++oy)
     for (int ox = oxs.begin; ox < oxs.end; ++ox)
-      if (max_pool_argmax(x, g, ch, oy, ox) == i) acc += dy_plane[oy * g.ow + ox];
+      if (max_pool_argmax(x, g, at.ch, oy, ox) == i)
+        acc += dy[image_index(g.c, g.ow, at.ch, oy, ox)];
   return acc;
 }
 
@@ -112,44 +121,42 @@ XPIPE_HOST_DEVICE float max_pool_input_grad(const float* x, const float* dy, con
 //! is k * k wherever the window lies (PyTorch's default count_include_pad=True). Cells are
 //! summed in row-major order, as PyTorch's CPU kernel sums them.
 XPIPE_HOST_DEVICE float avg_pool_output(const float* x, const PoolGeometry& g, int o) {
-  const int ch = o / (g.oh * g.ow), rest = o - ch * g.oh * g.ow;
-  const int oy = rest / g.ow, ox = rest - oy * g.ow;
-  const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
-  const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
-  const float* plane = x + ch * g.h * g.w;
+  const ImagePlace at = image_place(o, g.c, g.ow);
+  const PoolSpan ys = pool_window_cells(at.y, g.k, g.stride, g.pad, g.h);
+  const PoolSpan xs = pool_window_cells(at.x, g.k, g.stride, g.pad, g.w);
   float sum = 0.f;
   for (int y = ys.begin; y < ys.end; ++y)
-    for (int xx = xs.begin; xx < xs.end; ++xx) sum += plane[y * g.w + xx];
+    for (int xx = xs.begin; xx < xs.end; ++xx) sum += x[image_index(g.c, g.w, at.ch, y, xx)];
   return sum / static_cast<float>(g.k * g.k);
 }
 
 //! The gradient of input element i of one image under average pooling: dy / (k * k) summed
 //! over the windows holding i, in row-major order.
 XPIPE_HOST_DEVICE float avg_pool_input_grad(const float* dy, const PoolGeometry& g, int i) {
-  const int ch = i / (g.h * g.w), rest = i - ch * g.h * g.w;
-  const int iy = rest / g.w, ix = rest - iy * g.w;
-  const PoolSpan oys = pool_windows_over(iy, g.k, g.stride, g.pad, g.oh);
-  const PoolSpan oxs = pool_windows_over(ix, g.k, g.stride, g.pad, g.ow);
-  const float* dy_plane = dy + ch * g.oh * g.ow;
+  const ImagePlace at = image_place(i, g.c, g.w);
+  const PoolSpan oys = pool_windows_over(at.y, g.k, g.stride, g.pad, g.oh);
+  const PoolSpan oxs = pool_windows_over(at.x, g.k, g.stride, g.pad, g.ow);
   const float area = static_cast<float>(g.k * g.k);
   float acc = 0.f;
   // Each window's share divided first, as PyTorch's backward does, so the sums agree bit for bit.
   for (int oy = oys.begin; oy < oys.end; ++oy)
-    for (int ox = oxs.begin; ox < oxs.end; ++ox) acc += dy_plane[oy * g.ow + ox] / area;
+    for (int ox = oxs.begin; ox < oxs.end; ++ox)
+      acc += dy[image_index(g.c, g.ow, at.ch, oy, ox)] / area;
   return acc;
 }
 
-//! The mean of channel ch of one image x whose channels hold `plane` floats each.
-XPIPE_HOST_DEVICE float global_avg_pool_output(const float* x, int plane, int ch) {
-  const float* p = x + ch * plane;
+//! The mean of channel ch of one channels-last image x of `plane` pixels, `channels` deep, its
+//! pixels summed in order.
+XPIPE_HOST_DEVICE float global_avg_pool_output(const float* x, int channels, int plane, int ch) {
   float sum = 0.f;
-  for (int j = 0; j < plane; ++j) sum += p[j];
+  for (int j = 0; j < plane; ++j) sum += x[static_cast<index_t>(j) * channels + ch];
   return sum / static_cast<float>(plane);
 }
 
-//! The gradient of input element i of one image under global average pooling.
-XPIPE_HOST_DEVICE float global_avg_pool_input_grad(const float* dy, int plane, int i) {
-  return dy[i / plane] / static_cast<float>(plane);
+//! The gradient of input element i of one channels-last image under global average pooling.
+XPIPE_HOST_DEVICE float global_avg_pool_input_grad(const float* dy, int channels, int plane,
+                                                   int i) {
+  return dy[i % channels] / static_cast<float>(plane);
 }
 
 }  // namespace math
@@ -176,19 +183,16 @@ struct MaxPoolBackwardDisjoint {
   Matrix dx;
   PoolGeometry g;
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
-    const int oi = static_cast<int>(o);
-    const int ch = oi / (g.oh * g.ow), rest = oi - ch * g.oh * g.ow;
-    const int oy = rest / g.ow, ox = rest - oy * g.ow;
+    const math::ImagePlace w = math::image_place(static_cast<int>(o), g.c, g.ow);
     const float* image = x.row(r);
-    const int best = math::max_pool_argmax(image, g, ch, oy, ox);
-    const math::PoolSpan ys = math::pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
-    const math::PoolSpan xs = math::pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
+    const int best = math::max_pool_argmax(image, g, w.ch, w.y, w.x);
+    const math::PoolSpan ys = math::pool_window_cells(w.y, g.k, g.stride, g.pad, g.h);
+    const math::PoolSpan xs = math::pool_window_cells(w.x, g.k, g.stride, g.pad, g.w);
     float* out = dx.row(r);
     const float d = dy(r, o);
-    const int plane = ch * g.h * g.w;
     for (int y = ys.begin; y < ys.end; ++y)
       for (int xx = xs.begin; xx < xs.end; ++xx) {
-        const int at = plane + y * g.w + xx;
+        const int at = static_cast<int>(image_index(g.c, g.w, w.ch, y, xx));
         out[at] = at == best ? d : 0.f;
       }
   }
@@ -230,23 +234,25 @@ struct AvgPoolBackward {
   }
 };
 
-//! y(r, ch) = the mean of channel ch of image r.
+//! y(r, ch) = the mean of channel ch of image r (y.cols channels).
 struct GlobalAvgPoolForward {
   ConstMatrix x;
   Matrix y;
   int plane;
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t ch) const {
-    y(r, ch) = math::global_avg_pool_output(x.row(r), plane, static_cast<int>(ch));
+    y(r, ch) = math::global_avg_pool_output(x.row(r), static_cast<int>(y.cols), plane,
+                                            static_cast<int>(ch));
   }
 };
 
-//! dx(r, i) = dy(r, channel of i) / plane.
+//! dx(r, i) = dy(r, channel of i) / plane (dy.cols channels).
 struct GlobalAvgPoolBackward {
   ConstMatrix dy;
   Matrix dx;
   int plane;
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t i) const {
-    dx(r, i) = math::global_avg_pool_input_grad(dy.row(r), plane, static_cast<int>(i));
+    dx(r, i) = math::global_avg_pool_input_grad(dy.row(r), static_cast<int>(dy.cols), plane,
+                                                static_cast<int>(i));
   }
 };
 
@@ -256,7 +262,7 @@ struct GlobalAvgPoolBackward {
 // rows x g.out_floats() (global pooling: rows x channels * plane and rows x channels). The layers
 // of layers/pool.hpp check them and throw a ShapeError naming themselves.
 
-//! y = k x k max pooling of each row of x (one NCHW image per row).
+//! y = k x k max pooling of each row of x (one channels-last image per row).
 //! Usage: `max_pool_forward(ctx, pool_geometry(3, 6, 6, 2, 2, 0), x, y);`
 template <class Ctx>
 void max_pool_forward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix x, Matrix y) {
@@ -292,7 +298,7 @@ void avg_pool_backward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix dy, Ma
   for_each_element(ctx, dx.rows, dx.cols, ops::AvgPoolBackward{dy, dx, g});
 }
 
-//! y(r, ch) = the mean of the `plane` floats of channel ch of row r of x (y.cols channels).
+//! y(r, ch) = the mean of the `plane` pixels' channel ch of row r of x (y.cols channels).
 //! Usage: `global_avg_pool_forward(ctx, 5 * 5, x, y);`
 template <class Ctx>
 void global_avg_pool_forward(const Ctx& ctx, int plane, ConstMatrix x, Matrix y) {

@@ -152,7 +152,7 @@ struct BatchNorm2d {
       index_t bad = -1;
       for (index_t r = 0; r < x.rows && bad < 0; ++r)
         for (int i = 0; i < plane; ++i)
-          if (!std::isfinite(x(r, static_cast<index_t>(c) * plane + i))) {
+          if (!std::isfinite(x(r, static_cast<index_t>(i) * channels + c))) {
             bad = r;
             break;
           }

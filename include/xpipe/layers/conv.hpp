@@ -1,4 +1,4 @@
-// Conv2d<In, OutChannels, Kernel, Options>: a 2-D convolution layer over NCHW-flattened rows,
+// Conv2d<In, OutChannels, Kernel, Options>: a 2-D convolution layer over channels-last image rows,
 // weights OIHW then biases in the stage's flat buffer; each backend's ConvPlans does the work.
 #pragma once
 

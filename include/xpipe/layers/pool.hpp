@@ -1,5 +1,6 @@
-// Parameter-free image pooling layers over NCHW rows: MaxPool2d and AvgPool2d (PyTorch's
-// defaults) and GlobalAvgPool. The math is kernels/pool.hpp's, the same on every backend.
+// Parameter-free image pooling layers over channels-last image rows: MaxPool2d and AvgPool2d
+// (PyTorch's defaults) and GlobalAvgPool. The math is kernels/pool.hpp's, the same on every
+// backend.
 #pragma once
 
 #include <cstdint>
