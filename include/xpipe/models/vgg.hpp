@@ -31,14 +31,14 @@ using FC2 = Linear<128, 10>;
 //! multiply-adds per image forward, 3.6 M of them in C2 and C4.
 using K1 = Stage<C1, ReLU, C2, ReLU, P1, C3, ReLU, C4, ReLU, P2, F, FC1, ReLU, FC2>;
 //! Two stages (K = 2): the first block, then the second and the classifier (1.9 M and 2.9 M
-//! multiply-adds; 31 and 22 ms measured, the best cut).
+//! multiply-adds; 32 and 24 ms measured, the best cut).
 using K2a = Stage<C1, ReLU, C2, ReLU, P1>;
 using K2b = Stage<C3, ReLU, C4, ReLU, P2, F, FC1, ReLU, FC2>;
 //! Four stages (K = 4): a convolution each, the classifier with the last. The 28x28 convolutions
-//! cost far more than their multiply-adds say (ReLU, pooling and the layout reorders scale with
-//! the activations): `xpipe-plan profile --model vgg` measured 2.8, 28, 4.2 and 17 ms per
-//! mini-batch (batch 128, M = 4; 2-core AMD EPYC), the slowest 2.14x the mean, the best any
-//! cut of the four convolutions allows (2.36 with both 28x28 convolutions in one stage).
+//! cost far more than their multiply-adds say (ReLU and pooling scale with the activations):
+//! `xpipe-plan profile --model vgg` measured 2.9, 29, 4.1 and 19 ms per mini-batch (batch 128,
+//! M = 4; 2-core AMD EPYC), the slowest 2.10x the mean, the best any cut of the four
+//! convolutions allows.
 using A = Stage<C1, ReLU>;
 using B = Stage<C2, ReLU, P1>;
 using C = Stage<C3, ReLU>;
