@@ -106,9 +106,7 @@ class ConvPlans<Host> {
     Plan& p = plan(g);
     if (!p.forward) p.make_forward();
     Forward& f = *p.forward;
-    if (p.backward) p.backward->held_dy = nullptr;  // a new micro-batch: no reorder of dy holds
     f.src.take(p, x);
-    f.last_src = x;
     f.weights.take(p, w);
     f.dst.bind(p, y);
     set(p, f.bias.get(), g.bias ? b : nullptr);
@@ -124,8 +122,7 @@ class ConvPlans<Host> {
 
   //! The backward of one call: dx = the input gradient of dy through w (skipped when dx is null),
   //! dw (+)= the weight gradient over every image, db (+)= dy summed per channel (unused without
-  //! bias): backward_data, then backward_weights, which reuses the data pass's reorder of dy
-  //! where both primitives want one layout.
+  //! bias): backward_data, then backward_weights.
   void backward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
                 const float* dy, float* dx, float* dw, float* db, bool accumulate) {
     if (dx != nullptr) backward_data(ctx, g, w, dy, dx);
@@ -133,10 +130,7 @@ class ConvPlans<Host> {
   }
 
   //! dx = the input gradient of dy through w (dx not null), the input part of a split backward.
-  //! Where the weights' primitive wants dy in the layout the data primitive got it in, the reorder
-  //! stays in the plan (this object: one per activation slot) for backward_weights on the same,
-  //! unchanged dy; otherwise backward_weights makes its own (off the critical path of a
-  //! zero-bubble schedule, which runs the weight part when a stage would idle).
+  //! Nothing passes from it to backward_weights but dy itself, read where it lies.
   void backward_data(const HostContext& ctx, const ConvGeometry& g, const float* w, const float* dy,
                      float* dx) {
     threads(ctx);
@@ -145,41 +139,26 @@ class ConvPlans<Host> {
     Backward& b = *p.backward;
     b.weights.take(p, w);
     b.diff_src.bind(p, dx);
-    Operand& d = b.dy_shared ? b.diff_dst : b.diff_dst_for_data;
-    d.take(p, dy);
-    b.held_dy = b.dy_shared ? dy : nullptr;
+    b.diff_dst.take(p, dy);
     execute(p, b.data.get(),
             {{{DNNL_ARG_DIFF_SRC, b.diff_src.arg()},
               {DNNL_ARG_WEIGHTS, b.weights.arg()},
-              {DNNL_ARG_DIFF_DST, d.arg()},
+              {DNNL_ARG_DIFF_DST, b.diff_dst.arg()},
               {DNNL_ARG_SCRATCHPAD, b.data_scratch.memory.get()}}},
             4);
     b.diff_src.give(p);
   }
 
   //! dw (+)= the weight gradient over every image, db (+)= dy summed per channel (unused without
-  //! bias), the weight part of a split backward. dy is reordered unless backward_data left its
-  //! reorder (of this dy, since this plan's last forward or backward_weights), and x is not
-  //! reordered again when it is the input of this object's last forward (the contract of a
-  //! layer's Saved state: a micro-batch's backward follows its forward on the same, unchanged x).
+  //! bias), the weight part of a split backward, from x and dy where they lie.
   void backward_weights(const HostContext& ctx, const ConvGeometry& g, const float* x,
                         const float* dy, float* dw, float* db, bool accumulate) {
     threads(ctx);
     Plan& p = plan(g);
     if (!p.backward) p.make_backward();
     Backward& b = *p.backward;
-    if (b.held_dy == dy)
-      b.diff_dst.bind(p, dy);
-    else
-      b.diff_dst.take(p, dy);
-    b.held_dy = nullptr;
-    const Forward* f = p.forward.get();
-    const bool reuse_x = f != nullptr && f->last_src == x && !f->src.direct && !b.src.direct &&
-                         dnnl_memory_desc_equal(&f->src.wanted, &b.src.wanted);
-    if (reuse_x)
-      b.src.bind(p, x);
-    else
-      b.src.take(p, x);
+    b.diff_dst.take(p, dy);
+    b.src.take(p, x);
     const index_t nw = g.weight_floats(), nb = g.bias ? g.oc : 0;
     // Accumulating: the gradient goes to the plan's buffer first, then one pass adds it.
     float* to_w = accumulate ? b.grad_sum.data() : dw;
@@ -187,7 +166,7 @@ class ConvPlans<Host> {
     b.diff_weights.bind(p, to_w);
     set(p, b.diff_bias.get(), g.bias ? to_b : nullptr);
     execute(p, b.weights_primitive.get(),
-            {{{DNNL_ARG_SRC, reuse_x ? f->src.arg() : b.src.arg()},
+            {{{DNNL_ARG_SRC, b.src.arg()},
               {DNNL_ARG_DIFF_DST, b.diff_dst.arg()},
               {DNNL_ARG_DIFF_WEIGHTS, b.diff_weights.arg()},
               {DNNL_ARG_SCRATCHPAD, b.weights_scratch.memory.get()},
@@ -217,8 +196,9 @@ class ConvPlans<Host> {
     }
   };
 
-  // One operand of a primitive: the caller's plain memory (its handle set per call) and, where
-  // the primitive wants another layout, a buffer of the plan's in that layout and the reorder
+  // One operand of a primitive: the caller's memory (its handle set per call) and, where the
+  // primitive wants another layout (the weights; the activations it takes channels-last, as
+  // they lie), a buffer of the plan's in that layout and the reorder
   // between them (into it for an input, out of it for an output).
   struct Operand {
     Desc wanted{};
@@ -262,18 +242,13 @@ class ConvPlans<Host> {
     Operand src, weights, dst;
     detail::DnnlMemory bias;
     Scratch scratch;
-    const float* last_src = nullptr;  // the x of the last forward, whose reorder src holds
   };
   struct Backward {
     detail::DnnlPrimitive data, weights_primitive;
-    Operand diff_dst, diff_dst_for_data, weights, diff_src, src, diff_weights;
+    Operand diff_dst, weights, diff_src, src, diff_weights;
     detail::DnnlMemory diff_bias;
     Scratch data_scratch, weights_scratch;
     HostBuffer<float> grad_sum{0};
-    bool dy_shared = false;  // both primitives want dy in one layout
-    // The dy whose reorder diff_dst holds for backward_weights (backward_data's, where shared);
-    // null once used, or after a forward (a new micro-batch in this slot).
-    const float* held_dy = nullptr;
   };
 
   // The primitives of one batch size: activations channels-last as the caller's, the weights in
@@ -351,10 +326,6 @@ class ConvPlans<Host> {
           "convolution backward weights", g);
       auto b = std::make_unique<Backward>();
       b->diff_dst.make(*this, dst, weights_pd.get(), dnnl_query_diff_dst_md, true);
-      const Desc* data_dy = dnnl_primitive_desc_query_md(data_pd.get(), dnnl_query_diff_dst_md, 0);
-      b->dy_shared = dnnl_memory_desc_equal(data_dy, &b->diff_dst.wanted) != 0;
-      if (!b->dy_shared)
-        b->diff_dst_for_data.make(*this, dst, data_pd.get(), dnnl_query_diff_dst_md, true);
       b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true);
       b->diff_src.make(*this, src, data_pd.get(), dnnl_query_diff_src_md, false);
       b->src.make(*this, src, weights_pd.get(), dnnl_query_src_md, true);

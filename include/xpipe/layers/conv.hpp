@@ -97,8 +97,8 @@ struct Conv2d {
   }
 
   //! dW (+)= the weight gradient, db (+)= dy summed per channel, dx = the input gradient
-  //! (skipped when dx is empty: the first layer of a model). x must be the input of `saved`'s
-  //! last forward, unchanged (as Stage keeps it): the host reuses that forward's reorder of it.
+  //! (skipped when dx is empty: the first layer of a model). x is the input of the forward,
+  //! unchanged (as Stage keeps it).
   template <class Ctx, class S>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, S& saved) {
@@ -109,8 +109,7 @@ struct Conv2d {
   }
 
   //! The input part of the split backward (zero-bubble schedules): dx = the input gradient
-  //! (nothing when dx is empty); no parameter gradient. dy is left as it is. On the host the
-  //! reorder of dy stays in `saved` for backward_weight where both primitives share it.
+  //! (nothing when dx is empty); no parameter gradient. dy is left as it is, for backward_weight.
   template <class Ctx, class S>
   static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
                              Matrix dy, Matrix dx, S& saved) {
