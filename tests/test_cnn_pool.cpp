@@ -226,13 +226,19 @@ TEST_CASE("GlobalAvgPool averages each channel, by hand", "[pool]") {
   require_equal(dx, {1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2});
 }
 
-TEST_CASE("image_index lays images out channels-last, worked by hand", "[pool][flatten]") {
+TEST_CASE("image_index and image_place lay images out channels-last, worked by hand",
+          "[pool][flatten]") {
   // A 3-channel image 2 pixels high and 4 wide: pixel (y, x) takes floats [3 (4 y + x), +3).
   STATIC_REQUIRE(xpipe::image_index(3, 4, 0, 0, 0) == 0);
   STATIC_REQUIRE(xpipe::image_index(3, 4, 2, 0, 0) == 2);   // the first pixel's last channel
   STATIC_REQUIRE(xpipe::image_index(3, 4, 0, 0, 1) == 3);   // the next pixel of the row
   STATIC_REQUIRE(xpipe::image_index(3, 4, 1, 1, 0) == 13);  // row 1 starts after 4 pixels
   STATIC_REQUIRE(xpipe::image_index(3, 4, 2, 1, 3) == 23);  // the last float of 24
+  // And back: image_place decodes the same places.
+  constexpr xpipe::ImagePlace at13 = xpipe::image_place(13, 3, 4),
+                              at23 = xpipe::image_place(23, 3, 4);
+  STATIC_REQUIRE(at13.ch == 1 && at13.y == 1 && at13.x == 0);
+  STATIC_REQUIRE(at23.ch == 2 && at23.y == 1 && at23.x == 3);
 }
 
 TEST_CASE("Flatten hands features over in PyTorch's order, through views with leading dimensions",

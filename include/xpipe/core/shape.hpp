@@ -1,8 +1,8 @@
 // Shape<C, H, W>: the image shape a layer takes or gives, as a type. Activations stay rows x width
 // matrices (each row one sample, its image channels-last: row, then column, then channel, as
 // NHWC); a shape says how a width of C * H * W is laid out, so Stage and Pipeline can check more
-// than the width. Also where a channels-last image keeps each value (image_index); whole rows
-// go from and to planar order (NCHW, PyTorch's default) in kernels/image_layout.hpp.
+// than the width. Also where a channels-last image keeps each value (image_index, image_place);
+// whole rows go from and to planar order (NCHW, PyTorch's default) in kernels/image_layout.hpp.
 #pragma once
 
 #include <concepts>
@@ -38,6 +38,18 @@ struct Dims {
 //! Usage: `x[r * Image::size + image_index(Image::channels, Image::width, c, y, x)]`
 XPIPE_HOST_DEVICE constexpr index_t image_index(int channels, int width, int ch, int y, int x) {
   return (static_cast<index_t>(y) * width + x) * channels + ch;
+}
+
+//! A value's channel and pixel in a channels-last image: what image_index encodes.
+struct ImagePlace {
+  int ch = 0, y = 0, x = 0;
+};
+
+//! Where element i of a channels-last image `channels` deep and `width` wide lies: the inverse
+//! of image_index. Usage: `const ImagePlace at = image_place(o, g.c, g.ow);`
+XPIPE_HOST_DEVICE constexpr ImagePlace image_place(int i, int channels, int width) {
+  const int pixel = i / channels, y = pixel / width;
+  return {i - pixel * channels, y, pixel - y * width};
 }
 
 //! A type that describes an image shape (Shape<C, H, W> or one of its aliases).

@@ -4,7 +4,7 @@
 
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/conv_geometry.hpp"
-#include "xpipe/core/shape.hpp"  // image_index
+#include "xpipe/core/shape.hpp"  // image_index, image_place
 #include "xpipe/core/tensor.hpp"
 
 // As in kernels/ops.hpp, the element loop each launcher calls (for_each_element) is found by
@@ -59,17 +59,6 @@ XPIPE_HOST_DEVICE PoolSpan pool_windows_over(int i, int k, int stride, int pad, 
   const int first = low <= 0 ? 0 : (low + stride - 1) / stride;
   const int last = (i + pad) / stride + 1;
   return {first, last < out ? last : out};
-}
-
-//! A pixel's channel and position, decoded from an index into a channels-last image.
-struct ImagePlace {
-  int ch = 0, y = 0, x = 0;
-};
-
-//! Where element i of a channels-last image `channels` deep and `width` wide lies.
-XPIPE_HOST_DEVICE ImagePlace image_place(int i, int channels, int width) {
-  const int pixel = i / channels, y = pixel / width;
-  return {i - pixel * channels, y, pixel - y * width};
 }
 
 //! Where the maximum of window (ch, oy, ox) lies, as an index into one input image: the first
@@ -183,7 +172,7 @@ struct MaxPoolBackwardDisjoint {
   Matrix dx;
   PoolGeometry g;
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
-    const math::ImagePlace w = math::image_place(static_cast<int>(o), g.c, g.ow);
+    const ImagePlace w = image_place(static_cast<int>(o), g.c, g.ow);
     const float* image = x.row(r);
     const int best = math::max_pool_argmax(image, g, w.ch, w.y, w.x);
     const math::PoolSpan ys = math::pool_window_cells(w.y, g.k, g.stride, g.pad, g.h);
