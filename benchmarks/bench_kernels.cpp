@@ -1,7 +1,11 @@
 // Hot kernels of a training step: GEMM at the MLP's shapes (against raw dnnl_sgemm), the fused
-// optimizer and update-direction passes, bias+activation, activation backward and the bias
-// gradient (against a triad over the same number of elements per array). Arguments: .../threads.
+// optimizer and update-direction passes, bias+activation, activation backward, the bias
+// gradient and BatchNorm's passes, alone and fused with ReLU (against a triad over the same
+// number of elements per array). Arguments: .../threads.
 #include <benchmark/benchmark.h>
+
+#include <functional>
+#include <type_traits>
 
 #include "baseline.hpp"
 #include "xpipe/xpipe.hpp"
@@ -118,6 +122,126 @@ void BM_BiasGrad(benchmark::State& st) {
   bandwidth_counters(st, kernel, 4.0 * n, n, 1, threads);  // read dy (db is 1024 floats)
 }
 
+// BatchNorm2d's passes over a ResNet activation (batch 128, channels-last C x H x H images),
+// each against a triad of its footprint: the training statistics (x read twice: the channel
+// sums of x, then of the squared deviations), the normalisation (x read, y written), the
+// backward's channel sums (x and dy read) and its input gradient (x and dy read, dx written).
+struct NormBuffers {
+  xpipe::NormGeometry g;
+  index_t n;
+  xpipe::HostBuffer<float> x, y, dy, dx, params, stats, sums, running;
+  xpipe::HostBuffer<double> scratch;
+  NormBuffers(int channels, int side)
+      : g{128, channels, side * side},
+        n(g.rows * channels * side * side),
+        x(n),
+        y(n),
+        dy(n),
+        dx(n),
+        params(2 * channels),
+        stats(2 * channels),
+        sums(2 * channels),
+        running(2 * channels),
+        scratch(xpipe::batch_norm_scratch_doubles(g)) {
+    xpipe::Rng rng{3};
+    for (index_t i = 0; i < n; ++i) {
+      x[i] = rng.uniform(-1.f, 2.f);
+      dy[i] = rng.uniform(-1e-2f, 1e-2f);
+    }
+    for (int c = 0; c < channels; ++c) {
+      params[c] = 1.f;
+      params[channels + c] = 0.f;
+      running[c] = 0.f;
+      running[channels + c] = 1.f;
+    }
+  }
+  xpipe::ConstMatrix in(const xpipe::HostBuffer<float>& b) const {
+    return {b.data(), g.rows, static_cast<index_t>(g.channels) * g.plane};
+  }
+  xpipe::Matrix out(xpipe::HostBuffer<float>& b) const {
+    return {b.data(), g.rows, static_cast<index_t>(g.channels) * g.plane};
+  }
+};
+
+enum class NormPass { Statistics, Forward, BackwardSums, BackwardInput };
+
+// Act: math::Identity, or math::Relu fused after the normalisation (BatchNormAct), whose backward
+// passes also read the output y.
+template <class Act>
+void norm_pass(benchmark::State& st) {
+  const auto pass = static_cast<NormPass>(st.range(0));
+  const int channels = static_cast<int>(st.range(1)), side = 448 / channels;
+  const int threads = static_cast<int>(st.range(2));
+  const xpipe::HostContext ctx{.threads = threads};
+  const xpipe::ScopedFlushDenormals flush;  // as each training thread runs
+  NormBuffers b(channels, side);
+  const auto& g = b.g;
+  const bool fused = !std::is_same_v<Act, xpipe::math::Identity>;
+  xpipe::batch_norm_statistics(ctx, g, b.in(b.x), b.stats.data(), nullptr, b.scratch.data());
+  const float* gamma = b.params.data();
+  xpipe::batch_norm_forward<Act>(ctx, g, b.in(b.x), b.out(b.y), gamma, gamma + channels,
+                                 b.stats.data());
+  xpipe::batch_norm_backward_sums<Act>(ctx, g, b.in(b.x), b.in(b.y), b.in(b.dy), b.stats.data(),
+                                       b.sums.data(), nullptr, nullptr, false, b.scratch.data());
+  std::function<void()> kernel;
+  int arrays = 0;  // floats moved per element: reads + writes, each a distinct array
+  switch (pass) {
+    case NormPass::Statistics:  // x read twice, one array
+      kernel = [&] {
+        xpipe::batch_norm_statistics(ctx, g, b.in(b.x), b.stats.data(), b.running.data(),
+                                     b.scratch.data());
+      };
+      arrays = 1;
+      break;
+    case NormPass::Forward:
+      kernel = [&] {
+        xpipe::batch_norm_forward<Act>(ctx, g, b.in(b.x), b.out(b.y), gamma, gamma + channels,
+                                       b.stats.data());
+      };
+      arrays = 2;
+      break;
+    case NormPass::BackwardSums:
+      kernel = [&] {
+        xpipe::batch_norm_backward_sums<Act>(ctx, g, b.in(b.x), b.in(b.y), b.in(b.dy),
+                                             b.stats.data(), b.sums.data(), nullptr, nullptr, false,
+                                             b.scratch.data());
+      };
+      arrays = fused ? 3 : 2;
+      break;
+    case NormPass::BackwardInput:
+      kernel = [&] {
+        xpipe::batch_norm_input_grad<Act>(ctx, g, b.in(b.x), b.in(b.y), b.in(b.dy), b.out(b.dx),
+                                          gamma, b.stats.data(), b.sums.data());
+      };
+      arrays = fused ? 4 : 3;
+      break;
+  }
+  for (auto _ : st) kernel();
+  const double moved = pass == NormPass::Statistics ? 2 : arrays;
+  bandwidth_counters(st, kernel, moved * 4.0 * static_cast<double>(b.n), b.n, arrays, threads);
+}
+
+void BM_BatchNorm(benchmark::State& st) {
+  norm_pass<xpipe::math::Identity>(st);
+}
+void BM_BatchNormRelu(benchmark::State& st) {
+  norm_pass<xpipe::math::Relu>(st);
+}
+
+void norm_passes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"pass", "channels", "threads"});
+  for (int t : {1, 2})
+    for (int c : {16, 64})
+      for (int p = 0; p < 4; ++p) b->Args({p, c, t});
+}
+
+void fused_norm_passes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"pass", "channels", "threads"});
+  for (int t : {1, 2})
+    for (int c : {16, 64})
+      for (int p = 1; p < 4; ++p) b->Args({p, c, t});
+}
+
 // xpipe::gemm at the MLP's shapes (batch 128) against raw dnnl_sgemm in this binary.
 void BM_Gemm(benchmark::State& st) {
   const char ta = static_cast<char>(st.range(0)), tb = static_cast<char>(st.range(1));
@@ -167,6 +291,8 @@ BENCHMARK(BM_BiasGrad)
     ->ArgNames({"rows", "threads"})
     ->ArgsProduct({{128, 4096}, {1, 2}})
     ->UseRealTime();
+BENCHMARK(BM_BatchNorm)->Apply(norm_passes)->UseRealTime();
+BENCHMARK(BM_BatchNormRelu)->Apply(fused_norm_passes)->UseRealTime();
 BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseRealTime();
 
 BENCHMARK_MAIN();

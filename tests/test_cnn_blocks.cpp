@@ -240,6 +240,65 @@ TEST_CASE("A residual block with a projected shortcut matches PyTorch",
   }
 }
 
+TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, and PyTorch's",
+          "[layers][batchnorm][torch]") {
+  using Fused = xpipe::BatchNormAct<S8, xpipe::ReLU>;
+  using Plain = BatchNorm2d<S8>;
+  STATIC_REQUIRE(Fused::param_count == Plain::param_count);
+  STATIC_REQUIRE(Fused::state_count == Plain::state_count);
+  STATIC_REQUIRE(xpipe::init_streams<Fused>() == 2);  // BatchNorm2d's and ReLU's layer numbers
+  STATIC_REQUIRE(xpipe::splits_backward<Fused>);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    const HostContext ctx{.threads = threads};
+    const index_t rows = 5;
+    Slot<Fused> f(rows);
+    randomize(f, 21);
+    // The pair, layer by layer: BatchNorm2d into t, ReLU into y; back through ReLU into dt.
+    Slot<Plain> p(rows);
+    p.p = f.p, p.x = f.x;
+    p.forward(ctx);
+    std::vector<float> y(p.y.size()), dt(p.y.size());
+    const index_t w = Plain::out_width;
+    xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+    xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
+                          ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
+                          Matrix{dt.data(), rows, w});
+    p.dy = dt;
+    p.backward(ctx);
+    REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
+    f.forward(ctx);
+    f.backward(ctx);
+    CHECK(f.y == y);
+    CHECK(f.state == p.state);
+    CHECK(f.dx == p.dx);
+    CHECK(f.g == p.g);
+    // The split backward: the input part (no parameter gradient), then the weight part.
+    std::vector<float> dx(f.dx.size(), -1.f), g(f.g.size(), -1.f), dy = f.dy;
+    Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{f.y.data(), rows, w},
+                          Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, w}, f.saved);
+    Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{f.y.data(), rows, w},
+                           ConstMatrix{dy.data(), rows, w}, f.saved);
+    CHECK(dx == f.dx);
+    CHECK(g == f.g);
+    // Evaluation with the running statistics.
+    f.forward(ctx, false);
+    p.forward(ctx, false);
+    xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+    CHECK(f.y == y);
+  }
+  // PyTorch's identity block (conv, BatchNorm, ReLU, conv, BatchNorm, plus x) with the first
+  // BatchNorm and its ReLU fused: the parameters lie where the unfused block's do.
+  using FusedBlock = xpipe::Residual<Conv8, Fused, Conv8, BatchNorm2d<S8>>;
+  STATIC_REQUIRE(FusedBlock::param_count == IdentityBlock::param_count);
+  check_block_against_torch<FusedBlock, block_expected::identity_block>(2);
+  // Errors name the fused layer.
+  Slot<Fused> s(2);
+  REQUIRE(message_of<xpipe::ConfigError>([&] {
+            s.forward(HostContext{}, false, false);
+          }).find("BatchNormAct<Shape<8, 6, 6>, ReLU>::forward") != std::string::npos);
+}
+
 TEST_CASE("Residual blocks lay out parameters and state as documented", "[layers][residual]") {
   // f's layers each start on a 16-float boundary: convolution 2x2x3x3 + 3 biases = 57 -> 64,
   // BatchNorm 6 -> 16, GELU 0, convolution 3x3x3x3 + 3 = 84 -> 96, BatchNorm 6 -> 16.
@@ -570,8 +629,8 @@ TEST_CASE("The backward's two channel sums in one pass have the bits of one pass
       }
       const index_t width = static_cast<index_t>(channels) * plane;
       const ConstMatrix xm{x.data(), rows, width}, dym{dy.data(), rows, width};
-      const xpipe::ops::ValueTerm sum_dy{dym};
-      const xpipe::ops::GradientXhatTerm sum_dy_xhat{xm, dym, stats.data(), channels};
+      const xpipe::ops::GradientTerm<> sum_dy{{dym, dym}};
+      const xpipe::ops::GradientXhatTerm<> sum_dy_xhat{xm, {dym, dym}, stats.data(), channels};
       const HostContext ctx{.threads = threads};
       std::vector<double> scratch(static_cast<std::size_t>(xpipe::batch_norm_scratch_doubles(g)));
       std::vector<double> one_a(static_cast<std::size_t>(channels)), one_b(one_a.size());
@@ -605,8 +664,8 @@ TEST_CASE("The backward's two channel sums in one pass have the bits of one pass
         std::vector<double> a(static_cast<std::size_t>(channels * partials)), b(a.size());
         const index_t calls = partials * ((channels + Block - 1) / Block);
         xpipe::for_each_index(ctx, calls,
-                              xpipe::ops::ChannelChunkSums<Block, xpipe::ops::ValueTerm,
-                                                           xpipe::ops::GradientXhatTerm>{
+                              xpipe::ops::ChannelChunkSums<Block, xpipe::ops::GradientTerm<>,
+                                                           xpipe::ops::GradientXhatTerm<>>{
                                   g, sum_dy, sum_dy_xhat, chunks, partials, a.data(), b.data()});
         a.insert(a.end(), b.begin(), b.end());
         return a;

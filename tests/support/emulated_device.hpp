@@ -508,6 +508,17 @@ void for_each_element(const EmulatedContext& ctx, index_t rows, index_t cols, co
   ctx.stream->enqueue([rows, cols, f] { for_each_element(HostContext{}, rows, cols, f); });
 }
 
+template <class F>
+void for_each_pixel(const EmulatedContext& ctx, index_t rows, index_t plane, index_t channels,
+                    const F& f) {
+  static_assert(std::is_trivially_copyable_v<F>,
+                "xpipe: a device element loop needs a trivially copyable function object");
+  if (rows <= 0 || plane <= 0 || channels <= 0) return;
+  emu::check_launch(ctx, "a kernel");
+  ctx.stream->enqueue(
+      [rows, plane, channels, f] { for_each_pixel(HostContext{}, rows, plane, channels, f); });
+}
+
 //! The host GEMM, enqueued on ctx's stream; its operands must be device memory it may reach.
 inline void gemm(const EmulatedContext& ctx, Trans ta, Trans tb, index_t m, index_t n, index_t k,
                  float alpha, const float* a, index_t lda, const float* b, index_t ldb, float beta,

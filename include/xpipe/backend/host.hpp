@@ -177,6 +177,25 @@ void for_each_element(const HostContext& ctx, index_t rows, index_t cols, const 
   });
 }
 
+//! Calls f(r, p, c) for channel c of pixel p of each of `rows` channels-last image rows of
+//! `plane` pixels: rows split over the threads, the channel loop innermost, where it vectorises
+//! over the channels' contiguous values. f may write only element (r, p, c) of its outputs (in
+//! place is fine) and must read its per-channel arrays unchanged: the loop promises the compiler
+//! that no iteration depends on another, so a pixel's 16 to 64 channels run without the division
+//! and the run-time alias checks that made a BatchNorm pass run at half a triad's speed. Usage:
+//! `for_each_pixel(ctx, x.rows, plane, channels, ops::BatchNormForward{...});`
+template <class F>
+void for_each_pixel(const HostContext& ctx, index_t rows, index_t plane, index_t channels,
+                    const F& f) {
+  for_each_index(ctx, rows, rows * plane * channels, [&f, plane, channels](index_t r) {
+    for (index_t p = 0; p < plane; ++p)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC ivdep
+#endif
+      for (index_t c = 0; c < channels; ++c) f(r, p, c);
+  });
+}
+
 //! How far a lane of run_two_lanes has come through work numbered downwards (a backward's layers,
 //! last first): `advance(i)` once everything down to i is done, `reached(i)` to ask (acquire:
 //! the work's writes are then visible). Usage: `progress.advance(i)`,

@@ -11,6 +11,7 @@ namespace xpipe::math {
 
 //! f(x) = x. Used where a Linear layer needs only its bias added.
 struct Identity {
+  static constexpr const char* name = "Identity";
   XPIPE_HOST_DEVICE static float forward(float x) { return x; }
   XPIPE_HOST_DEVICE static float backward(float /*x*/, float /*y*/, float dy) { return dy; }
   XPIPE_HOST_DEVICE static float backward_from_output(float /*y*/, float dy) { return dy; }
@@ -19,14 +20,18 @@ struct Identity {
 //! f(x) = max(x, 0); the gradient at 0 is taken as 0, as in PyTorch. A NaN input stays NaN
 //! (written as x < 0 ? 0 : x), so divergence reaches the loss check instead of vanishing.
 struct Relu {
+  static constexpr const char* name = "ReLU";
   XPIPE_HOST_DEVICE static float forward(float x) { return x < 0.f ? 0.f : x; }
   XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
     return x > 0.f ? dy : 0.f;
   }
   //! The same gradient from the output alone: y = max(x, 0) > 0 exactly where x > 0 (a NaN x
-  //! gives a NaN y, and both comparisons are false), so the bits equal backward's.
+  //! gives a NaN y, and both comparisons are false), so the bits equal backward's. Written as a
+  //! mask on dy's bits (dy where y > 0, +0 elsewhere: the bits of `y > 0 ? dy : 0`): summed in
+  //! double (BatchNormAct's channel sums), g++ 12 turned the select into a branch around the
+  //! addition and ran the sum one element at a time, 40x slower; the mask it vectorises.
   XPIPE_HOST_DEVICE static float backward_from_output(float y, float dy) {
-    return y > 0.f ? dy : 0.f;
+    return float_from_bits(bits_from_float(dy) & (y > 0.f ? ~std::int32_t{0} : std::int32_t{0}));
   }
 };
 
@@ -42,6 +47,7 @@ concept OutputDifferentiable = requires(float y, float dy) {
 //! Exact GELU, f(x) = x * Phi(x) with Phi the standard normal CDF (PyTorch's default form),
 //! erf and exp in plain arithmetic (elementary.hpp) so that the host vectorises the passes.
 struct Gelu {
+  static constexpr const char* name = "GELU";
   static constexpr float inv_sqrt2 = 0.70710678118654752440f;
   static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
   XPIPE_HOST_DEVICE static float forward(float x) {

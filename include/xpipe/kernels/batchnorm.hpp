@@ -1,7 +1,7 @@
-// Batch normalisation over the channels of channels-last image rows (BatchNorm2d): the
-// per-channel statistics, the normalisation and its backward as shared per-channel and
-// per-element functions, their function objects and launchers (one code path for the host loop
-// and a CUDA kernel).
+// Batch normalisation over the channels of channels-last image rows (BatchNorm2d, and fused with
+// the activation after it, BatchNormAct): the per-channel statistics, the normalisation and its
+// backward as shared per-channel and per-element functions, their function objects and launchers
+// (one code path for the host loop and a CUDA kernel).
 #pragma once
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/tensor.hpp"
+#include "xpipe/kernels/activation.hpp"
 
 namespace xpipe {
 
@@ -31,8 +32,11 @@ namespace math {
 //! added in lane order at the end. A fixed order (the same bits for any thread count) that is
 //! not one chain of dependent additions: the host compiler vectorises the lanes,
 //! where a single double accumulator ran at one add per 4 cycles and made BatchNorm slower than
-//! the convolution before it.
-inline constexpr int reduce_lanes = 8;
+//! the convolution before it. Four: a host call sums 16 channels side by side, so each lane is
+//! already two vectors of doubles, and the four lanes of the backward's two sums in one pass fill
+//! 16 of AVX-512's 32 registers, where eight lanes spilled them to memory (the fused
+//! BatchNorm-ReLU backward's sums ran 1.3x slower).
+inline constexpr int reduce_lanes = 4;
 
 //! Terms one partial sum of a channel reduction covers, at every level (channel_sum_levels).
 inline constexpr index_t reduce_chunk = 128;
@@ -118,10 +122,36 @@ struct SquaredDeviationTerm {
   }
 };
 
-//! dy xhat, xhat = (x - mean) invstd in float with the batch's statistics (stats: mean, invstd):
-//! the channel sums that are dgamma.
+//! The gradient at the normalisation's output, from dy at the layer's: dy itself, or Act'(y) dy
+//! where an activation Act is fused after the normalisation (y the layer's output; ReLU's
+//! gradient follows from it, math::OutputDifferentiable). Computed where it is read, so a fused
+//! backward neither writes it nor reads it back.
+template <class Act = math::Identity>
+struct NormGradient {
+  ConstMatrix y, dy;
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col) const {
+    if constexpr (std::is_same_v<Act, math::Identity>)
+      return dy(r, col);
+    else
+      return Act::backward_from_output(y(r, col), dy(r, col));
+  }
+};
+
+//! The gradient at the normalisation's output itself: the channel sums that are dbeta.
+template <class Act = math::Identity>
+struct GradientTerm {
+  NormGradient<Act> dy;
+  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int /*c*/) const {
+    return dy(r, col);
+  }
+};
+
+//! dy xhat, dy the gradient at the normalisation's output and xhat = (x - mean) invstd in float
+//! with the batch's statistics (stats: mean, invstd): the channel sums that are dgamma.
+template <class Act = math::Identity>
 struct GradientXhatTerm {
-  ConstMatrix x, dy;
+  ConstMatrix x;
+  NormGradient<Act> dy;
   const float* stats;
   int channels;
   XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int c) const {
@@ -159,18 +189,15 @@ struct ChannelChunkSums {
     const int c0 = static_cast<int>(i - s * blocks) * Block;
     const int nc = g.channels - c0 < Block ? g.channels - c0 : Block;
     const index_t r = s / chunks, first = (s - r * chunks) * math::reduce_chunk;
-    const index_t n = math::chunk_count(g.plane, first), whole = n / lanes * lanes;
+    const index_t n = math::chunk_count(g.plane, first);
     double la[lanes][Block] = {}, lb[pair ? lanes : 1][Block] = {};
-    const auto add = [&](int l, index_t k) {
-      const index_t col = (first + k) * g.channels + c0;
-      for (int j = 0; j < nc; ++j) {
-        la[l][j] += a(r, col + j, c0 + j);
-        if constexpr (pair) lb[l][j] += b(r, col + j, c0 + j);
-      }
-    };
-    for (index_t t = 0; t < whole; t += lanes)
-      for (int l = 0; l < lanes; ++l) add(l, t + l);
-    for (index_t t = whole; t < n; ++t) add(static_cast<int>(t - whole), t);
+    // A whole block's channel loop has a constant count, so the host compiler keeps the lanes in
+    // registers (a count known only at run time left them in memory, 1.7x slower); the last
+    // block of a channel count that is no multiple of Block runs the rest.
+    if (nc == Block)
+      add_chunk<Block>(la, lb, r, first, n, c0, nc);
+    else
+      add_chunk<0>(la, lb, r, first, n, c0, nc);
     for (int j = 0; j < nc; ++j) {
       double sa = 0, sb = 0;
       for (int l = 0; l < lanes; ++l) {
@@ -180,6 +207,28 @@ struct ChannelChunkSums {
       out_a[(c0 + j) * partials + s] = sa;
       if constexpr (pair) out_b[(c0 + j) * partials + s] = sb;
     }
+  }
+
+  // The chunk's n terms of channels c0.. (Fixed of them, or nc where Fixed is 0) into the lanes.
+  template <int Fixed>
+  XPIPE_HOST_DEVICE void add_chunk(double (&la)[lanes][Block],
+                                   double (&lb)[pair ? lanes : 1][Block], index_t r, index_t first,
+                                   index_t n, int c0, int nc) const {
+    const int count = Fixed > 0 ? Fixed : nc;
+    const index_t whole = n / lanes * lanes;
+    const auto add = [&](int l, index_t k) {
+      const index_t col = (first + k) * g.channels + c0;
+      for (int j = 0; j < count; ++j) {
+        la[l][j] += a(r, col + j, c0 + j);
+        if constexpr (pair) lb[l][j] += b(r, col + j, c0 + j);
+      }
+    };
+    for (index_t t = 0; t < whole; t += lanes)
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__NVCC__)
+#pragma GCC unroll 8
+#endif
+      for (int l = 0; l < lanes; ++l) add(l, t + l);
+    for (index_t t = whole; t < n; ++t) add(static_cast<int>(t - whole), t);
   }
 };
 
@@ -243,22 +292,25 @@ struct BatchNormRunningStatistics {
   }
 };
 
-// The element passes below run over (row pixel, channel) pairs: element (rp, c) is channel c of
-// pixel rp - r plane of row r = rp / plane. On the host the division is made once per pixel, the
-// channel loop inside it vectorised over the channels' contiguous values and parameters; on a GPU
+// The element passes below run over (row, pixel, channel) through for_each_pixel: element
+// (r, p, c) is channel c of pixel p of row r, at column p channels + c. On the host the channel
+// loop is innermost, vectorised over the channels' contiguous values and parameters; on a GPU
 // consecutive threads take consecutive channels, so their loads coalesce.
 
-//! Element (rp, c): y = gamma[c] (x - mean[c]) invstd[c] + beta[c].
+//! Element (r, p, c): y = Act(gamma[c] (x - mean[c]) invstd[c] + beta[c]), Act the identity or
+//! the activation fused after the normalisation.
+template <class Act = math::Identity>
 struct BatchNormForward {
   ConstMatrix x;
   Matrix y;
   const float* gamma;
   const float* beta;
   const float* stats;
-  int channels, plane;
-  XPIPE_HOST_DEVICE void operator()(index_t rp, index_t c) const {
-    const index_t r = rp / plane, col = (rp - r * plane) * channels + c;
-    y(r, col) = math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]);
+  int channels;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t c) const {
+    const index_t col = p * channels + c;
+    y(r, col) =
+        Act::forward(math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]));
   }
 };
 
@@ -295,17 +347,20 @@ struct BatchNormBackwardSums {
   }
 };
 
-//! Element (rp, c): dx from the channel sums (math::normalize_input_grad).
+//! Element (r, p, c): dx from the channel sums (math::normalize_input_grad), dy the gradient at
+//! the normalisation's output.
+template <class Act = math::Identity>
 struct BatchNormBackwardInput {
-  ConstMatrix x, dy;
+  ConstMatrix x;
+  NormGradient<Act> dy;
   Matrix dx;
   const float* gamma;
   const float* stats;
   const float* sums;
-  int channels, plane;
+  int channels;
   float n;
-  XPIPE_HOST_DEVICE void operator()(index_t rp, index_t c) const {
-    const index_t r = rp / plane, col = (rp - r * plane) * channels + c;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t c) const {
+    const index_t col = p * channels + c;
     dx(r, col) = math::normalize_input_grad(x(r, col), dy(r, col), stats[c], stats[channels + c],
                                             gamma[c], sums[c], sums[channels + c], n);
   }
@@ -399,57 +454,65 @@ void batch_norm_running_statistics(const Ctx& ctx, const NormGeometry& g, const 
   for_each_index(ctx, g.channels, ops::BatchNormRunningStatistics{running, g, stats});
 }
 
-//! y = gamma xhat + beta with the given statistics.
-template <class Ctx>
+//! y = Act(gamma xhat + beta) with the given statistics (Act: the identity, or the activation
+//! fused after the normalisation). Usage: `batch_norm_forward<math::Relu>(ctx, g, x, y, ...);`
+template <class Act = math::Identity, class Ctx>
 void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Matrix y,
                         const float* gamma, const float* beta, const float* stats) {
-  for_each_element(ctx, x.rows * g.plane, g.channels,
-                   ops::BatchNormForward{x, y, gamma, beta, stats, g.channels, g.plane});
+  for_each_pixel(ctx, x.rows, g.plane, g.channels,
+                 ops::BatchNormForward<Act>{x, y, gamma, beta, stats, g.channels});
 }
 
+// In the backward launchers below, y is the layer's output and dy the gradient there; with an
+// activation Act fused after the normalisation, the gradient at the normalisation's output is
+// Act'(y) dy (ops::NormGradient), computed where it is read. For the identity y is not read.
+
 //! dx through the batch's statistics from the channel sums of dy and dy xhat (`sums`, as
-//! BatchNormBackwardSums leaves them). Usage: `batch_norm_input_grad(ctx, g, x, dy, dx, ...);`
-template <class Ctx>
-void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
-                           Matrix dx, const float* gamma, const float* stats, const float* sums) {
+//! BatchNormBackwardSums leaves them). Usage: `batch_norm_input_grad(ctx, g, x, y, dy, dx, ...);`
+template <class Act = math::Identity, class Ctx>
+void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
+                           ConstMatrix dy, Matrix dx, const float* gamma, const float* stats,
+                           const float* sums) {
   const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
-  for_each_element(
-      ctx, x.rows * g.plane, g.channels,
-      ops::BatchNormBackwardInput{x, dy, dx, gamma, stats, sums, g.channels, g.plane, n});
+  for_each_pixel(
+      ctx, x.rows, g.plane, g.channels,
+      ops::BatchNormBackwardInput<Act>{x, {y, dy}, dx, gamma, stats, sums, g.channels, n});
 }
 
 //! The channel sums of dy and of dy xhat into `sums` (2 C floats), and dgamma, dbeta (+)= them
 //! unless dgamma is null.
-template <class Ctx>
-void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
-                              const float* stats, float* sums, float* dgamma, float* dbeta,
-                              bool accumulate, double* scratch) {
+template <class Act = math::Identity, class Ctx>
+void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
+                              ConstMatrix dy, const float* stats, float* sums, float* dgamma,
+                              float* dbeta, bool accumulate, double* scratch) {
   double* reduced = scratch + batch_norm_scratch_doubles(g) - 3 * g.channels;
-  channel_sums(ctx, g, ops::ValueTerm{dy}, scratch, reduced,
-               ops::GradientXhatTerm{x, dy, stats, g.channels}, reduced + g.channels);
+  const ops::NormGradient<Act> grad{y, dy};
+  channel_sums(ctx, g, ops::GradientTerm<Act>{grad}, scratch, reduced,
+               ops::GradientXhatTerm<Act>{x, grad, stats, g.channels}, reduced + g.channels);
   for_each_index(ctx, g.channels,
                  ops::BatchNormBackwardSums{reduced, g.channels, sums, dgamma, dbeta, accumulate});
 }
 
 //! The backward: channel sums into `sums` (2 C floats), dgamma and dbeta (+)=, then dx unless
 //! dx is empty. `scratch`: batch_norm_scratch_doubles(g) doubles.
-template <class Ctx>
-void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
-                         Matrix dx, const float* gamma, const float* stats, float* sums,
-                         float* dgamma, float* dbeta, bool accumulate, double* scratch) {
-  batch_norm_backward_sums(ctx, g, x, dy, stats, sums, dgamma, dbeta, accumulate, scratch);
-  if (!dx.empty()) batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, sums);
+template <class Act = math::Identity, class Ctx>
+void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
+                         ConstMatrix dy, Matrix dx, const float* gamma, const float* stats,
+                         float* sums, float* dgamma, float* dbeta, bool accumulate,
+                         double* scratch) {
+  batch_norm_backward_sums<Act>(ctx, g, x, y, dy, stats, sums, dgamma, dbeta, accumulate, scratch);
+  if (!dx.empty()) batch_norm_input_grad<Act>(ctx, g, x, y, dy, dx, gamma, stats, sums);
 }
 
 //! The input part of a split backward: the channel sums of dy and dy xhat into `sums` (2 C
 //! floats, which the weight part reads), then dx unless dx is empty. No parameter gradient.
-//! Usage: `batch_norm_backward_input(ctx, g, x, dy, dx, gamma, stats, sums, scratch);`
-template <class Ctx>
-void batch_norm_backward_input(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
-                               Matrix dx, const float* gamma, const float* stats, float* sums,
-                               double* scratch) {
-  batch_norm_backward_sums(ctx, g, x, dy, stats, sums, nullptr, nullptr, false, scratch);
-  if (!dx.empty()) batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, sums);
+//! Usage: `batch_norm_backward_input(ctx, g, x, y, dy, dx, gamma, stats, sums, scratch);`
+template <class Act = math::Identity, class Ctx>
+void batch_norm_backward_input(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
+                               ConstMatrix dy, Matrix dx, const float* gamma, const float* stats,
+                               float* sums, double* scratch) {
+  batch_norm_backward_sums<Act>(ctx, g, x, y, dy, stats, sums, nullptr, nullptr, false, scratch);
+  if (!dx.empty()) batch_norm_input_grad<Act>(ctx, g, x, y, dy, dx, gamma, stats, sums);
 }
 
 //! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy) from the `sums` the input part

@@ -23,6 +23,17 @@ XPIPE_HOST_DEVICE float float_from_bits(std::int32_t bits) {
 #endif
 }
 
+//! The bits of f (float_from_bits' inverse). Usage: `math::bits_from_float(1.f) == 127 << 23`.
+XPIPE_HOST_DEVICE std::int32_t bits_from_float(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_int(f);
+#else
+  std::int32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+#endif
+}
+
 //! c[0] x^(N-1) + c[1] x^(N-2) + ... + c[N-1], by Horner's rule (highest power first).
 //! Usage: `constexpr float c[] = {1.f, 0.f, -1.f}; math::horner(c, x)` is x^2 - 1.
 template <int N>

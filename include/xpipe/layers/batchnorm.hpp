@@ -1,17 +1,20 @@
 // BatchNorm2d<Shape, Options>: batch normalisation per channel of an image, with each
 // micro-batch's own statistics in training (as GPipe normalises) and running statistics, the
-// layer's non-trainable state, for evaluation.
+// layer's non-trainable state, for evaluation; BatchNormAct<Shape, Act, Options>, the same fused
+// with the activation after it (ResNet's BatchNorm and ReLU as one pass each way).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/core/shape.hpp"
 #include "xpipe/kernels/batchnorm.hpp"
+#include "xpipe/layers/activation.hpp"
 #include "xpipe/layers/layer.hpp"
 #include "xpipe/layers/loss.hpp"  // detail::reads_host_memory
 #include "xpipe/layers/pool.hpp"  // detail::shape_name, detail::check_image_views
@@ -37,10 +40,33 @@ struct NormOptions {
 //! (backward_weight): those are dgamma and dbeta. On the host, statistics that are
 //! not finite are a NumericError naming the layer, the channel and the first row holding NaN or
 //! an infinity in it.
+//! With Act an activation layer (`BatchNormAct<S, ReLU>`, which is `BatchNorm2d<S, Options,
+//! ReLU>`), y = Act(BatchNorm(x)) in one layer: one pass forward where the pair made two, and a
+//! backward that takes Act's gradient from y where each of its two passes reads dy, so the
+//! gradient through Act is never written; the bits of `BatchNorm2d<S>, Act` on the host, from
+//! the same seed (it takes both layer numbers), with one activation fewer kept per slot. Act's
+//! gradient must follow from its output (math::OutputDifferentiable: ReLU, not GELU).
 //! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, ConvOptions{.padding = 1}>,
 //!               BatchNorm2d<Shape<16, 28, 28>>, ReLU>`.
-template <ImageShape S, NormOptions Options = NormOptions{}>
+template <ImageShape S, NormOptions Options = NormOptions{}, class Act = void>
 struct BatchNorm2d {
+  //! Whether an activation is fused after the normalisation, and its per-element function
+  //! (math::Identity where none is).
+  static constexpr bool fused = !std::is_void_v<Act>;
+  static_assert(
+      [] {
+        if constexpr (fused) return requires {
+            typename Act::function;
+          };
+        else
+          return true;
+      }(),
+      "xpipe: BatchNormAct<S, Act>: Act must be an activation layer such as ReLU");
+  using function = typename std::conditional_t<fused, Act, Activation<math::Identity>>::function;
+  static_assert(math::OutputDifferentiable<function>,
+                "xpipe: BatchNormAct<S, Act>: Act's gradient must follow from its output (its "
+                "function needs static backward_from_output(y, dy), as ReLU's has); for GELU "
+                "write BatchNorm2d<S>, GELU");
   static_assert(Options.eps > 0.f, "xpipe: BatchNorm2d: eps must be positive");
   static_assert(Options.momentum >= 0.f && Options.momentum <= 1.f,
                 "xpipe: BatchNorm2d: momentum must lie in [0, 1]");
@@ -51,6 +77,9 @@ struct BatchNorm2d {
   static constexpr int out_width = S::size;
   static constexpr index_t param_count = 2 * channels;
   static constexpr index_t state_count = 2 * channels;
+  //! Fused, it takes the two layer numbers of the `BatchNorm2d<S>, Act` it stands for
+  //! (Stage::init), so the layers after it draw the weights they draw in the unfused model.
+  static constexpr std::size_t init_streams = fused ? 2 : 1;
 
   static constexpr NormGeometry geometry(index_t rows) {
     return {rows, channels, S::height * S::width, Options.eps, Options.momentum};
@@ -85,11 +114,17 @@ struct BatchNorm2d {
     std::fill(state.begin() + channels, state.end(), 1.f);
   }
 
-  //! "BatchNorm2d<Shape<16, 28, 28>>": how errors name the layer.
-  static std::string name() { return "BatchNorm2d<" + detail::shape_name<S>() + ">"; }
+  //! "BatchNorm2d<Shape<16, 28, 28>>" or "BatchNormAct<Shape<16, 28, 28>, ReLU>": how errors
+  //! name the layer.
+  static std::string name() {
+    if constexpr (fused)
+      return "BatchNormAct<" + detail::shape_name<S>() + ", " + function::name + ">";
+    else
+      return "BatchNorm2d<" + detail::shape_name<S>() + ">";
+  }
 
-  //! y = gamma xhat + beta, with the micro-batch's statistics (training; the running ones move)
-  //! or the running ones (evaluation, which needs run.state).
+  //! y = gamma xhat + beta (through Act where fused), with the micro-batch's statistics
+  //! (training; the running ones move) or the running ones (evaluation, which needs run.state).
   template <class Ctx, class Sv>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
                       Running run) {
@@ -105,31 +140,31 @@ struct BatchNorm2d {
                           "state buffer in Running)");
       batch_norm_running_statistics(ctx, g, run.state, saved.stats.data());
     }
-    batch_norm_forward(ctx, g, x, y, params, params + channels, saved.stats.data());
+    batch_norm_forward<function>(ctx, g, x, y, params, params + channels, saved.stats.data());
   }
 
   //! dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), dx through the batch's statistics (skipped
-  //! when dx is empty). Follows the training forward of the same slot.
+  //! when dx is empty), dy taken through Act'(y) first where fused. Follows the training forward
+  //! of the same slot.
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
-                       ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, Sv& saved) {
-    detail::check_image_views<BatchNorm2d>(x, dy, "backward");
-    if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward");
-    batch_norm_backward(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
-                        saved.sums.data(), grads, grads + channels, accumulate,
-                        saved.scratch.data());
+                       ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx, Sv& saved) {
+    check_backward_views(x, y, dy, dx, "backward");
+    batch_norm_backward<function>(ctx, geometry(x.rows), x, y, dy, dx, params, saved.stats.data(),
+                                  saved.sums.data(), grads, grads + channels, accumulate,
+                                  saved.scratch.data());
   }
 
   //! The input part of the split backward (zero-bubble schedules): the channel sums of dy and
   //! dy xhat into the slot's `sums` (they are dbeta's and dgamma's), then dx (skipped when
   //! empty). No parameter gradient; dy is left as it is.
   template <class Ctx, class Sv>
-  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix y,
                              Matrix dy, Matrix dx, Sv& saved) {
-    detail::check_image_views<BatchNorm2d>(x, dy, "backward_input");
-    if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, "backward_input");
-    batch_norm_backward_input(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
-                              saved.sums.data(), saved.scratch.data());
+    check_backward_views(x, y, dy, dx, "backward_input");
+    batch_norm_backward_input<function>(ctx, geometry(x.rows), x, y, dy, dx, params,
+                                        saved.stats.data(), saved.sums.data(),
+                                        saved.scratch.data());
   }
 
   //! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), the sums backward_input
@@ -143,6 +178,14 @@ struct BatchNorm2d {
   }
 
  private:
+  // x, dy and dx (unless empty) are images of S; so is y where a fused activation reads it.
+  static void check_backward_views(ConstMatrix x, ConstMatrix y, ConstMatrix dy, ConstMatrix dx,
+                                   const char* action) {
+    detail::check_image_views<BatchNorm2d>(x, dy, action);
+    if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, action);
+    if constexpr (fused) detail::check_image_views<BatchNorm2d>(y, dy, action);
+  }
+
   // Statistics that are not finite come from inputs that are not (or from an overflow): name
   // the channel and the first row with a NaN or an infinity in it.
   static void check_finite(ConstMatrix x, const float* stats) {
@@ -165,6 +208,14 @@ struct BatchNorm2d {
   }
 };
 
+//! y = Act(BatchNorm2d<S, Options>(x)) as one layer: BatchNorm2d<S, Options, Act> under the name
+//! a model writes (a type of its own, not an alias: nvcc 13 cannot compile an alias template
+//! with a defaulted class-type argument). Usage:
+//! `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, same>, BatchNormAct<Shape<16, 28, 28>, ReLU>, ...>`.
+template <ImageShape S, class Act, NormOptions Options = NormOptions{}>
+struct BatchNormAct : BatchNorm2d<S, Options, Act> {};
+
 static_assert(Layer<BatchNorm2d<Shape<2, 3, 3>>>);
+static_assert(Layer<BatchNormAct<Shape<2, 3, 3>, ReLU>>);
 
 }  // namespace xpipe

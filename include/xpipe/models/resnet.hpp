@@ -27,20 +27,24 @@ template <int C, int S>
 using Conv3 = Conv2d<Image<C, S>, C, 3, keep>;
 template <int C, int S>
 using BN = BatchNorm2d<Image<C, S>>;
+//! BatchNorm and the ReLU after it as one layer: one pass each way where the pair made two, the
+//! same bits and the same initial weights as `BN<C, S>, ReLU`.
+template <int C, int S>
+using BNReLU = BatchNormAct<Image<C, S>, ReLU>;
 
 //! A basic block on C channels of S x S: conv-BN-ReLU-conv-BN plus the input (ReLU follows).
 template <int C, int S>
-using Basic = Residual<Conv3<C, S>, BN<C, S>, ReLU, Conv3<C, S>, BN<C, S>>;
+using Basic = Residual<Conv3<C, S>, BNReLU<C, S>, Conv3<C, S>, BN<C, S>>;
 //! The first block of the next group: C -> 2C channels, S -> S/2, the shortcut a strided 1x1
 //! convolution and its BatchNorm.
 template <int C, int S>
 using Strided = ProjectedResidual<
     Stage<Conv2d<Image<C, S>, 2 * C, 1, ConvOptions{.stride = 2, .bias = false}>, BN<2 * C, S / 2>>,
-    Conv2d<Image<C, S>, 2 * C, 3, halve>, BN<2 * C, S / 2>, ReLU, Conv3<2 * C, S / 2>,
+    Conv2d<Image<C, S>, 2 * C, 3, halve>, BNReLU<2 * C, S / 2>, Conv3<2 * C, S / 2>,
     BN<2 * C, S / 2>>;
 
 // The stem, the blocks (each with its ReLU) and the head, in the order of the network.
-using Stem = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU>;
+using Stem = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>>;
 using B16 = Basic<16, 28>;
 using D32 = Strided<16, 28>;
 using B32 = Basic<32, 14>;
@@ -49,8 +53,8 @@ using B64 = Basic<64, 7>;
 using Head = Stage<GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 //! One stage (K = 1): 1x28x28 -> 10 logits; 0.27 M parameters, 31 M multiply-adds per image.
-using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16,
-                 ReLU, D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
+using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU, B16, ReLU,
+                 D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                  GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 // The splits below cut the network at the block boundaries that balance the measured busy time
@@ -61,19 +65,19 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU,
 
 //! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
 //! rest (79 and 72 ms per mini-batch).
-using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU, B16,
+using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU, B16,
                   ReLU, D32, ReLU>;
 using K2b = Stage<B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                   GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Four stages (K = 4): 43, 36, 33 and 39 ms.
-using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU, B16, ReLU>;
+using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU>;
 using B = Stage<B16, ReLU, D32, ReLU>;
 using C = Stage<B32, ReLU, B32, ReLU>;
 using D = Stage<D64, ReLU, B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
 //! the first block, the second strided block with the first 7x7 block, the head with the last
 //! (23, 20, 20, 16, 17, 16, 26 and 14 ms).
-using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BN<16, 28>, ReLU, B16, ReLU>;
+using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU>;
 using E1 = Stage<B16, ReLU>;
 using E2 = Stage<D32, ReLU>;
 using E3 = Stage<B32, ReLU>;

@@ -47,6 +47,19 @@ __global__ void for_each_element_kernel(Index rows, Index cols, F f) {
     f(static_cast<index_t>(r), static_cast<index_t>(i - r * cols));
   }
 }
+
+// One thread per element of channels-last images, channel fastest: consecutive threads of a warp
+// take consecutive channels of a pixel (then the next pixel's), so loads coalesce; pixel and row
+// from two divisions per thread, 32-bit where the grid allows (as for_each_element_kernel).
+template <class Index, class F>
+__global__ void for_each_pixel_kernel(Index n, Index plane, Index channels, F f) {
+  const Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const Index rp = i / channels, r = rp / plane;
+    f(static_cast<index_t>(r), static_cast<index_t>(rp - r * plane),
+      static_cast<index_t>(i - rp * channels));
+  }
+}
 }  // namespace cuda_detail
 
 // Why 128-bit: a scalar pass issues one 32-bit load per array per thread; 128-bit accesses move
@@ -176,6 +189,27 @@ void for_each_element(const CudaContext& ctx, index_t rows, index_t cols, const 
   else
     cuda_detail::for_each_element_kernel<<<grid, cuda_detail::block_threads, 0, ctx.stream>>>(
         rows, cols, f);
+  XPIPE_CUDA_CHECK(cudaGetLastError());
+}
+
+//! Calls f(r, p, c) on the device for channel c of pixel p of each of `rows` channels-last image
+//! rows of `plane` pixels, one thread each (the host backend's for_each_pixel).
+template <class F>
+void for_each_pixel(const CudaContext& ctx, index_t rows, index_t plane, index_t channels,
+                    const F& f) {
+  static_assert(std::is_trivially_copyable_v<F>,
+                "xpipe: for_each_pixel on CUDA needs a trivially copyable function object (the "
+                "kernel takes it by value)");
+  const index_t n = rows * plane * channels;
+  if (n <= 0) return;
+  const unsigned grid = cuda_detail::grid_for(n);
+  if (n <= index_t{0x7fffffff} - cuda_detail::block_threads)
+    cuda_detail::for_each_pixel_kernel<<<grid, cuda_detail::block_threads, 0, ctx.stream>>>(
+        static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(plane),
+        static_cast<std::uint32_t>(channels), f);
+  else
+    cuda_detail::for_each_pixel_kernel<<<grid, cuda_detail::block_threads, 0, ctx.stream>>>(
+        n, plane, channels, f);
   XPIPE_CUDA_CHECK(cudaGetLastError());
 }
 
