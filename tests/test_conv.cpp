@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "fixtures/conv_expected.hpp"
@@ -115,6 +116,44 @@ TEST_CASE("Conv2d matches PyTorch's conv2d forward and backward", "[layers][conv
     check_against_torch<K5NoBias, conv_expected::k5_nobias>(2, threads);
     check_against_torch<K1, conv_expected::k1>(2, threads);
   }
+}
+
+TEST_CASE("A 16-channel convolution runs oneDNN's direct kernel and matches a direct sum",
+          "[layers][conv]") {
+  // The ResNet's 16-channel 3x3 layer at 28x28, where oneDNN 2.6 offers its brgemm kernel first
+  // on AVX-512 and the plans take its direct jit kernel instead (faster there); on AVX2 both
+  // rules give the direct kernel. Its output against a sum in double over the window.
+  const auto g = xpipe::make_conv_geometry(2, 16, 28, 28, 16, 3, 1, 1, false);
+  const HostContext ctx{.threads = 1};
+  xpipe::ConvPlans<xpipe::Host> plans{g};
+  const std::string name = plans.forward_implementation(ctx, g);
+  INFO("oneDNN's forward: " << name);
+  REQUIRE(name.starts_with("jit"));
+  std::vector<float> x(static_cast<std::size_t>(g.rows * g.in_floats())),
+      w(static_cast<std::size_t>(g.weight_floats())),
+      y(static_cast<std::size_t>(g.rows * g.out_floats()));
+  xpipe::Rng rng{9};
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(w, rng);
+  plans.forward(ctx, g, x.data(), w.data(), nullptr, y.data());
+  // Channels-last x and y (channel fastest), OIHW w.
+  for (int r = 0; r < g.rows; ++r)
+    for (int oy = 0; oy < g.oh; ++oy)
+      for (int ox = 0; ox < g.ow; ++ox)
+        for (int o = 0; o < g.oc; ++o) {
+          double sum = 0;
+          for (int ky = 0; ky < 3; ++ky)
+            for (int kx = 0; kx < 3; ++kx) {
+              const int iy = oy + ky - 1, ix = ox + kx - 1;
+              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+              for (int c = 0; c < g.c; ++c)
+                sum += double(x[((r * g.h + iy) * g.w + ix) * g.c + c]) *
+                       w[((o * g.c + c) * 3 + ky) * 3 + kx];
+            }
+          const float got = y[((r * g.oh + oy) * g.ow + ox) * g.oc + o];
+          INFO("image " << r << ", pixel " << oy << "," << ox << ", channel " << o);
+          REQUIRE(got == Approx(sum).margin(1e-5).epsilon(1e-5));
+        }
 }
 
 TEST_CASE("Conv2d backward matches central finite differences", "[layers][conv][fd]") {
