@@ -59,24 +59,24 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B
 
 // The splits below cut the network at the block boundaries that balance the measured busy time
 // per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
-// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.6x a 64-channel one at 7x7
+// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.4x a 64-channel one at 7x7
 // for the same multiply-adds (BatchNorm, ReLU and the sums scale with the activations). Slowest
-// stage over the mean: 1.04 (K = 2), 1.14 (K = 4), 1.36 (K = 8).
+// stage over the mean: 1.01 (K = 2), 1.11 (K = 4), 1.43 (K = 8).
 
 //! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
-//! rest (79 and 72 ms per mini-batch).
+//! rest (67 and 66 ms per mini-batch).
 using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU, B16,
                   ReLU, D32, ReLU>;
 using K2b = Stage<B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
                   GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Four stages (K = 4): 43, 36, 33 and 39 ms.
+//! Four stages (K = 4): 37, 31, 29 and 36 ms.
 using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU>;
 using B = Stage<B16, ReLU, D32, ReLU>;
 using C = Stage<B32, ReLU, B32, ReLU>;
 using D = Stage<D64, ReLU, B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
 //! the first block, the second strided block with the first 7x7 block, the head with the last
-//! (23, 20, 20, 16, 17, 16, 26 and 14 ms).
+//! (20, 17, 17, 14, 14, 15, 24 and 13 ms).
 using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU>;
 using E1 = Stage<B16, ReLU>;
 using E2 = Stage<D32, ReLU>;
