@@ -240,6 +240,53 @@ TEST_CASE("A residual block with a projected shortcut matches PyTorch",
   }
 }
 
+namespace {
+
+// BatchNormAct<S, ReLU> against BatchNorm2d<S> then ReLU, layer by layer: y, the running state,
+// dx and the parameter gradients bit for bit, the split backward's too, and evaluation.
+template <class S>
+void check_fused_against_pair(int threads) {
+  using Fused = xpipe::BatchNormAct<S, xpipe::ReLU>;
+  using Plain = BatchNorm2d<S>;
+  const HostContext ctx{.threads = threads};
+  const index_t rows = 5, w = Plain::out_width;
+  Slot<Fused> f(rows);
+  randomize(f, 21);
+  // The pair: BatchNorm2d into t, ReLU into y; back through ReLU into dt, then BatchNorm2d.
+  Slot<Plain> p(rows);
+  p.p = f.p, p.x = f.x;
+  p.forward(ctx);
+  std::vector<float> y(p.y.size()), dt(p.y.size());
+  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+  xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
+                        ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
+                        Matrix{dt.data(), rows, w});
+  p.dy = dt;
+  p.backward(ctx);
+  REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
+  f.forward(ctx);
+  f.backward(ctx);
+  CHECK(f.y == y);
+  CHECK(f.state == p.state);
+  CHECK(f.dx == p.dx);
+  CHECK(f.g == p.g);
+  // The split backward: the input part (no parameter gradient), then the weight part.
+  std::vector<float> dx(f.dx.size(), -1.f), g(f.g.size(), -1.f), dy = f.dy;
+  Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{f.y.data(), rows, w},
+                        Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, w}, f.saved);
+  Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{f.y.data(), rows, w},
+                         ConstMatrix{dy.data(), rows, w}, f.saved);
+  CHECK(dx == f.dx);
+  CHECK(g == f.g);
+  // Evaluation with the running statistics.
+  f.forward(ctx, false);
+  p.forward(ctx, false);
+  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+  CHECK(f.y == y);
+}
+
+}  // namespace
+
 TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, and PyTorch's",
           "[layers][batchnorm][torch]") {
   using Fused = xpipe::BatchNormAct<S8, xpipe::ReLU>;
@@ -250,43 +297,20 @@ TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, 
   STATIC_REQUIRE(xpipe::splits_backward<Fused>);
   for (int threads : {1, 2}) {
     INFO(threads << " threads");
-    const HostContext ctx{.threads = threads};
-    const index_t rows = 5;
-    Slot<Fused> f(rows);
-    randomize(f, 21);
-    // The pair, layer by layer: BatchNorm2d into t, ReLU into y; back through ReLU into dt.
-    Slot<Plain> p(rows);
-    p.p = f.p, p.x = f.x;
-    p.forward(ctx);
-    std::vector<float> y(p.y.size()), dt(p.y.size());
-    const index_t w = Plain::out_width;
-    xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
-    xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
-                          ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
-                          Matrix{dt.data(), rows, w});
-    p.dy = dt;
-    p.backward(ctx);
-    REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
-    f.forward(ctx);
-    f.backward(ctx);
-    CHECK(f.y == y);
-    CHECK(f.state == p.state);
-    CHECK(f.dx == p.dx);
-    CHECK(f.g == p.g);
-    // The split backward: the input part (no parameter gradient), then the weight part.
-    std::vector<float> dx(f.dx.size(), -1.f), g(f.g.size(), -1.f), dy = f.dy;
-    Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{f.y.data(), rows, w},
-                          Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, w}, f.saved);
-    Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{f.y.data(), rows, w},
-                           ConstMatrix{dy.data(), rows, w}, f.saved);
-    CHECK(dx == f.dx);
-    CHECK(g == f.g);
-    // Evaluation with the running statistics.
-    f.forward(ctx, false);
-    p.forward(ctx, false);
-    xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
-    CHECK(f.y == y);
+    // 8 channels: the host's channel sums take them as one short block; 21: a whole block of
+    // 16 (the lanes in registers) and a short one of 5.
+    check_fused_against_pair<S8>(threads);
+    check_fused_against_pair<Shape<21, 5, 5>>(threads);
   }
+  // The same initial weights as the unfused stage from the same seed: the convolution after the
+  // fused layer draws from the sub-stream it draws from after BatchNorm2d and ReLU.
+  using FusedStage = xpipe::Stage<Conv8, Fused, Conv8>;
+  using PlainStage = xpipe::Stage<Conv8, Plain, xpipe::ReLU, Conv8>;
+  STATIC_REQUIRE(FusedStage::param_count == PlainStage::param_count);
+  std::vector<float> fused(FusedStage::param_count), plain(PlainStage::param_count);
+  FusedStage::init(fused, 7);
+  PlainStage::init(plain, 7);
+  REQUIRE(fused == plain);
   // PyTorch's identity block (conv, BatchNorm, ReLU, conv, BatchNorm, plus x) with the first
   // BatchNorm and its ReLU fused: the parameters lie where the unfused block's do.
   using FusedBlock = xpipe::Residual<Conv8, Fused, Conv8, BatchNorm2d<S8>>;

@@ -47,6 +47,31 @@ TEST_CASE("Activation values against closed forms", "[kernels]") {
   REQUIRE(Gelu::backward(0.f, 0.f, 2.f) == Approx(1.f));
 }
 
+TEST_CASE("ReLU's gradient from its output has the bits of the select on special values",
+          "[kernels]") {
+  // backward_from_output(y, dy) masks dy's bits by y > 0: it must equal `y > 0 ? dy : 0`
+  // (+0 where masked) bit for bit, and Relu::backward at the input that gave y.
+  using xpipe::math::Relu;
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN(),
+              tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> values{0.f, -0.f, 1.f, -1.f, tiny, -tiny, 3e38f, -3e38f, inf, -inf, nan};
+  const auto bits = [](float v) {
+    std::uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  };
+  for (float x : values)
+    for (float dy : values) {
+      const float y = Relu::forward(x);
+      const float want = y > 0.f ? dy : 0.f;
+      INFO("x " << x << ", dy " << dy);
+      REQUIRE(bits(Relu::backward_from_output(y, dy)) == bits(want));
+      REQUIRE(bits(Relu::backward_from_output(y, dy)) == bits(Relu::backward(x, y, dy)));
+    }
+  REQUIRE(bits(Relu::backward_from_output(-1.f, -2.f)) == bits(0.f));  // +0, not -0
+}
+
 TEST_CASE("Element passes give the same bits on 1 and 2 threads", "[kernels]") {
   const xpipe::index_t rows = 256, cols = 1024;  // above the parallel grain
   xpipe::Rng rng{3};

@@ -51,6 +51,8 @@ template <class F>
 void for_each_index(const NearContext&, index_t, index_t, const F&) {}
 template <class F>
 void for_each_element(const NearContext&, index_t, index_t, const F&) {}
+template <class F>
+void for_each_pixel(const NearContext&, index_t, index_t, index_t, const F&) {}
 void copy_buffer(const NearContext&, const float*, float*, index_t) {}
 template <class T>
 void copy_from_host(const NearContext&, const T*, T*, index_t) {}

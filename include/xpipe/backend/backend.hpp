@@ -11,7 +11,8 @@ namespace xpipe {
 //! Required members:
 //!   - `Context`: the execution context every compute call takes (threads, stream, handles);
 //!     compute functions (kernels, GEMM, layers, optimizers) are overloaded or templated on it,
-//!     and it has the element loops kernels/ops.hpp calls: for_each_index, for_each_element;
+//!     and it has the element loops the launchers call: for_each_index, for_each_element,
+//!     for_each_pixel (channels-last images, kernels/batchnorm.hpp);
 //!   - `ContextOwner`: owns one stage's context, constructible from a Placement, with
 //!     `ctx()` -> const Context&;
 //!   - `template <class T> Buffer`: an owning array of T constructible from a length, with

@@ -223,9 +223,12 @@ struct ChannelChunkSums {
         if constexpr (pair) lb[l][j] += b(r, col + j, c0 + j);
       }
     };
+    // The lanes' loop unrolled whole (4: reduce_lanes), so each lane's accumulators are named
+    // registers. nvcc's front end warns on the pragma (it passes for_each_pixel's ivdep through).
+    static_assert(lanes == 4, "xpipe: ChannelChunkSums: the unroll count below is reduce_lanes");
     for (index_t t = 0; t < whole; t += lanes)
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__NVCC__)
-#pragma GCC unroll 8
+#pragma GCC unroll 4
 #endif
       for (int l = 0; l < lanes; ++l) add(l, t + l);
     for (index_t t = whole; t < n; ++t) add(static_cast<int>(t - whole), t);

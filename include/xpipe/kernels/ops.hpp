@@ -1,5 +1,6 @@
 // Every kernel launcher, written once for all backends: each hands its backend's element loop
-// (for_each_index / for_each_element, chosen by the context type) a function object that only
+// (for_each_index / for_each_element, chosen by the context type; BatchNorm's image passes in
+// kernels/batchnorm.hpp run for_each_pixel) a function object that only
 // indexes and calls a shared per-element function from kernels/*.hpp. Builds with g++ and nvcc.
 // Over 400 lines on purpose: every launcher and its function object (with the quad forms of the
 // memory-bound passes) in one list, so a backend author sees all that its loops must run.

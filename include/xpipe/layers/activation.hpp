@@ -31,12 +31,19 @@ struct Activation {
   }
 };
 
+//! An activation layer: one that names its per-element function (`typename L::function`), which
+//! a layer fusing it applies (Dense, BatchNormAct). Usage: `static_assert(ActivationLayer<ReLU>);`
+template <class L>
+concept ActivationLayer = requires {
+  typename L::function;
+};
+
 //! max(x, 0).
 using ReLU = Activation<math::Relu>;
 //! x Phi(x), the exact (erf) form.
 using GELU = Activation<math::Gelu>;
 
-static_assert(Layer<ReLU>);
+static_assert(Layer<ReLU> && ActivationLayer<ReLU>);
 static_assert(Layer<GELU>);
 
 }  // namespace xpipe

@@ -53,15 +53,8 @@ struct BatchNorm2d {
   //! Whether an activation is fused after the normalisation, and its per-element function
   //! (math::Identity where none is).
   static constexpr bool fused = !std::is_void_v<Act>;
-  static_assert(
-      [] {
-        if constexpr (fused) return requires {
-            typename Act::function;
-          };
-        else
-          return true;
-      }(),
-      "xpipe: BatchNormAct<S, Act>: Act must be an activation layer such as ReLU");
+  static_assert(!fused || ActivationLayer<Act>,
+                "xpipe: BatchNormAct<S, Act>: Act must be an activation layer such as ReLU");
   using function = typename std::conditional_t<fused, Act, Activation<math::Identity>>::function;
   static_assert(math::OutputDifferentiable<function>,
                 "xpipe: BatchNormAct<S, Act>: Act's gradient must follow from its output (its "

@@ -22,6 +22,9 @@ struct IndexFunctor {
 struct ElementFunctor {
   XPIPE_HOST_DEVICE void operator()(index_t, index_t) const {}
 };
+struct PixelFunctor {
+  XPIPE_HOST_DEVICE void operator()(index_t, index_t, index_t) const {}
+};
 
 template <class B>
 using DeviceContext = typename B::Context;
@@ -53,10 +56,11 @@ concept HasConnect = requires(const DeviceContext<B>& a, const DeviceContext<B>&
 };
 template <class B>
 concept HasElementLoops = requires(const DeviceContext<B>& ctx, index_t n, IndexFunctor fi,
-                                   ElementFunctor fe) {
+                                   ElementFunctor fe, PixelFunctor fp) {
   for_each_index(ctx, n, fi);
   for_each_index(ctx, n, n, fi);
   for_each_element(ctx, n, n, fe);
+  for_each_pixel(ctx, n, n, n, fp);
 };
 template <class B>
 concept HasCopyBuffer = requires(const DeviceContext<B>& ctx, const float* src, float* dst) {
@@ -109,7 +113,8 @@ concept HasDeviceMemory = !reads_host_memory<DeviceContext<B>>;
 //!     current), `synchronize(ctx)` (wait on the host for its stream), `connect(a, b)` (the
 //!     devices of adjacent stages, and under global clipping of stage 0 and every stage, reach
 //!     each other's memory), the element loops `for_each_index(ctx, n, f)`,
-//!     `for_each_index(ctx, n, work, f)` and `for_each_element(ctx, rows, cols, f)`,
+//!     `for_each_index(ctx, n, work, f)`, `for_each_element(ctx, rows, cols, f)` and
+//!     `for_each_pixel(ctx, rows, plane, channels, f)`,
 //!     `copy_buffer` (device to device, enqueued), `copy_from_host` / `copy_to_host` (waited
 //!     for: between runs; of float, int32, double and MicroBatchLoss), `copy_from_pinned_async`
 //!     and `copy_to_pinned_async` (enqueued), `gemm` (row-major, as the host's),
@@ -153,7 +158,8 @@ consteval bool check_device_backend() {
                   "(the devices of stages that share memory reach each other's)");
     static_assert(detail::HasElementLoops<B>,
                   "xpipe: DeviceBackend: missing an element loop: for_each_index(ctx, n, f), "
-                  "for_each_index(ctx, n, work, f) and for_each_element(ctx, rows, cols, f)");
+                  "for_each_index(ctx, n, work, f), for_each_element(ctx, rows, cols, f) and "
+                  "for_each_pixel(ctx, rows, plane, channels, f)");
     static_assert(detail::HasCopyBuffer<B>,
                   "xpipe: DeviceBackend: missing copy_buffer(ctx, const float* src, float* dst, "
                   "n)");
