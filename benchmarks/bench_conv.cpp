@@ -1,8 +1,10 @@
 // Conv2d's forward + backward (data and weights) on the host against oneDNN's primitives alone on
-// the same shapes, in one binary: `vs_onednn` is the primitives' time over the layer's (the
-// layer's overhead; 1 = none), `vs_onednn_best` the same against primitives that pick their own
-// blocked layouts (what xpipe's channels-last rows cost against oneDNN's favourite, reorders
-// left out), each best of several timed runs.
+// the same shapes, in one binary: `vs_onednn` is the primitives' time over the layer's (the layer's
+// overhead; 1 = none; on a layer of at most 16 output channels the layer runs oneDNN's direct
+// forward where the baseline takes its first choice, brgemm on AVX-512, so the ratio there holds
+// that choice too: backend/host_conv.hpp), `vs_onednn_best` the same against primitives that pick
+// their own blocked layouts (what xpipe's channels-last rows cost against oneDNN's favourite,
+// reorders left out), each best of several timed runs.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
