@@ -195,13 +195,29 @@ TEST_CASE("CausalSelfAttention's layout", "[layers][attention]") {
   STATIC_REQUIRE(row_group_of<Attention>() == 4);
   // Q K^T and P V over the causal triangle: Dim (Context + 1) = 8 x 5 per row.
   STATIC_REQUIRE(macs_of<Attention>() == 40.0);
-  // P and room for dS: 2 x Heads x Context floats a row.
-  STATIC_REQUIRE(Attention::saved_floats(8) == 2 * 8 * 2 * 4);
+  // A slot keeps P, Heads x Context floats a row; the stage's workspace holds the backward's
+  // dP and dS, as many a row, once for the stage.
+  STATIC_REQUIRE(Attention::saved_floats(8) == 8 * 2 * 4);
+  STATIC_REQUIRE(keeps_workspace<Attention>);
+  STATIC_REQUIRE(workspace_floats_of<Attention>(8) == 8 * 2 * 4);
   REQUIRE(Attention::name() == "CausalSelfAttention<8, 2, 4>");
   Attention::Saved<Host> saved(8);
   REQUIRE(saved.max_rows == 8);
   REQUIRE(saved.probs.size() == 64);
-  REQUIRE(saved.grads.size() == 64);
+  REQUIRE(saved.workspace->grads.size() == 64);  // made alone, it has its own
+  Attention::Workspace<Host> shared(16);
+  Attention::Saved<Host> on_shared(8, shared);
+  REQUIRE(on_shared.probs.size() == 64);
+  REQUIRE(&*on_shared.workspace == &shared);
+  REQUIRE(shared.grads.size() == 16 * 2 * 4);
+
+  // A pre-norm attention block's workspace, worked by hand for 8 rows: the inner stage's two
+  // ping-pong gradient buffers at its widest boundary (Linear<8, 24>'s output, 24 columns) and
+  // the attention's dP and dS (2 heads x 4 positions a row). Its slot keeps the inner stage's
+  // outputs, 8 + 24 + 8 + 8 columns, P, and LayerNorm's mean, 1/std and two backward sums a row.
+  using Block = xpipe::Residual<xpipe::LayerNorm<8>, Linear<8, 24>, Attention, Linear<8, 8>>;
+  STATIC_REQUIRE(Block::workspace_floats<Host>(8) == 2 * 8 * 24 + 8 * 2 * 4);
+  STATIC_REQUIRE(Block::saved_floats(8) == 8 * (8 + 24 + 8 + 8) + 8 * 2 * 4 + 4 * 8);
 }
 
 TEST_CASE("CausalSelfAttention matches PyTorch", "[layers][attention][torch]") {
@@ -464,8 +480,10 @@ TEST_CASE("A stage Linear, CausalSelfAttention, Linear trains", "[layers][attent
   STATIC_REQUIRE(Net::row_group == 4);
   STATIC_REQUIRE(Net::splits_backward<Host>);
   STATIC_REQUIRE(Net::macs == 8 * 24 + 40 + 8 * 8);
-  // The boundaries (8 rows of 24, 8, 8) and the attention's P and dS room.
-  STATIC_REQUIRE(Net::activation_floats(8) == 8 * (24 + 8 + 8) + 128);
+  // A slot: the boundaries (8 rows of 24, 8, 8) and the attention's P (8 rows of 2 x 4); the
+  // stage's workspace: its dS (as many).
+  STATIC_REQUIRE(Net::activation_floats(8) == 8 * (24 + 8 + 8) + 64);
+  STATIC_REQUIRE(Net::workspace_floats<Host>(8) == 64);
 
   const HostContext ctx{.threads = 2};
   const index_t rows = 8;

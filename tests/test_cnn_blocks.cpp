@@ -595,6 +595,90 @@ TEST_CASE("A stage of convolutions and BatchNorms around a residual block trains
   REQUIRE(state == after_one);
 }
 
+TEST_CASE("A stage's slots share one workspace and keep their bits when micro-batches interleave",
+          "[layers][residual][workspace]") {
+  using S3 = Shape<3, 8, 8>;
+  using S = Shape<8, 8, 8>;
+  using T = Shape<16, 4, 4>;
+  using C = xpipe::Conv2d<S, 8, 3, ConvOptions{.padding = 1, .bias = false}>;
+  using C16 = xpipe::Conv2d<T, 16, 3, ConvOptions{.padding = 1, .bias = false}>;
+  using Down = xpipe::Conv2d<S, 16, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}>;
+  using Proj = xpipe::Stage<xpipe::Conv2d<S, 16, 1, ConvOptions{.stride = 2, .bias = false}>,
+                            BatchNorm2d<T>>;
+  using Net = xpipe::Stage<
+      xpipe::Conv2d<S3, 8, 3, ConvOptions{.padding = 1}>, xpipe::BatchNormAct<S, xpipe::ReLU>,
+      xpipe::Residual<C, xpipe::BatchNormAct<S, xpipe::ReLU>, C, BatchNorm2d<S>>, xpipe::ReLU,
+      xpipe::ProjectedResidual<Proj, Down, xpipe::BatchNormAct<T, xpipe::ReLU>, C16,
+                               BatchNorm2d<T>>,
+      xpipe::ReLU, xpipe::GlobalAvgPool<T>, xpipe::Linear<16, 4>>;
+  using Acts = Net::Activations<xpipe::Host>;
+  const HostContext ctx{.threads = 2};
+  const index_t rows = 4, batch = 8;
+  std::vector<float> p(Net::param_count), state(Net::state_count);
+  Net::init(p, 21);
+  Net::init_state(state);
+  std::vector<float> x(batch * Net::in_width), dy(batch * 4);
+  xpipe::Rng rng{22};
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  const auto half = [&](const std::vector<float>& v, index_t i, int width) {
+    return ConstMatrix{v.data() + i * rows * width, rows, width};
+  };
+
+  // Two micro-batches in flight and an evaluation of the whole batch between their backwards,
+  // as a pipeline stage runs them: the training slots, the evaluation's and the gradients.
+  struct Run {
+    std::vector<float> g, dx0, dx1, eval, state;
+  };
+  const auto run = [&](Acts& a, Acts& b, Acts& e) {
+    Run r{std::vector<float>(Net::param_count),
+          std::vector<float>(rows * Net::in_width),
+          std::vector<float>(rows * Net::in_width),
+          {},
+          state};
+    Net::GradScratch<xpipe::Host> scratch(batch);
+    Net::forward(ctx, p.data(), half(x, 0, Net::in_width), a, Running{r.state.data(), true});
+    Net::forward(ctx, p.data(), half(x, 1, Net::in_width), b, Running{r.state.data(), true});
+    Net::backward(ctx, p.data(), r.g.data(), false, a, half(dy, 0, 4),
+                  Matrix{r.dx0.data(), rows, Net::in_width}, scratch);
+    const ConstMatrix out = Net::forward(ctx, p.data(), ConstMatrix{x.data(), batch, Net::in_width},
+                                         e, Running{r.state.data(), false});
+    r.eval.assign(out.data, out.data + batch * 4);
+    Net::backward(ctx, p.data(), r.g.data(), true, b, half(dy, 1, 4),
+                  Matrix{r.dx1.data(), rows, Net::in_width}, scratch);
+    return r;
+  };
+
+  Net::Workspace<xpipe::Host> ws(batch);
+  Acts a(rows, false, &ws), b(rows, false, &ws), e(batch, false, &ws);
+  // Every slot reaches the stage's one workspace: the layers', and inside the blocks their inner
+  // layers' and their shortcut's.
+  REQUIRE(&*a.saved<0>().workspace == &ws.get<0>());
+  REQUIRE(&*b.saved<0>().workspace == &ws.get<0>());
+  REQUIRE(&*e.saved<1>().workspace == &ws.get<1>());
+  REQUIRE(&*b.saved<2>().workspace == &ws.get<2>());
+  REQUIRE(&*a.saved<2>().acts.saved<0>().workspace == &ws.get<2>().layers.get<0>());
+  REQUIRE(&*b.saved<4>().shortcut.acts.saved<0>().workspace ==
+          &ws.get<4>().shortcut.layers.get<0>());
+  // Slots made alone keep their own, as before.
+  Acts a_own(rows), b_own(rows), e_own(batch);
+  REQUIRE(&*a_own.saved<0>().workspace != &*b_own.saved<0>().workspace);
+  REQUIRE(&*a_own.saved<2>().acts.saved<0>().workspace !=
+          &*b_own.saved<2>().acts.saved<0>().workspace);
+
+  const Run shared = run(a, b, e), own = run(a_own, b_own, e_own);
+  REQUIRE(shared.g == own.g);
+  REQUIRE(shared.dx0 == own.dx0);
+  REQUIRE(shared.dx1 == own.dx1);
+  REQUIRE(shared.eval == own.eval);
+  REQUIRE(shared.state == own.state);
+  for (float v : shared.g) REQUIRE(std::isfinite(v));
+
+  // A slot larger than the workspace is refused, naming both.
+  CHECK_THROWS_WITH(Acts(batch + 1, false, &ws),
+                    Catch::Contains("activations of 9 rows on a workspace made for 8"));
+}
+
 TEST_CASE("BatchNorm2d's channel sums go level by level and equal a plain sum",
           "[layers][batchnorm]") {
   using xpipe::math::channel_sum_levels;

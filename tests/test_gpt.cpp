@@ -182,6 +182,27 @@ TEST_CASE("A GPT: GPipe, 1F1B-flush and ZB-H1 equal sequential training bitwise"
   REQUIRE(sequential(d, 1) != want);
 }
 
+TEST_CASE("A GPT pipeline reports each stage's slots and its one workspace",
+          "[gpt][pipeline][workspace]") {
+  const test::LabelledData d = random_text(12, 5);
+  Pipeline<Tiny::K2a, Tiny::K2b, Latest, Adam> p(Adam{},
+                                                 {.batch = batch, .micro_batches = 2, .seed = 3});
+  ReferenceExecutor ref;
+  p.train(gpipe(2, 2, 3), d.epoch(), ref);
+  // GPipe keeps both micro-batches of 8 rows in flight at each stage; the workspace, made for a
+  // whole batch, is counted once whatever the slots.
+  REQUIRE(p.analysis().max_in_flight == std::vector<int>{2, 2});
+  REQUIRE(Tiny::K2a::workspace_floats<Host>(batch) > 0);
+  REQUIRE(p.activation_floats(0) ==
+          2 * Tiny::K2a::activation_floats(batch / 2) + Tiny::K2a::workspace_floats<Host>(batch));
+  REQUIRE(p.activation_floats(1) ==
+          2 * Tiny::K2b::activation_floats(batch / 2) + Tiny::K2b::workspace_floats<Host>(batch));
+  p.train(async_1f1b(2, 2, 3), d.epoch(), ref);
+  REQUIRE(p.activation_floats(0) ==
+          p.analysis().max_in_flight[0] * Tiny::K2a::activation_floats(batch / 2) +
+              Tiny::K2a::workspace_floats<Host>(batch));
+}
+
 TEST_CASE("A GPT: threaded = reference bitwise for async remedies", "[gpt][pipeline][oracle]") {
   const test::LabelledData d = random_text(12, 6);
   const Schedule s = async_1f1b(2, 2, 3);

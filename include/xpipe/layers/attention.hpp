@@ -24,7 +24,8 @@ namespace xpipe {
 //! columns [h dh, (h + 1) dh) of each part, dh = Dim / Heads; the output row is the heads'
 //! outputs side by side. Per sequence and head: S = Q K^T / sqrt(dh), token t attends to tokens
 //! 0..t of its own sequence, P = softmax(S) row-wise, O = P V. It keeps P per activation slot
-//! (its Saved) for the backward, with room for the backward's dS. On the host, scores that are
+//! (its Saved) for the backward; the backward's dP and dS live in its Workspace, one per stage.
+//! On the host, scores that are
 //! not finite are a NumericError naming the layer, the row and the head. On a device backend the
 //! products are its GEMMs per (sequence, head) and the softmax one element loop over the rows
 //! (the host's row math), or, on CUDA with kernels/cuda/attention.cuh included, fused kernels
@@ -64,19 +65,33 @@ struct CausalSelfAttention {
   //! forward.)
   static constexpr double macs = static_cast<double>(Dim) * (Context + 1);
 
+  //! One per stage, for calls of up to max_rows rows on backend B: room for the backward's dP
+  //! and dS (`grads`, Heads x Context a row); nothing where B takes the fused kernels.
+  template <class B>
+  struct Workspace {
+    explicit Workspace(index_t max_rows)
+        : grads(fused_on<typename B::Context> ? 0 : max_rows * Heads * Context) {}
+    typename B::template Buffer<float> grads;
+  };
+
   //! Per activation slot of up to max_rows rows, on backend B: the probabilities P (`probs`,
-  //! Heads x Context a row, the future's entries 0) and room for the backward's dP and dS
-  //! (`grads`, as large); where B takes the fused kernels, only each (row, head)'s log-sum-exp
-  //! (`probs`, Heads a row) and no `grads`.
+  //! Heads x Context a row, the future's entries 0), or where B takes the fused kernels only
+  //! each (row, head)'s log-sum-exp (`probs`, Heads a row); and the way to the stage's
+  //! workspace (its own when made from rows alone).
   //! Usage: `CausalSelfAttention<8, 2, 4>::Saved<Host> saved(rows);`
   template <class B>
   struct Saved {
-    explicit Saved(index_t rows)
-        : max_rows(rows),
-          probs(rows * Heads * (fused_on<typename B::Context> ? 1 : Context)),
-          grads(fused_on<typename B::Context> ? 0 : rows * Heads * Context) {}
+    explicit Saved(index_t rows) : max_rows(rows), probs(probs_floats(rows)), workspace(rows) {}
+    Saved(index_t rows, Workspace<B>& shared)
+        : max_rows(rows), probs(probs_floats(rows)), workspace(shared) {}
     index_t max_rows;
-    typename B::template Buffer<float> probs, grads;
+    typename B::template Buffer<float> probs;
+    WorkspaceRef<Workspace<B>> workspace;
+
+   private:
+    static constexpr index_t probs_floats(index_t rows) {
+      return rows * Heads * (fused_on<typename B::Context> ? 1 : Context);
+    }
   };
 
   //! Whether backend B runs the fused kernels (CUDA with kernels/cuda/attention.cuh included).
@@ -87,7 +102,13 @@ struct CausalSelfAttention {
   //! Floats a slot of `rows` rows keeps beyond its output (Stage::activation_floats), on the
   //! host and the GEMM-and-softmax path (the fused kernels keep Heads a row).
   static constexpr index_t saved_floats(index_t rows) {
-    return 2 * rows * static_cast<index_t>(Heads) * Context;
+    return rows * static_cast<index_t>(Heads) * Context;
+  }
+  //! Floats of the stage's workspace for calls of up to `rows` rows on backend B
+  //! (Stage::workspace_floats): dP and dS, none with the fused kernels.
+  template <class B>
+  static constexpr index_t workspace_floats(index_t rows) {
+    return fused_kernels_on<B> ? 0 : rows * static_cast<index_t>(Heads) * Context;
   }
 
   //! Nothing to initialise.
@@ -133,7 +154,7 @@ struct CausalSelfAttention {
                                saved.probs.data());
     else
       causal_attention_backward(ctx, shape(x.rows), x, dy, dx, saved.probs.data(),
-                                saved.grads.data());
+                                saved.workspace->grads.data());
   }
 
  private:

@@ -82,18 +82,30 @@ struct BatchNorm2d {
     return batch_norm_scratch_doubles(geometry(rows));
   }
 
-  //! Per activation slot: the micro-batch's mean and 1/std (2 C), the backward's channel sums
-  //! (2 C), and the channel reductions' partial sums (batch_norm_scratch_doubles), on backend B.
+  //! One per stage, on backend B: the channel reductions' partial sums
+  //! (batch_norm_scratch_doubles), which no call leaves behind.
+  template <class B>
+  struct Workspace {
+    explicit Workspace(index_t max_rows) : scratch(scratch_doubles(max_rows)) {}
+    typename B::template Buffer<double> scratch;
+  };
+  //! Per activation slot: the micro-batch's mean and 1/std (2 C) and the backward's channel sums
+  //! (2 C), on backend B, and the way to the stage's workspace (its own when made from rows
+  //! alone).
   template <class B>
   struct Saved {
     explicit Saved(index_t max_rows)
-        : stats(2 * channels), sums(2 * channels), scratch(scratch_doubles(max_rows)) {}
+        : stats(2 * channels), sums(2 * channels), workspace(max_rows) {}
+    Saved(index_t /*max_rows*/, Workspace<B>& shared)
+        : stats(2 * channels), sums(2 * channels), workspace(shared) {}
     typename B::template Buffer<float> stats, sums;
-    typename B::template Buffer<double> scratch;
+    WorkspaceRef<Workspace<B>> workspace;
   };
 
-  static constexpr index_t saved_floats(index_t rows) {
-    return 4 * channels + 2 * scratch_doubles(rows);
+  static constexpr index_t saved_floats(index_t /*rows*/) { return 4 * channels; }
+  template <class B>
+  static constexpr index_t workspace_floats(index_t rows) {
+    return 2 * scratch_doubles(rows);
   }
 
   //! gamma = 1, beta = 0.
@@ -124,7 +136,8 @@ struct BatchNorm2d {
     detail::check_image_views<BatchNorm2d>(x, y, "forward");
     const NormGeometry g = geometry(x.rows);
     if (run.training) {
-      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state, saved.scratch.data());
+      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state,
+                            saved.workspace->scratch.data());
       if constexpr (detail::reads_host_memory<Ctx>) check_finite(x, saved.stats.data());
     } else {
       if (run.state == nullptr)
@@ -145,7 +158,7 @@ struct BatchNorm2d {
     check_backward_views(x, y, dy, dx, "backward");
     batch_norm_backward<function>(ctx, geometry(x.rows), x, y, dy, dx, params, saved.stats.data(),
                                   saved.sums.data(), grads, grads + channels, accumulate,
-                                  saved.scratch.data());
+                                  saved.workspace->scratch.data());
   }
 
   //! The input part of the split backward (zero-bubble schedules): the channel sums of dy and
@@ -157,7 +170,7 @@ struct BatchNorm2d {
     check_backward_views(x, y, dy, dx, "backward_input");
     batch_norm_backward_input<function>(ctx, geometry(x.rows), x, y, dy, dx, params,
                                         saved.stats.data(), saved.sums.data(),
-                                        saved.scratch.data());
+                                        saved.workspace->scratch.data());
   }
 
   //! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), the sums backward_input

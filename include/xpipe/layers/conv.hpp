@@ -28,8 +28,9 @@ struct ConvOptions {
 //! OH = floor((H + 2 padding - Kernel) / stride) + 1 (likewise OW). Parameters: the weights,
 //! OutChannels x C x Kernel x Kernel (OIHW, PyTorch's layout), then OutChannels biases unless
 //! Options.bias is false. Initialised He-uniform over fan_in = C Kernel^2 (biases 0, as Linear).
-//! It keeps its backend's ConvPlans per activation slot (its Saved<B>): on the host oneDNN's
-//! primitives, made once per batch size. Needs contiguous rows (Stage's buffers are). Its
+//! Its backend's ConvPlans (on the host oneDNN's primitives and reorder buffers, made once per
+//! batch size; on CUDA the column buffer) are its Workspace<B>, one per stage, which every slot's
+//! Saved<B> reaches: nothing in them outlives a call. Needs contiguous rows (Stage's are). Its
 //! backward also runs split for zero-bubble schedules: backward_input (dx) now, backward_weight
 //! (dW, db) later on the same slot, with the bits of the whole backward.
 //! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>, ReLU, ...>`.
@@ -64,11 +65,19 @@ struct Conv2d {
                               Options.stride, Options.padding, Options.bias);
   }
 
-  //! What one activation slot keeps: the backend's plans for up to max_rows images.
+  //! One per stage: the backend's plans for calls of up to max_rows images.
+  template <class B>
+  struct Workspace {
+    explicit Workspace(index_t max_rows) : plans(geometry(max_rows)) {}
+    ConvPlans<B> plans;
+  };
+  //! What one activation slot keeps: nothing but its way to the stage's plans (its own plans
+  //! when made from rows alone).
   template <class B>
   struct Saved {
-    explicit Saved(index_t max_rows) : plans(geometry(max_rows)) {}
-    ConvPlans<B> plans;
+    explicit Saved(index_t max_rows) : workspace(max_rows) {}
+    Saved(index_t /*max_rows*/, Workspace<B>& shared) : workspace(shared) {}
+    WorkspaceRef<Workspace<B>> workspace;
   };
 
   //! Weights from Init over fan_in = C Kernel^2 and fan_out = OutChannels Kernel^2, biases 0.
@@ -93,7 +102,8 @@ struct Conv2d {
   template <class Ctx, class S>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, S& saved) {
     check(x, y, "forward");
-    saved.plans.forward(ctx, geometry(x.rows), x.data, params, params + weight_count, y.data);
+    saved.workspace->plans.forward(ctx, geometry(x.rows), x.data, params, params + weight_count,
+                                   y.data);
   }
 
   //! dW (+)= the weight gradient, db (+)= dy summed per channel, dx = the input gradient
@@ -104,8 +114,9 @@ struct Conv2d {
                        ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, S& saved) {
     check(x, dy, "backward");
     if (!dx.empty()) check(dx, dy, "backward");
-    saved.plans.backward(ctx, geometry(x.rows), x.data, params, dy.data,
-                         dx.empty() ? nullptr : dx.data, grads, grads + weight_count, accumulate);
+    saved.workspace->plans.backward(ctx, geometry(x.rows), x.data, params, dy.data,
+                                    dx.empty() ? nullptr : dx.data, grads, grads + weight_count,
+                                    accumulate);
   }
 
   //! The input part of the split backward (zero-bubble schedules): dx = the input gradient
@@ -116,7 +127,7 @@ struct Conv2d {
     check(x, dy, "backward_input");
     if (dx.empty()) return;
     check(dx, dy, "backward_input");
-    saved.plans.backward_data(ctx, geometry(x.rows), params, dy.data, dx.data);
+    saved.workspace->plans.backward_data(ctx, geometry(x.rows), params, dy.data, dx.data);
   }
 
   //! The weight part: dW (+)= the weight gradient, db (+)= dy summed per channel, from x and the
@@ -125,8 +136,8 @@ struct Conv2d {
   static void backward_weight(const Ctx& ctx, float* grads, bool accumulate, ConstMatrix x,
                               ConstMatrix /*y*/, ConstMatrix dy, S& saved) {
     check(x, dy, "backward_weight");
-    saved.plans.backward_weights(ctx, geometry(x.rows), x.data, dy.data, grads,
-                                 grads + weight_count, accumulate);
+    saved.workspace->plans.backward_weights(ctx, geometry(x.rows), x.data, dy.data, grads,
+                                            grads + weight_count, accumulate);
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <numeric>
 #include <span>
 
@@ -62,8 +63,22 @@ concept HasScratchBackward = requires(const typename B::Context& ctx, const floa
                                       Matrix dx, Matrix scratch) {
   L::backward(ctx, p, g, acc, x, y, dy, dx, scratch);
 };
-// What a layer keeps per micro-batch beyond its output (a convolution's primitives, BatchNorm's
-// statistics): L::Saved<B>, built from the slot's row capacity, one per activation slot.
+// What a layer needs only while one of its calls runs (a convolution's primitives and buffers,
+// the partial sums of BatchNorm's reductions): L::Workspace<B>, built from the most rows a call
+// takes, one per stage. Its Saved<B> is also built from (rows, the stage's Workspace<B>&) and
+// keeps a WorkspaceRef to it.
+template <class L, class B>
+concept HasWorkspace = requires {
+  typename L::template Workspace<B>;
+  typename L::template Saved<B>;
+}
+&&std::constructible_from<typename L::template Workspace<B>, index_t> &&
+    (std::constructible_from<typename L::template Saved<B>, index_t,
+                             typename L::template Workspace<B>&> ||
+     std::constructible_from<typename L::template Saved<B>, index_t, bool,
+                             typename L::template Workspace<B>&>);
+// What a layer keeps per micro-batch beyond its output (BatchNorm's statistics, attention's
+// probabilities): L::Saved<B>, built from the slot's row capacity, one per activation slot.
 template <class L, class B>
 concept HasSaved = requires {
   typename L::template Saved<B>;
@@ -125,9 +140,47 @@ consteval std::size_t init_streams() {
 }
 
 //! Whether layer L's backward takes a gradient scratch buffer on backend B (Stage provides one).
+//! A layer that keeps a Saved takes that instead (a backward templated on its last argument
+//! would accept a Matrix too).
 //! Usage: `if constexpr (takes_grad_scratch<L, Ctx::backend>) L::backward(..., dx, scratch);`
 template <class L, class B = Host>
-inline constexpr bool takes_grad_scratch = detail::HasScratchBackward<L, B>;
+inline constexpr bool takes_grad_scratch =
+    detail::HasScratchBackward<L, B> && !detail::HasSaved<L, B>;
+
+//! What a layer's Saved<B> holds of its Workspace W: the stage's, which every activation slot of
+//! the stage shares (a stage runs one call at a time), or one of its own where the slot was made
+//! alone (Saved(rows): a test, a layer called outside a Stage).
+//! Usage: `WorkspaceRef<Workspace<B>> ws;  ...  ws->plans.forward(...)`.
+template <class W>
+class WorkspaceRef {
+ public:
+  //! Its own workspace for calls of up to `max_rows` rows.
+  explicit WorkspaceRef(index_t max_rows)
+      : own_(std::make_unique<W>(max_rows)), workspace_(own_.get()) {}
+  //! The stage's, which outlives the slot.
+  explicit WorkspaceRef(W& shared) : workspace_(&shared) {}
+  W& operator*() const { return *workspace_; }
+  W* operator->() const { return workspace_; }
+
+ private:
+  std::unique_ptr<W> own_;
+  W* workspace_;
+};
+
+//! Whether layer L keeps a workspace on backend B (L::Workspace<B>): what it needs only while one
+//! of its calls runs, one per stage, reached through each slot's Saved<B>.
+template <class L, class B = Host>
+inline constexpr bool keeps_workspace = detail::HasWorkspace<L, B>;
+
+//! Floats of layer L's workspace on B for calls of up to `rows` rows (L::workspace_floats<B>,
+//! where it says; 0 else): counted once per stage in the reported activation memory.
+template <class L, class B = Host>
+constexpr index_t workspace_floats_of(index_t rows) {
+  if constexpr (requires { L::template workspace_floats<B>(rows); })
+    return L::template workspace_floats<B>(rows);
+  else
+    return 0;
+}
 
 //! Whether layer L keeps state per micro-batch slot on backend B (L::Saved<B>): Stage's
 //! Activations then hold one, and L's forward and backward take it as their last argument.
@@ -223,8 +276,17 @@ inline constexpr bool takes_running = detail::HasStateForward<L, B>;
 //!   - `using in_shape = Shape<C, H, W>;` and `using out_shape = ...;` (core/shape.hpp): the
 //!     image a layer takes or gives, checked against its neighbours' by Stage and Pipeline;
 //!   - `template <class B> struct Saved`, constructible from the slot's row capacity: what the
-//!     layer keeps per micro-batch slot beyond its output (Conv2d's oneDNN primitives). Its
+//!     layer keeps per micro-batch slot beyond its output (BatchNorm's statistics). Its
 //!     forward and backward then take a `Saved<B>&` as their last argument instead;
+//!   - with Saved: `template <class B> struct Workspace`, constructible from the most rows a
+//!     call takes: what the layer needs only while one call runs (Conv2d's oneDNN primitives
+//!     and reorder buffers, its CUDA column buffer; attention's dP and dS). Stage keeps one per
+//!     stage, shared by all its slots (a stage runs one call at a time), and builds each slot's
+//!     Saved from (rows, that Workspace<B>&), or (rows, keep_gradients, Workspace<B>&); the
+//!     Saved keeps a WorkspaceRef, which makes its own when the Saved is built from rows alone.
+//!     Nothing in it may outlive the call: a slot's backward finds it as other slots left it.
+//!     `template <class B> static constexpr index_t workspace_floats(index_t rows)` says its
+//!     size for the memory report;
 //!   - with Saved: `static constexpr index_t state_count` and `static void init_state(span)`:
 //!     non-trainable state (BatchNorm's running statistics); its forward then takes a last
 //!     `Running` argument: its part of the stage's state buffer, and whether it trains;

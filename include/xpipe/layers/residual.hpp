@@ -27,24 +27,41 @@ struct NoShortcut {};
 
 namespace detail {
 
-// What the shortcut path keeps per slot: nothing for the identity; for a projection its inner
-// stage's activations (with a split backward's kept gradients where asked), its gradient
-// scratch and its input gradient (added to the block's).
+// What the shortcut path needs only while a call runs, one per stage: nothing for the identity;
+// for a projection its inner stage's workspace, its gradient scratch and its input gradient
+// (added to the block's before the call returns).
 template <class Shortcut, class B, int InWidth>
-struct ShortcutSlot {
-  ShortcutSlot(index_t rows, bool keep_gradients)
-      : acts(rows, keep_gradients), scratch(rows), dx(rows * InWidth) {}
-  typename Shortcut::template Activations<B> acts;
+struct ShortcutWorkspace {
+  explicit ShortcutWorkspace(index_t rows) : layers(rows), scratch(rows), dx(rows * InWidth) {}
+  typename Shortcut::template Workspace<B> layers;
   typename Shortcut::template GradScratch<B> scratch;
   typename B::template Buffer<float> dx;
 };
 template <class B, int InWidth>
+struct ShortcutWorkspace<IdentityShortcut, B, InWidth> {
+  explicit ShortcutWorkspace(index_t) {}
+};
+template <class B, int InWidth>
+struct ShortcutWorkspace<NoShortcut, B, InWidth> {
+  explicit ShortcutWorkspace(index_t) {}
+};
+// What the shortcut path keeps per slot: nothing for the identity; for a projection its inner
+// stage's activations (with a split backward's kept gradients where asked), on the stage's
+// workspace where given one.
+template <class Shortcut, class B, int InWidth>
+struct ShortcutSlot {
+  ShortcutSlot(index_t rows, bool keep_gradients,
+               ShortcutWorkspace<Shortcut, B, InWidth>* workspace)
+      : acts(rows, keep_gradients, workspace == nullptr ? nullptr : &workspace->layers) {}
+  typename Shortcut::template Activations<B> acts;
+};
+template <class B, int InWidth>
 struct ShortcutSlot<IdentityShortcut, B, InWidth> {
-  ShortcutSlot(index_t, bool) {}
+  ShortcutSlot(index_t, bool, ShortcutWorkspace<IdentityShortcut, B, InWidth>*) {}
 };
 template <class B, int InWidth>
 struct ShortcutSlot<NoShortcut, B, InWidth> {
-  ShortcutSlot(index_t, bool) {}
+  ShortcutSlot(index_t, bool, ShortcutWorkspace<NoShortcut, B, InWidth>*) {}
 };
 
 // A block's in_shape and out_shape: f's images, or none where f takes or gives flat rows (a
@@ -71,7 +88,9 @@ requires(Out.known()) struct OutShapeOf<Out> {
 //! Parameters: f's flat block, then the shortcut's (16-float aligned); state (BatchNorm running
 //! statistics): f's, then the shortcut's. Per activation slot it keeps f's and the shortcut's
 //! activations (its Saved), so a block is one layer to Stage and the pipeline; each slot's inner
-//! layers keep their own Saved too (convolution plans, batch statistics). The activation after the
+//! layers keep their own Saved too (batch statistics). What only a call needs (f's and the
+//! shortcut's gradient scratch and layer workspaces: convolution plans) is its Workspace, one per
+//! stage. The activation after the
 //! sum (ResNet's ReLU) is the next layer of the stage. Its backward also runs split for zero-bubble
 //! schedules (backward_input, then backward_weight on the same slot) where every inner layer with
 //! parameters has a split (splits_backward); a slot made for it (Saved(rows, true)) then keeps each
@@ -143,21 +162,49 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
     if constexpr (projected) Shortcut::init_state(state.subspan(inner::state_count));
   }
 
-  //! Per activation slot: f's activations and gradient scratch, the shortcut's where it has a
-  //! path of its own; with `keep_gradients`, room for a split backward's kept gradients too.
-  //! Floats kept beyond the block's output: saved_floats(rows), plus kept_gradient_floats(rows)
-  //! for a split backward.
+  //! One per stage, for calls of up to max_rows rows: f's layers' workspace and gradient
+  //! scratch, and the shortcut's with its input gradient where it has a path of its own.
+  template <class B>
+  struct Workspace {
+    explicit Workspace(index_t max_rows)
+        : layers(max_rows), scratch(max_rows), shortcut(max_rows) {}
+    typename inner::template Workspace<B> layers;
+    typename inner::template GradScratch<B> scratch;
+    detail::ShortcutWorkspace<Shortcut, B, in_width> shortcut;
+  };
+  //! Per activation slot: f's activations, the shortcut's where it has a path of its own; with
+  //! `keep_gradients`, room for a split backward's kept gradients too; and the way to the
+  //! stage's workspace (its own when made without one). Floats kept beyond the block's output:
+  //! saved_floats(rows), plus kept_gradient_floats(rows) for a split backward.
   template <class B>
   struct Saved {
     explicit Saved(index_t rows, bool keep_gradients = false)
-        : acts(rows, keep_gradients), scratch(rows), shortcut(rows, keep_gradients) {}
+        : workspace(rows),
+          acts(rows, keep_gradients, &workspace->layers),
+          shortcut(rows, keep_gradients, &workspace->shortcut) {}
+    Saved(index_t rows, bool keep_gradients, Workspace<B>& shared)
+        : workspace(shared),
+          acts(rows, keep_gradients, &workspace->layers),
+          shortcut(rows, keep_gradients, &workspace->shortcut) {}
+    WorkspaceRef<Workspace<B>> workspace;  // first: the activations below point into it
     typename inner::template Activations<B> acts;
-    typename inner::template GradScratch<B> scratch;
     detail::ShortcutSlot<Shortcut, B, in_width> shortcut;
   };
   static constexpr index_t saved_floats(index_t rows) {
     index_t n = inner::activation_floats(rows);
-    if constexpr (projected) n += Shortcut::activation_floats(rows) + rows * in_width;
+    if constexpr (projected) n += Shortcut::activation_floats(rows);
+    return n;
+  }
+  //! Floats of the workspace on B for calls of up to `rows` rows: f's and the shortcut's
+  //! (Stage::workspace_floats), their gradient scratch (Stage::grad_scratch_floats) and the
+  //! shortcut's input gradient.
+  template <class B>
+  static constexpr index_t workspace_floats(index_t rows) {
+    index_t n =
+        inner::template workspace_floats<B>(rows) + inner::template grad_scratch_floats<B>(rows);
+    if constexpr (projected)
+      n += Shortcut::template workspace_floats<B>(rows) +
+           Shortcut::template grad_scratch_floats<B>(rows) + rows * in_width;
     return n;
   }
   //! What a slot keeps between the halves of a split backward: the inner layers' output
@@ -199,11 +246,12 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix /*x*/, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, Sv& saved) {
-    inner::backward(ctx, params, grads, accumulate, saved.acts, dy, dx, saved.scratch);
+    inner::backward(ctx, params, grads, accumulate, saved.acts, dy, dx, saved.workspace->scratch);
     if constexpr (projected) {
-      const Matrix ds = dx.empty() ? Matrix{} : Matrix{saved.shortcut.dx.data(), dy.rows, in_width};
+      const Matrix ds =
+          dx.empty() ? Matrix{} : Matrix{saved.workspace->shortcut.dx.data(), dy.rows, in_width};
       Shortcut::backward(ctx, params + shortcut_offset, grads + shortcut_offset, accumulate,
-                         saved.shortcut.acts, dy, ds, saved.shortcut.scratch);
+                         saved.shortcut.acts, dy, ds, saved.workspace->shortcut.scratch);
       if (!dx.empty()) add_views(ctx, dx, ds, dx);
     } else if constexpr (summed) {
       if (!dx.empty()) add_views(ctx, dx, dy, dx);
@@ -218,11 +266,12 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   requires splits_on<typename Ctx::backend>
   static void backward_input(const Ctx& ctx, const float* params, ConstMatrix /*x*/,
                              ConstMatrix /*y*/, Matrix dy, Matrix dx, Sv& saved) {
-    inner::backward_input(ctx, params, saved.acts, dy, dx, saved.scratch);
+    inner::backward_input(ctx, params, saved.acts, dy, dx, saved.workspace->scratch);
     if constexpr (projected) {
-      const Matrix ds = dx.empty() ? Matrix{} : Matrix{saved.shortcut.dx.data(), dy.rows, in_width};
+      const Matrix ds =
+          dx.empty() ? Matrix{} : Matrix{saved.workspace->shortcut.dx.data(), dy.rows, in_width};
       Shortcut::backward_input(ctx, params + shortcut_offset, saved.shortcut.acts, dy, ds,
-                               saved.shortcut.scratch);
+                               saved.workspace->shortcut.scratch);
       if (!dx.empty()) add_views(ctx, dx, ds, dx);
     } else if constexpr (summed) {
       if (!dx.empty()) add_views(ctx, dx, dy, dx);

@@ -88,17 +88,7 @@ constexpr index_t kept_floats_of(index_t rows) {
     return 0;
 }
 
-// A layer's Saved for one slot, told whether a split backward will run on it where its
-// constructor asks (a residual block's), else sized from the rows alone.
-template <class T>
-T make_saved(index_t rows, bool keep_gradients) {
-  if constexpr (std::constructible_from<T, index_t, bool>)
-    return T(rows, keep_gradients);
-  else
-    return T(rows);
-}
-
-// Saved<B> of a layer that keeps one, or nothing.
+// Saved<B> of a layer that keeps one, or nothing; likewise Workspace<B>.
 struct NothingSaved {
   explicit NothingSaved(index_t) {}
 };
@@ -111,6 +101,37 @@ requires HasSaved<L, B>
 struct SavedOf<L, B> {
   using type = typename L::template Saved<B>;
 };
+struct NothingWorkspace {
+  explicit NothingWorkspace(index_t) {}
+};
+template <class L, class B>
+struct WorkspaceOf {
+  using type = NothingWorkspace;
+};
+template <class L, class B>
+requires HasWorkspace<L, B>
+struct WorkspaceOf<L, B> {
+  using type = typename L::template Workspace<B>;
+};
+
+// A layer's Saved for one slot: on the stage's workspace where the layer keeps one and the slot
+// was given it (else the Saved makes its own), told whether a split backward will run on it
+// where its constructor asks (a residual block's), sized from the slot's rows.
+template <class T, class W = NothingWorkspace>
+T make_saved(index_t rows, bool keep_gradients, W* workspace = nullptr) {
+  if constexpr (!std::is_same_v<W, NothingWorkspace>) {
+    if (workspace != nullptr) {
+      if constexpr (std::constructible_from<T, index_t, bool, W&>)
+        return T(rows, keep_gradients, *workspace);
+      else
+        return T(rows, *workspace);
+    }
+  }
+  if constexpr (std::constructible_from<T, index_t, bool>)
+    return T(rows, keep_gradients);
+  else
+    return T(rows);
+}
 
 // How errors name a layer type: its own name() where it has one (Conv2d), else the compiler's.
 template <class L>
@@ -215,6 +236,15 @@ struct Stage {
   //! block's inner activations, BatchNorm's statistics).
   static constexpr index_t activation_floats(index_t rows) {
     return boundary_floats(rows) + (detail::saved_floats_of<Ls>(rows) + ... + 0);
+  }
+  //! Floats of the stage's Workspace<B> for calls of up to `rows` rows, as reported once per
+  //! stage beside its slots: what layers need only while a call runs (attention's dP and dS,
+  //! BatchNorm's partial sums, a residual block's inner gradients), where they say
+  //! (workspace_floats_of). A convolution's oneDNN primitives and buffers (host) and column
+  //! buffer (CUDA) live there too, uncounted: their sizes are the library's choice.
+  template <class B = DefaultBackend>
+  static constexpr index_t workspace_floats(index_t rows) {
+    return (xpipe::workspace_floats_of<Ls, B>(rows) + ... + 0);
   }
   //! kept_offsets[i]: where layer i's kept output gradient starts in a slot's kept buffer, per
   //! row; only layers with parameters keep one (a split backward's W reads it). The offsets are
@@ -338,20 +368,47 @@ struct Stage {
     (std::make_index_sequence<layer_count>{});
   }
 
+  //! What the stage's layers need only while one of their calls runs (their Workspace<B>:
+  //! Conv2d's primitives and buffers, attention's dP and dS), one per stage for calls of up to
+  //! max_rows rows. Every Activations made on it shares it: a stage runs one call at a time, and
+  //! nothing in it outlives the call.
+  //! Usage: `S::Workspace<Host> ws(128); S::Activations<Host> a(32, false, &ws), b(32, false,
+  //! &ws);`
+  template <class B = DefaultBackend>
+  class Workspace {
+   public:
+    explicit Workspace(index_t max_rows)
+        : max_rows_(max_rows), layers_(typename detail::WorkspaceOf<Ls, B>::type(max_rows)...) {}
+    index_t max_rows() const { return max_rows_; }
+    //! Layer I's Workspace<B> (detail::NothingWorkspace for a layer that keeps none).
+    template <std::size_t I>
+    auto& get() {
+      return std::get<I>(layers_);
+    }
+
+   private:
+    index_t max_rows_;
+    std::tuple<typename detail::WorkspaceOf<Ls, B>::type...> layers_;
+  };
+
   //! Activations of one micro-batch through the stage, on backend B: the input view, every
   //! layer's output, and what layers keep per micro-batch beyond it (their Saved<B>, e.g.
-  //! Conv2d's primitives). Allocated once for up to max_rows rows; reused for every micro-batch.
+  //! BatchNorm's statistics). Allocated once for up to max_rows rows; reused for every
+  //! micro-batch.
   template <class B = DefaultBackend>
   class Activations {
    public:
     //! `keep_gradients`: also room for what a split backward keeps between its halves.
-    explicit Activations(index_t max_rows, bool keep_gradients = false)
+    //! `workspace`: the stage's, which the layers' Saved then share (it must outlive the slot
+    //! and take max_rows rows); without one each Saved makes its own.
+    explicit Activations(index_t max_rows, bool keep_gradients = false,
+                         Workspace<B>* workspace = nullptr)
         : max_rows_(max_rows),
           keeps_gradients_(keep_gradients),
           storage_(boundary_floats(max_rows)),
           kept_(keep_gradients ? max_rows * kept_offsets[layer_count] : 0),
-          saved_(detail::make_saved<typename detail::SavedOf<Ls, B>::type>(max_rows,
-                                                                           keep_gradients)...) {}
+          saved_(make_saved_all(max_rows, keep_gradients, checked(workspace, max_rows),
+                                std::make_index_sequence<layer_count>{})) {}
     index_t max_rows() const { return max_rows_; }
     index_t rows() const { return rows_; }
     //! Boundary i: i = 0 is the stage input, i = layer_count its output.
@@ -390,17 +447,38 @@ struct Stage {
     }
 
    private:
+    using SavedTuple = std::tuple<typename detail::SavedOf<Ls, B>::type...>;
+    static Workspace<B>* checked(Workspace<B>* workspace, index_t max_rows) {
+      if (workspace != nullptr && workspace->max_rows() < max_rows)
+        throw ShapeError("xpipe: Stage: activations of " + std::to_string(max_rows) +
+                         " rows on a workspace made for " + std::to_string(workspace->max_rows()));
+      return workspace;
+    }
+    template <std::size_t... I>
+    static SavedTuple make_saved_all(index_t max_rows, bool keep_gradients, Workspace<B>* workspace,
+                                     std::index_sequence<I...>) {
+      return SavedTuple(detail::make_saved<typename detail::SavedOf<Ls, B>::type>(
+          max_rows, keep_gradients,
+          workspace == nullptr ? nullptr : &workspace->template get<I>())...);
+    }
+
     index_t max_rows_;
     bool keeps_gradients_;
     index_t rows_ = 0;
     ConstMatrix input_{};
     typename B::template Buffer<float> storage_, kept_;
-    mutable std::tuple<typename detail::SavedOf<Ls, B>::type...> saved_;
+    mutable SavedTuple saved_;
   };
 
   //! Whether some layer's backward takes a gradient scratch buffer (Dense) on backend B.
   template <class B>
   static constexpr bool needs_grad_scratch = (xpipe::takes_grad_scratch<Ls, B> || ...);
+
+  //! Floats of a GradScratch<B> for `rows` rows.
+  template <class B = DefaultBackend>
+  static constexpr index_t grad_scratch_floats(index_t rows) {
+    return (needs_grad_scratch<B> ? 3 : 2) * rows * max_width();
+  }
 
   //! Two ping-pong buffers for gradients flowing back between layers (0 and 1), and a third (2)
   //! for the layers whose backward takes one, allocated only when some layer does; one set per

@@ -378,8 +378,9 @@ class Pipeline {
   //! Weight buffers stage k's predictor held in the last run (live weights included); 0 before
   //! the first train() call.
   int weight_copies(int k) const { return copies_[k]; }
-  //! Peak activation floats stage k held in the last run (its in-flight micro-batches, with what
-  //! a split backward keeps between its halves); 0 before the first train() call.
+  //! Peak activation floats stage k held in the last run: its in-flight micro-batches, with what
+  //! a split backward keeps between its halves, and once its layers' workspace for a batch
+  //! (Stage::workspace_floats); 0 before the first train() call.
   index_t activation_floats(int k) const { return activation_floats_[k]; }
 
  private:
@@ -550,7 +551,8 @@ class Pipeline {
         copies_[k] = rt.pred->weight_copies();
         activation_floats_[k] =
             analysis_.max_in_flight[k] *
-            (S::activation_floats(rows) + (split_here ? S::kept_gradient_floats(rows) : 0));
+                (S::activation_floats(rows) + (split_here ? S::kept_gradient_floats(rows) : 0)) +
+            S::template workspace_floats<backend>(options_.batch);
       });
     if constexpr (on_device)
       device_.upload(ctx_of(0), ctx_of(stage_count - 1), data, used, in_width,

@@ -51,6 +51,9 @@ struct StageRuntime {
   // because a State need not be assignable.
   std::optional<typename P::template State<O, B>> pred;
   std::optional<PredictionProbe> probe;  // PipelineOptions::measure_prediction only
+  // What the layers need only while a call runs, shared by every slot below (declared first:
+  // the slots point into it).
+  typename S::template Workspace<B> workspace;
   std::vector<typename S::template Activations<B>> acts;  // one per micro-batch in flight
   Buffer<float> inputs;  // received activations, one block per activation slot
   typename S::template GradScratch<B> scratch;
@@ -67,9 +70,10 @@ struct StageRuntime {
                std::size_t first_layer)
       : context(where),
         opt(o, S::param_count),
+        workspace(batch),
         scratch(batch),
         row_loss(batch),
-        eval_acts(batch),
+        eval_acts(batch, false, &workspace),
         running(S::state_count) {
     // The context came first: on a GPU it made the stage's device current, so every buffer
     // above lives there. Initial weights are drawn on the host (the same bits on any backend).
@@ -109,7 +113,7 @@ struct StageRuntime {
     const bool keeps = acts.empty() || acts.front().keeps_gradients();
     if (static_cast<int>(acts.size()) < slots || (split && !keeps)) {
       acts.clear();
-      for (int i = 0; i < slots; ++i) acts.emplace_back(rows, split);
+      for (int i = 0; i < slots; ++i) acts.emplace_back(rows, split, &workspace);
       if (receives) inputs = Buffer<float>(slots * rows * S::in_width);
       if (last) dlogits = Buffer<float>(slots * rows * S::out_width);
     }
