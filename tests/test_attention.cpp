@@ -199,24 +199,29 @@ TEST_CASE("CausalSelfAttention's layout", "[layers][attention]") {
   // dP and dS, as many a row, once for the stage.
   STATIC_REQUIRE(Attention::saved_floats(8) == 8 * 2 * 4);
   STATIC_REQUIRE(keeps_workspace<Attention>);
-  STATIC_REQUIRE(workspace_floats_of<Attention>(8) == 8 * 2 * 4);
+  STATIC_REQUIRE(arena_floats_of<Attention>(8) == 8 * 2 * 4);
+  STATIC_REQUIRE(workspace_floats_of<Attention>(8) == 0);  // all of it on the stage's arena
   REQUIRE(Attention::name() == "CausalSelfAttention<8, 2, 4>");
   Attention::Saved<Host> saved(8);
   REQUIRE(saved.max_rows == 8);
   REQUIRE(saved.probs.size() == 64);
-  REQUIRE(saved.workspace->grads.size() == 64);  // made alone, it has its own
-  Attention::Workspace<Host> shared(16);
+  REQUIRE(saved.workspace->own.size() == 64);  // made alone, it has its own room
+  std::vector<float> arena(16 * 2 * 4);
+  Attention::Workspace<Host> shared(16, arena.data());
   Attention::Saved<Host> on_shared(8, shared);
   REQUIRE(on_shared.probs.size() == 64);
   REQUIRE(&*on_shared.workspace == &shared);
-  REQUIRE(shared.grads.size() == 16 * 2 * 4);
+  REQUIRE(shared.grads() == arena.data());
+  REQUIRE(shared.own.size() == 0);
 
   // A pre-norm attention block's workspace, worked by hand for 8 rows: the inner stage's two
-  // ping-pong gradient buffers at its widest boundary (Linear<8, 24>'s output, 24 columns) and
-  // the attention's dP and dS (2 heads x 4 positions a row). Its slot keeps the inner stage's
-  // outputs, 8 + 24 + 8 + 8 columns, P, and LayerNorm's mean, 1/std and two backward sums a row.
+  // ping-pong gradient buffers at its widest boundary (Linear<8, 24>'s output, 24 columns); on
+  // the arena, the attention's dP and dS (2 heads x 4 positions a row). Its slot keeps the inner
+  // stage's outputs, 8 + 24 + 8 + 8 columns, P, and LayerNorm's mean, 1/std and two backward
+  // sums a row.
   using Block = xpipe::Residual<xpipe::LayerNorm<8>, Linear<8, 24>, Attention, Linear<8, 8>>;
-  STATIC_REQUIRE(Block::workspace_floats<Host>(8) == 2 * 8 * 24 + 8 * 2 * 4);
+  STATIC_REQUIRE(Block::workspace_floats<Host>(8) == 2 * 8 * 24);
+  STATIC_REQUIRE(Block::arena_floats<Host>(8) == 8 * 2 * 4);
   STATIC_REQUIRE(Block::saved_floats(8) == 8 * (8 + 24 + 8 + 8) + 8 * 2 * 4 + 4 * 8);
 }
 
@@ -481,7 +486,7 @@ TEST_CASE("A stage Linear, CausalSelfAttention, Linear trains", "[layers][attent
   STATIC_REQUIRE(Net::splits_backward<Host>);
   STATIC_REQUIRE(Net::macs == 8 * 24 + 40 + 8 * 8);
   // A slot: the boundaries (8 rows of 24, 8, 8) and the attention's P (8 rows of 2 x 4); the
-  // stage's workspace: its dS (as many).
+  // stage's workspace: its arena for dP and dS (as many).
   STATIC_REQUIRE(Net::activation_floats(8) == 8 * (24 + 8 + 8) + 64);
   STATIC_REQUIRE(Net::workspace_floats<Host>(8) == 64);
 
@@ -523,6 +528,51 @@ TEST_CASE("A stage Linear, CausalSelfAttention, Linear trains", "[layers][attent
   Net::backward_weight(ctx, g_split.data(), false, split);
   REQUIRE(dx_split == dx);
   REQUIRE(same_blocks<Net>(g_split, g));
+}
+
+TEST_CASE("Two attention layers of a stage share one arena and keep their bits",
+          "[layers][attention][stage][workspace]") {
+  using Net = Stage<Linear<8, 24>, Attention, Linear<8, 24>, Attention, Linear<8, 8>>;
+  using Acts = Net::Activations<Host>;
+  // One room for dP and dS, 8 rows of 2 heads x 4 positions, not one per attention layer.
+  STATIC_REQUIRE(Net::arena_floats<Host>(8) == 64);
+  STATIC_REQUIRE(Net::workspace_floats<Host>(8) == 64);
+  const HostContext ctx{.threads = 2};
+  const index_t rows = 4, batch = 8;
+  std::vector<float> p(Net::param_count), x(batch * 8), dy(batch * 8);
+  Net::init(p, 5);
+  Rng rng{72};
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  Net::Workspace<Host> ws(batch);
+  REQUIRE(ws.get<1>().grads() == ws.arena());
+  REQUIRE(ws.get<3>().grads() == ws.arena());
+
+  // Two micro-batches of one sequence each in flight, and an evaluation of both between their
+  // backwards: on the shared arena and on slots with room of their own, the same bits.
+  const auto run = [&](Acts& a, Acts& b, Acts& e) {
+    std::vector<float> g(Net::param_count), dx(batch * 8);
+    Net::GradScratch<Host> scratch(batch);
+    Net::forward(ctx, p.data(), ConstMatrix{x.data(), rows, 8}, a);
+    Net::forward(ctx, p.data(), ConstMatrix{x.data() + rows * 8, rows, 8}, b);
+    Net::backward(ctx, p.data(), g.data(), false, a, ConstMatrix{dy.data(), rows, 8},
+                  Matrix{dx.data(), rows, 8}, scratch);
+    const ConstMatrix out = Net::forward(ctx, p.data(), ConstMatrix{x.data(), batch, 8}, e);
+    std::vector<float> all(g);
+    all.insert(all.end(), out.data, out.data + batch * 8);
+    Net::backward(ctx, p.data(), g.data(), true, b, ConstMatrix{dy.data() + rows * 8, rows, 8},
+                  Matrix{dx.data() + rows * 8, rows, 8}, scratch);
+    all.insert(all.end(), g.begin(), g.end());
+    all.insert(all.end(), dx.begin(), dx.end());
+    return all;
+  };
+  Acts a(rows, false, &ws), b(rows, false, &ws), e(batch, false, &ws);
+  Acts a_own(rows), b_own(rows), e_own(batch);
+  REQUIRE(&*a.saved<3>().workspace == &ws.get<3>());
+  REQUIRE(a_own.saved<1>().workspace->grads() != b_own.saved<1>().workspace->grads());
+  const std::vector<float> shared = run(a, b, e);
+  REQUIRE(shared == run(a_own, b_own, e_own));
+  for (float v : shared) REQUIRE(std::isfinite(v));
 }
 
 TEST_CASE("Embedding's layout and seeded init", "[layers][embedding]") {

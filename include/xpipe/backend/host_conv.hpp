@@ -108,6 +108,10 @@ class ConvPlans<Host> {
  public:
   //! g.rows: the most images one call may take.
   explicit ConvPlans(const ConvGeometry& g) : max_(g) {}
+  //! The same: oneDNN's primitives choose their buffers' sizes as they are made, so the plans
+  //! take nothing from a stage's arena (arena_floats is 0).
+  ConvPlans(const ConvGeometry& g, float* /*arena*/) : max_(g) {}
+  static constexpr index_t arena_floats(const ConvGeometry& /*g*/) { return 0; }
 
   //! y = conv(x, w) + b (b unused without bias).
   void forward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,

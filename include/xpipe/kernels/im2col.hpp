@@ -185,13 +185,13 @@ struct ConvWorkspace {
 struct ConvWorkspaceFloats {
   index_t cols, plane_sums;
 };
-inline ConvWorkspaceFloats conv_workspace_floats(const ConvGeometry& g, index_t chunk) {
+constexpr ConvWorkspaceFloats conv_workspace_floats(const ConvGeometry& g, index_t chunk) {
   const index_t pixels = static_cast<index_t>(g.oh) * g.ow;
   return {chunk * pixels * g.c * g.k * g.k, g.rows * g.oc};
 }
 
 //! The most images (1 to g.rows) whose column matrix fits in `floats` floats.
-inline index_t conv_chunk(const ConvGeometry& g, index_t floats) {
+constexpr index_t conv_chunk(const ConvGeometry& g, index_t floats) {
   const index_t fit = floats / conv_workspace_floats(g, 1).cols;
   return fit < 1 ? 1 : fit > g.rows ? g.rows : fit;
 }
@@ -287,6 +287,23 @@ class Im2colConvPlans {
         cols_(conv_workspace_floats(g, chunk_).cols),
         plane_sums_(conv_workspace_floats(g, chunk_).plane_sums) {}
 
+  //! The plans for g.rows images on the caller's memory: `arena` holds arena_floats(g) floats
+  //! on B (a stage's arena, which its other layers' calls use too) and outlives the plans;
+  //! nothing is allocated.
+  Im2colConvPlans(const ConvGeometry& g, float* arena)
+      : max_(g),
+        chunk_(conv_chunk(g, default_workspace_floats)),
+        cols_(0),
+        plane_sums_(0),
+        arena_(arena) {}
+
+  //! Floats of the column buffer and the per-image bias sums for g at the default bound: what a
+  //! call takes from an arena.
+  static constexpr index_t arena_floats(const ConvGeometry& g) {
+    const ConvWorkspaceFloats f = conv_workspace_floats(g, conv_chunk(g, default_workspace_floats));
+    return f.cols + f.plane_sums;
+  }
+
   //! y = conv(x, w) + b; b is unused when !g.bias. x: g.rows channels-last images, w: OIHW, y:
   //! channels-last.
   void forward(const typename B::Context& ctx, const ConvGeometry& g, const float* x,
@@ -332,11 +349,15 @@ class Im2colConvPlans {
                        " does not fit the plans made for " + conv_geometry_text(max_));
   }
 
-  ConvWorkspace workspace() { return {cols_.data(), plane_sums_.data(), chunk_}; }
+  ConvWorkspace workspace() {
+    if (arena_ == nullptr) return {cols_.data(), plane_sums_.data(), chunk_};
+    return {arena_, arena_ + conv_workspace_floats(max_, chunk_).cols, chunk_};
+  }
 
   ConvGeometry max_;
   index_t chunk_;
-  typename B::template Buffer<float> cols_, plane_sums_;
+  typename B::template Buffer<float> cols_, plane_sums_;  // their own, unless on an arena
+  float* arena_ = nullptr;
 };
 
 }  // namespace xpipe

@@ -66,12 +66,15 @@ struct CausalSelfAttention {
   static constexpr double macs = static_cast<double>(Dim) * (Context + 1);
 
   //! One per stage, for calls of up to max_rows rows on backend B: room for the backward's dP
-  //! and dS (`grads`, Heads x Context a row); nothing where B takes the fused kernels.
+  //! and dS (grads(), Heads x Context a row; nothing where B takes the fused kernels), on the
+  //! stage's arena where given one, which the stage's other attention layers use too.
   template <class B>
   struct Workspace {
-    explicit Workspace(index_t max_rows)
-        : grads(fused_on<typename B::Context> ? 0 : max_rows * Heads * Context) {}
-    typename B::template Buffer<float> grads;
+    explicit Workspace(index_t max_rows) : own(arena_floats<B>(max_rows)) {}
+    Workspace(index_t /*max_rows*/, float* arena) : own(0), arena(arena) {}
+    float* grads() const { return arena != nullptr ? arena : const_cast<float*>(own.data()); }
+    typename B::template Buffer<float> own;  // made alone: its own room
+    float* arena = nullptr;
   };
 
   //! Per activation slot of up to max_rows rows, on backend B: the probabilities P (`probs`,
@@ -104,10 +107,10 @@ struct CausalSelfAttention {
   static constexpr index_t saved_floats(index_t rows) {
     return rows * static_cast<index_t>(Heads) * Context;
   }
-  //! Floats of the stage's workspace for calls of up to `rows` rows on backend B
-  //! (Stage::workspace_floats): dP and dS, none with the fused kernels.
+  //! Floats a backward takes from the stage's arena for up to `rows` rows on backend B
+  //! (Stage::arena_floats): dP and dS, none with the fused kernels.
   template <class B>
-  static constexpr index_t workspace_floats(index_t rows) {
+  static constexpr index_t arena_floats(index_t rows) {
     return fused_kernels_on<B> ? 0 : rows * static_cast<index_t>(Heads) * Context;
   }
 
@@ -154,7 +157,7 @@ struct CausalSelfAttention {
                                saved.probs.data());
     else
       causal_attention_backward(ctx, shape(x.rows), x, dy, dx, saved.probs.data(),
-                                saved.workspace->grads.data());
+                                saved.workspace->grads());
   }
 
  private:

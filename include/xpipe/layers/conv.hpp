@@ -65,12 +65,20 @@ struct Conv2d {
                               Options.stride, Options.padding, Options.bias);
   }
 
-  //! One per stage: the backend's plans for calls of up to max_rows images.
+  //! One per stage: the backend's plans for calls of up to max_rows images, their column buffer
+  //! (CUDA) on the stage's arena where given one.
   template <class B>
   struct Workspace {
     explicit Workspace(index_t max_rows) : plans(geometry(max_rows)) {}
+    Workspace(index_t max_rows, float* arena) : plans(geometry(max_rows), arena) {}
     ConvPlans<B> plans;
   };
+  //! Floats a call takes from the stage's arena on B: the column buffer and the per-image bias
+  //! sums of an im2col backend (CUDA); none on the host, whose oneDNN primitives size their own.
+  template <class B>
+  static constexpr index_t arena_floats(index_t rows) {
+    return ConvPlans<B>::arena_floats(geometry(rows));
+  }
   //! What one activation slot keeps: nothing but its way to the stage's plans (its own plans
   //! when made from rows alone).
   template <class B>

@@ -172,12 +172,25 @@ class WorkspaceRef {
 template <class L, class B = Host>
 inline constexpr bool keeps_workspace = detail::HasWorkspace<L, B>;
 
-//! Floats of layer L's workspace on B for calls of up to `rows` rows (L::workspace_floats<B>,
-//! where it says; 0 else): counted once per stage in the reported activation memory.
+//! Floats of layer L's own workspace buffers on B for calls of up to `rows` rows
+//! (L::workspace_floats<B>, where it says; 0 else), beside what it takes from the stage's arena:
+//! counted once per stage in the reported activation memory.
 template <class L, class B = Host>
 constexpr index_t workspace_floats_of(index_t rows) {
   if constexpr (requires { L::template workspace_floats<B>(rows); })
     return L::template workspace_floats<B>(rows);
+  else
+    return 0;
+}
+
+//! Floats one call of layer L takes from its stage's arena on B, for up to `rows` rows
+//! (L::arena_floats<B>, where it says; 0 else): memory only that call uses, which every layer of
+//! the stage uses in turn (attention's dP and dS, a convolution's CUDA column buffer). A stage
+//! holds the largest, once.
+template <class L, class B = Host>
+constexpr index_t arena_floats_of(index_t rows) {
+  if constexpr (requires { L::template arena_floats<B>(rows); })
+    return L::template arena_floats<B>(rows);
   else
     return 0;
 }
@@ -286,7 +299,11 @@ inline constexpr bool takes_running = detail::HasStateForward<L, B>;
 //!     Saved keeps a WorkspaceRef, which makes its own when the Saved is built from rows alone.
 //!     Nothing in it may outlive the call: a slot's backward finds it as other slots left it.
 //!     `template <class B> static constexpr index_t workspace_floats(index_t rows)` says its
-//!     size for the memory report;
+//!     size for the memory report. What only one call uses may come from the stage's arena,
+//!     which all its layers use in turn: the Workspace is then also constructible from
+//!     (rows, float* arena) and the layer says `template <class B> static constexpr index_t
+//!     arena_floats(index_t rows)` (left out of workspace_floats; a Workspace made from rows
+//!     alone allocates it);
 //!   - with Saved: `static constexpr index_t state_count` and `static void init_state(span)`:
 //!     non-trainable state (BatchNorm's running statistics); its forward then takes a last
 //!     `Running` argument: its part of the stage's state buffer, and whether it trains;

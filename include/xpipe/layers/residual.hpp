@@ -3,6 +3,7 @@
 // whose activations the block keeps per micro-batch slot.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -32,18 +33,19 @@ namespace detail {
 // (added to the block's before the call returns).
 template <class Shortcut, class B, int InWidth>
 struct ShortcutWorkspace {
-  explicit ShortcutWorkspace(index_t rows) : layers(rows), scratch(rows), dx(rows * InWidth) {}
+  ShortcutWorkspace(index_t rows, float* arena)
+      : layers(rows, arena), scratch(rows), dx(rows * InWidth) {}
   typename Shortcut::template Workspace<B> layers;
   typename Shortcut::template GradScratch<B> scratch;
   typename B::template Buffer<float> dx;
 };
 template <class B, int InWidth>
 struct ShortcutWorkspace<IdentityShortcut, B, InWidth> {
-  explicit ShortcutWorkspace(index_t) {}
+  ShortcutWorkspace(index_t, float*) {}
 };
 template <class B, int InWidth>
 struct ShortcutWorkspace<NoShortcut, B, InWidth> {
-  explicit ShortcutWorkspace(index_t) {}
+  ShortcutWorkspace(index_t, float*) {}
 };
 // What the shortcut path keeps per slot: nothing for the identity; for a projection its inner
 // stage's activations (with a split backward's kept gradients where asked), on the stage's
@@ -163,11 +165,18 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   }
 
   //! One per stage, for calls of up to max_rows rows: f's layers' workspace and gradient
-  //! scratch, and the shortcut's with its input gradient where it has a path of its own.
+  //! scratch, and the shortcut's with its input gradient where it has a path of its own; their
+  //! layers' calls on the stage's arena where given one (else on one of the block's own).
   template <class B>
   struct Workspace {
     explicit Workspace(index_t max_rows)
-        : layers(max_rows), scratch(max_rows), shortcut(max_rows) {}
+        : own(arena_floats<B>(max_rows)),
+          layers(max_rows, own.data()),
+          scratch(max_rows),
+          shortcut(max_rows, own.data()) {}
+    Workspace(index_t max_rows, float* arena)
+        : own(0), layers(max_rows, arena), scratch(max_rows), shortcut(max_rows, arena) {}
+    typename B::template Buffer<float> own;  // made alone: the arena of its layers
     typename inner::template Workspace<B> layers;
     typename inner::template GradScratch<B> scratch;
     detail::ShortcutWorkspace<Shortcut, B, in_width> shortcut;
@@ -195,16 +204,24 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
     if constexpr (projected) n += Shortcut::activation_floats(rows);
     return n;
   }
-  //! Floats of the workspace on B for calls of up to `rows` rows: f's and the shortcut's
-  //! (Stage::workspace_floats), their gradient scratch (Stage::grad_scratch_floats) and the
-  //! shortcut's input gradient.
+  //! Floats of the workspace's own buffers on B for calls of up to `rows` rows: f's and the
+  //! shortcut's (Stage::own_workspace_floats), their gradient scratch
+  //! (Stage::grad_scratch_floats) and the shortcut's input gradient.
   template <class B>
   static constexpr index_t workspace_floats(index_t rows) {
-    index_t n =
-        inner::template workspace_floats<B>(rows) + inner::template grad_scratch_floats<B>(rows);
+    index_t n = inner::template own_workspace_floats<B>(rows) +
+                inner::template grad_scratch_floats<B>(rows);
     if constexpr (projected)
-      n += Shortcut::template workspace_floats<B>(rows) +
+      n += Shortcut::template own_workspace_floats<B>(rows) +
            Shortcut::template grad_scratch_floats<B>(rows) + rows * in_width;
+    return n;
+  }
+  //! Floats a call takes from the stage's arena: the most any of f's or the shortcut's layers
+  //! takes (they run one after another).
+  template <class B>
+  static constexpr index_t arena_floats(index_t rows) {
+    index_t n = inner::template arena_floats<B>(rows);
+    if constexpr (projected) n = std::max(n, Shortcut::template arena_floats<B>(rows));
     return n;
   }
   //! What a slot keeps between the halves of a split backward: the inner layers' output

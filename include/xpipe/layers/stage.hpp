@@ -244,7 +244,18 @@ struct Stage {
   //! buffer (CUDA) live there too, uncounted: their sizes are the library's choice.
   template <class B = DefaultBackend>
   static constexpr index_t workspace_floats(index_t rows) {
+    return own_workspace_floats<B>(rows) + arena_floats<B>(rows);
+  }
+  //! The layers' own workspace buffers, without the arena (workspace_floats_of).
+  template <class B = DefaultBackend>
+  static constexpr index_t own_workspace_floats(index_t rows) {
     return (xpipe::workspace_floats_of<Ls, B>(rows) + ... + 0);
+  }
+  //! Floats of the stage's arena: the most one layer's call takes (arena_floats_of), since they
+  //! run one after another.
+  template <class B = DefaultBackend>
+  static constexpr index_t arena_floats(index_t rows) {
+    return std::max({index_t{0}, xpipe::arena_floats_of<Ls, B>(rows)...});
   }
   //! kept_offsets[i]: where layer i's kept output gradient starts in a slot's kept buffer, per
   //! row; only layers with parameters keep one (a split backward's W reads it). The offsets are
@@ -377,17 +388,34 @@ struct Stage {
   template <class B = DefaultBackend>
   class Workspace {
    public:
-    explicit Workspace(index_t max_rows)
-        : max_rows_(max_rows), layers_(typename detail::WorkspaceOf<Ls, B>::type(max_rows)...) {}
+    //! `arena`: arena_floats<B>(max_rows) floats on B that the layers' calls share (a block's
+    //! inner stage takes its stage's); without one it allocates its own.
+    explicit Workspace(index_t max_rows, float* arena = nullptr)
+        : max_rows_(max_rows),
+          own_arena_(arena == nullptr ? arena_floats<B>(max_rows) : 0),
+          arena_(arena == nullptr ? own_arena_.data() : arena),
+          layers_(make<typename detail::WorkspaceOf<Ls, B>::type>(max_rows, arena_)...) {}
     index_t max_rows() const { return max_rows_; }
     //! Layer I's Workspace<B> (detail::NothingWorkspace for a layer that keeps none).
     template <std::size_t I>
     auto& get() {
       return std::get<I>(layers_);
     }
+    //! Where the layers' calls take their arena_floats_of from.
+    float* arena() const { return arena_; }
 
    private:
+    template <class W>
+    static W make(index_t max_rows, float* arena) {
+      if constexpr (std::constructible_from<W, index_t, float*>)
+        return W(max_rows, arena);
+      else
+        return W(max_rows);
+    }
+
     index_t max_rows_;
+    typename B::template Buffer<float> own_arena_;
+    float* arena_;
     std::tuple<typename detail::WorkspaceOf<Ls, B>::type...> layers_;
   };
 
