@@ -190,9 +190,14 @@ TEST_CASE("A GPT pipeline reports each stage's slots and its one workspace",
   ReferenceExecutor ref;
   p.train(gpipe(2, 2, 3), d.epoch(), ref);
   // GPipe keeps both micro-batches of 8 rows in flight at each stage; the workspace, made for a
-  // whole batch, is counted once whatever the slots.
+  // whole batch, is counted once whatever the slots. Worked by hand for 16 rows: each of the
+  // first stage's 4 blocks keeps the gradient scratch of its chain (widest boundary 16), its
+  // attention part (48: Linear<16, 48>) and its MLP part (64), two buffers each; the stage's
+  // arena holds one attention's dP and dS, 2 heads x 4 positions a row.
   REQUIRE(p.analysis().max_in_flight == std::vector<int>{2, 2});
-  REQUIRE(Tiny::K2a::workspace_floats<Host>(batch) > 0);
+  STATIC_REQUIRE(Tiny::K2a::workspace_floats<Host>(batch) ==
+                 4 * (2 * 16 * 16 + 2 * 16 * 48 + 2 * 16 * 64) + 16 * 2 * 4);
+  REQUIRE(p.workspace_floats(0) == Tiny::K2a::workspace_floats<Host>(batch));
   REQUIRE(p.activation_floats(0) ==
           2 * Tiny::K2a::activation_floats(batch / 2) + Tiny::K2a::workspace_floats<Host>(batch));
   REQUIRE(p.activation_floats(1) ==

@@ -408,7 +408,8 @@ TEST_CASE(
   REQUIRE(end_of(p, 0, fwd(2)) == Approx(8));
 }
 
-TEST_CASE("Simulated peak memory counts weight copies, state and activations in flight", "[sim]") {
+TEST_CASE("Simulated peak memory counts weight copies, state, workspace and activations in flight",
+          "[sim]") {
   CostModel m = uniform(4, 1, 1);
   for (auto& c : m.stages)
     c = {.forward = 1,
@@ -439,6 +440,14 @@ TEST_CASE("Simulated peak memory counts weight copies, state and activations in 
   for (int k = 0; k < 4; ++k) {
     REQUIRE(z2.peak_in_flight[k] == 7);
     REQUIRE(z2.peak_memory_bytes[k] == Approx(2 * 100 + 300 + (10 + 5) * 7));
+  }
+  // A stage's workspace counts once, whatever its slots.
+  for (auto& c : m.stages) c.workspace_bytes = 70;
+  const SimResult fw = simulate(one_f_one_b_flush(4, 6, 2), m);
+  const SimResult zw = simulate(zb_h2(4, 8, 2), m);
+  for (int k = 0; k < 4; ++k) {
+    REQUIRE(fw.peak_memory_bytes[k] == Approx(2 * 100 + 300 + 70 + 10 * (4 - k)));
+    REQUIRE(zw.peak_memory_bytes[k] == Approx(2 * 100 + 300 + 70 + (10 + 5) * 7));
   }
 }
 

@@ -394,7 +394,9 @@ Cell run_cell(const std::string& name, const std::string& predictor, int M, inde
     s.in_bytes = 4 * rows * in_w[k];
     s.weight_bytes = 4.0 * params[k];
     s.state_bytes = 4.0 * sim::adam_state_floats_per_param * params[k];
-    s.activation_bytes = 4.0 * pipe.activation_floats(k) / std::max(1, a.max_in_flight[k]);
+    s.workspace_bytes = 4.0 * pipe.workspace_floats(k);
+    s.activation_bytes = 4.0 * (pipe.activation_floats(k) - pipe.workspace_floats(k)) /
+                         std::max(1, a.max_in_flight[k]);
     s.weight_copies = pipe.weight_copies(k);
     c.model.stages.push_back(s);
   }

@@ -289,16 +289,17 @@ class Im2colConvPlans {
 
   //! The plans for g.rows images on the caller's memory: `arena` holds arena_floats(g) floats
   //! on B (a stage's arena, which its other layers' calls use too) and outlives the plans;
-  //! nothing is allocated.
+  //! nothing is allocated. A null arena: the plans allocate their own, as above.
+  //! Usage: `Im2colConvPlans<Cuda> plans{g, arena.data()};`
   Im2colConvPlans(const ConvGeometry& g, float* arena)
       : max_(g),
         chunk_(conv_chunk(g, default_workspace_floats)),
-        cols_(0),
-        plane_sums_(0),
+        cols_(arena != nullptr ? 0 : conv_workspace_floats(g, chunk_).cols),
+        plane_sums_(arena != nullptr ? 0 : conv_workspace_floats(g, chunk_).plane_sums),
         arena_(arena) {}
 
   //! Floats of the column buffer and the per-image bias sums for g at the default bound: what a
-  //! call takes from an arena.
+  //! call takes from an arena. Usage: `Buffer<float> arena(ConvPlans<Cuda>::arena_floats(g));`
   static constexpr index_t arena_floats(const ConvGeometry& g) {
     const ConvWorkspaceFloats f = conv_workspace_floats(g, conv_chunk(g, default_workspace_floats));
     return f.cols + f.plane_sums;

@@ -68,11 +68,14 @@ struct CausalSelfAttention {
   //! One per stage, for calls of up to max_rows rows on backend B: room for the backward's dP
   //! and dS (grads(), Heads x Context a row; nothing where B takes the fused kernels), on the
   //! stage's arena where given one, which the stage's other attention layers use too.
+  //! Usage: `CausalSelfAttention<8, 2, 4>::Workspace<Host> ws(rows, arena.data());`
   template <class B>
   struct Workspace {
     explicit Workspace(index_t max_rows) : own(arena_floats<B>(max_rows)) {}
-    Workspace(index_t /*max_rows*/, float* arena) : own(0), arena(arena) {}
-    float* grads() const { return arena != nullptr ? arena : const_cast<float*>(own.data()); }
+    //! On `arena` (arena_floats<B>(max_rows) floats), or its own room where it is null.
+    Workspace(index_t max_rows, float* arena)
+        : own(arena != nullptr ? 0 : arena_floats<B>(max_rows)), arena(arena) {}
+    float* grads() { return arena != nullptr ? arena : own.data(); }
     typename B::template Buffer<float> own;  // made alone: its own room
     float* arena = nullptr;
   };

@@ -84,6 +84,7 @@ struct BatchNorm2d {
 
   //! One per stage, on backend B: the channel reductions' partial sums
   //! (batch_norm_scratch_doubles), which no call leaves behind.
+  //! Usage: `BN::Workspace<Host> ws(rows); BN::Saved<Host> slot(rows, ws);`
   template <class B>
   struct Workspace {
     explicit Workspace(index_t max_rows) : scratch(scratch_doubles(max_rows)) {}

@@ -67,6 +67,7 @@ struct Conv2d {
 
   //! One per stage: the backend's plans for calls of up to max_rows images, their column buffer
   //! (CUDA) on the stage's arena where given one.
+  //! Usage: `Conv::Workspace<Host> ws(rows); Conv::Saved<Host> slot(rows, ws);`
   template <class B>
   struct Workspace {
     explicit Workspace(index_t max_rows) : plans(geometry(max_rows)) {}

@@ -169,12 +169,14 @@ class WorkspaceRef {
 
 //! Whether layer L keeps a workspace on backend B (L::Workspace<B>): what it needs only while one
 //! of its calls runs, one per stage, reached through each slot's Saved<B>.
+//! Usage: `static_assert(keeps_workspace<Conv2d<Shape<1, 8, 8>, 4, 3>>);`
 template <class L, class B = Host>
 inline constexpr bool keeps_workspace = detail::HasWorkspace<L, B>;
 
 //! Floats of layer L's own workspace buffers on B for calls of up to `rows` rows
 //! (L::workspace_floats<B>, where it says; 0 else), beside what it takes from the stage's arena:
 //! counted once per stage in the reported activation memory.
+//! Usage: `workspace_floats_of<BatchNorm2d<Shape<16, 28, 28>>>(128)`.
 template <class L, class B = Host>
 constexpr index_t workspace_floats_of(index_t rows) {
   if constexpr (requires { L::template workspace_floats<B>(rows); })
@@ -186,7 +188,7 @@ constexpr index_t workspace_floats_of(index_t rows) {
 //! Floats one call of layer L takes from its stage's arena on B, for up to `rows` rows
 //! (L::arena_floats<B>, where it says; 0 else): memory only that call uses, which every layer of
 //! the stage uses in turn (attention's dP and dS, a convolution's CUDA column buffer). A stage
-//! holds the largest, once.
+//! holds the largest, once. Usage: `arena_floats_of<CausalSelfAttention<64, 4, 128>>(2048)`.
 template <class L, class B = Host>
 constexpr index_t arena_floats_of(index_t rows) {
   if constexpr (requires { L::template arena_floats<B>(rows); })

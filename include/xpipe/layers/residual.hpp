@@ -167,6 +167,7 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   //! One per stage, for calls of up to max_rows rows: f's layers' workspace and gradient
   //! scratch, and the shortcut's with its input gradient where it has a path of its own; their
   //! layers' calls on the stage's arena where given one (else on one of the block's own).
+  //! Usage: `Block::Workspace<Host> ws(rows); Block::Saved<Host> slot(rows, false, ws);`
   template <class B>
   struct Workspace {
     explicit Workspace(index_t max_rows)

@@ -114,6 +114,26 @@ struct WorkspaceOf<L, B> {
   using type = typename L::template Workspace<B>;
 };
 
+// Layer I's contract with its stage's workspace on B, checked where Stage::Workspace<B> is made:
+// a Workspace<B> it declares must be reachable from its Saved<B>, and an arena share it asks must
+// be taken through a Workspace<B> built on the arena.
+template <std::size_t I, class L, class B>
+struct WorkspaceContract {
+  static constexpr bool declares = requires { typename L::template Workspace<B>; };
+  static_assert(!declares || HasWorkspace<L, B>,
+                "xpipe: Stage::Workspace: layer I (the first template argument) declares "
+                "Workspace<B> but its Saved<B> has no constructor from (rows, Workspace<B>&) or "
+                "(rows, keep_gradients, Workspace<B>&), so its slots would not share it");
+  static constexpr bool asks_arena = requires(index_t rows) { L::template arena_floats<B>(rows); };
+  static_assert(!asks_arena ||
+                    (declares &&
+                     std::constructible_from<typename WorkspaceOf<L, B>::type, index_t, float*>),
+                "xpipe: Stage::Workspace: layer I (the first template argument) says "
+                "arena_floats<B> but its Workspace<B> has no constructor from (rows, float* "
+                "arena), so it would not use the stage's arena");
+  static constexpr bool ok = true;
+};
+
 // A layer's Saved for one slot: on the stage's workspace where the layer keeps one and the slot
 // was given it (else the Saved makes its own), told whether a split backward will run on it
 // where its constructor asks (a residual block's), sized from the slot's rows.
@@ -238,10 +258,12 @@ struct Stage {
     return boundary_floats(rows) + (detail::saved_floats_of<Ls>(rows) + ... + 0);
   }
   //! Floats of the stage's Workspace<B> for calls of up to `rows` rows, as reported once per
-  //! stage beside its slots: what layers need only while a call runs (attention's dP and dS,
-  //! BatchNorm's partial sums, a residual block's inner gradients), where they say
-  //! (workspace_floats_of). A convolution's oneDNN primitives and buffers (host) and column
-  //! buffer (CUDA) live there too, uncounted: their sizes are the library's choice.
+  //! stage beside its slots: what layers need only while a call runs (a residual block's inner
+  //! gradients, BatchNorm's partial sums; on the arena, attention's dP and dS and the CUDA
+  //! convolution's column buffer), where they say (workspace_floats_of, arena_floats_of). A
+  //! host convolution's oneDNN primitives and buffers live there too, uncounted: their sizes
+  //! are oneDNN's choice.
+  //! Usage: `const index_t n = S::workspace_floats<Host>(128);`
   template <class B = DefaultBackend>
   static constexpr index_t workspace_floats(index_t rows) {
     return own_workspace_floats<B>(rows) + arena_floats<B>(rows);
@@ -283,7 +305,10 @@ struct Stage {
   //! layer's input half does most of the work (attention), the lanes spend more time waiting
   //! than one backward on both threads loses (docs/results.md), and SequentialTrainer does not
   //! use them.
-  static constexpr bool overlaps_halves = ((Ls::param_count == 0 || input_half_keeps_dy<Ls>)&&...);
+  //! A layer with parameters must also keep no workspace: the lanes' calls run at once, and
+  //! only the input lane may touch the stage's workspace.
+  static constexpr bool overlaps_halves =
+      ((Ls::param_count == 0 || (input_half_keeps_dy<Ls> && !keeps_workspace<Ls, Host>)) && ...);
   //! The first layer that cannot split its backward on B, as "layer i (name)", or "" if none.
   template <class B>
   static std::string unsplit_layer() {
@@ -380,9 +405,13 @@ struct Stage {
   }
 
   //! What the stage's layers need only while one of their calls runs (their Workspace<B>:
-  //! Conv2d's primitives and buffers, attention's dP and dS), one per stage for calls of up to
-  //! max_rows rows. Every Activations made on it shares it: a stage runs one call at a time, and
-  //! nothing in it outlives the call.
+  //! Conv2d's primitives, BatchNorm's partial sums) and the arena their calls use in turn
+  //! (attention's dP and dS, the CUDA convolution's column buffer), one per stage for calls of
+  //! up to max_rows rows. Every Activations made on it shares it: a stage runs one call at a
+  //! time, and nothing in it outlives the call. It must not move once slots are made on it
+  //! (they point into it); a layer that declares a Workspace<B> must build its Saved<B> on it,
+  //! and one that takes from the arena must build its Workspace<B> on it, else this fails to
+  //! compile naming the layer.
   //! Usage: `S::Workspace<Host> ws(128); S::Activations<Host> a(32, false, &ws), b(32, false,
   //! &ws);`
   template <class B = DefaultBackend>
@@ -394,7 +423,9 @@ struct Stage {
         : max_rows_(max_rows),
           own_arena_(arena == nullptr ? arena_floats<B>(max_rows) : 0),
           arena_(arena == nullptr ? own_arena_.data() : arena),
-          layers_(make<typename detail::WorkspaceOf<Ls, B>::type>(max_rows, arena_)...) {}
+          layers_(make<typename detail::WorkspaceOf<Ls, B>::type>(max_rows, arena_)...) {
+      static_assert(check_layers());
+    }
     index_t max_rows() const { return max_rows_; }
     //! Layer I's Workspace<B> (detail::NothingWorkspace for a layer that keeps none).
     template <std::size_t I>
@@ -405,6 +436,15 @@ struct Stage {
     float* arena() const { return arena_; }
 
    private:
+    // Each layer's contract with the workspace: a declared Workspace<B> reached by its Saved<B>,
+    // an arena share taken through its Workspace<B>.
+    template <std::size_t... I>
+    static consteval bool check_each(std::index_sequence<I...>) {
+      return (detail::WorkspaceContract<I, Ls, B>::ok && ...);
+    }
+    static consteval bool check_layers() {
+      return check_each(std::make_index_sequence<layer_count>{});
+    }
     template <class W>
     static W make(index_t max_rows, float* arena) {
       if constexpr (std::constructible_from<W, index_t, float*>)

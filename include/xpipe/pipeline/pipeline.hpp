@@ -382,6 +382,9 @@ class Pipeline {
   //! a split backward keeps between its halves, and once its layers' workspace for a batch
   //! (Stage::workspace_floats); 0 before the first train() call.
   index_t activation_floats(int k) const { return activation_floats_[k]; }
+  //! Of those, the floats of stage k's workspace (Stage::workspace_floats for a batch): what its
+  //! layers need only during a call, once whatever the slots.
+  index_t workspace_floats(int k) const { return workspace_floats_[k]; }
 
  private:
   template <std::size_t K>
@@ -524,6 +527,7 @@ class Pipeline {
       if (options_.clip_norm > 0.f) device_.size_norms(contexts(), K, schedule.mini_batches);
     copies_.assign(K, 0);
     activation_floats_.assign(K, 0);
+    workspace_floats_.assign(K, 0);
     PredictorSetup setup;
     setup.schedule = schedule_;
     setup.analysis = &analysis_;
@@ -549,10 +553,11 @@ class Pipeline {
         if constexpr (on_device)
           if (options_.clip_norm > 0.f) rt.device_norms = device_.norms_of(k);
         copies_[k] = rt.pred->weight_copies();
+        workspace_floats_[k] = S::template workspace_floats<backend>(options_.batch);
         activation_floats_[k] =
             analysis_.max_in_flight[k] *
                 (S::activation_floats(rows) + (split_here ? S::kept_gradient_floats(rows) : 0)) +
-            S::template workspace_floats<backend>(options_.batch);
+            workspace_floats_[k];
       });
     if constexpr (on_device)
       device_.upload(ctx_of(0), ctx_of(stage_count - 1), data, used, in_width,
@@ -687,6 +692,7 @@ class Pipeline {
   index_t sample_count_ = 0;
   std::vector<int> copies_ = std::vector<int>(stage_count, 0);
   std::vector<index_t> activation_floats_ = std::vector<index_t>(stage_count, 0);
+  std::vector<index_t> workspace_floats_ = std::vector<index_t>(stage_count, 0);
   std::conditional_t<on_device, DeviceEpoch<backend>, NoDeviceEpoch> device_;
   bool finished_here_ = false;  // the executor ran finish_here (several processes, a device)
 };

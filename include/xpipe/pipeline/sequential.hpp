@@ -46,7 +46,8 @@ class SequentialTrainer {
  public:
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
       : state_(optimizer, Model::param_count),
-        acts_(max_batch, can_run_lanes),
+        workspace_(max_batch),
+        acts_(max_batch, can_run_lanes, &workspace_),
         scratch_(max_batch),
         dlogits_(max_batch * Model::out_width),
         row_loss_(max_batch),
@@ -60,6 +61,9 @@ class SequentialTrainer {
     Model::init({state_.weights(), static_cast<std::size_t>(Model::param_count)}, seed);
     Model::init_state({running_.data(), static_cast<std::size_t>(Model::state_count)});
   }
+  // Its slot points into its workspace: a trainer stays where it is made.
+  SequentialTrainer(const SequentialTrainer&) = delete;
+  SequentialTrainer& operator=(const SequentialTrainer&) = delete;
 
   index_t max_batch() const { return acts_.max_rows(); }
   OptimizerState<O, B>& state() { return state_; }
@@ -193,6 +197,7 @@ class SequentialTrainer {
   }
 
   OptimizerState<O, B> state_;
+  typename Model::template Workspace<B> workspace_;  // the slot points into it: declared first
   typename Model::template Activations<B> acts_;
   typename Model::template GradScratch<B> scratch_;
   Buffer<float> dlogits_;

@@ -92,6 +92,10 @@ struct StageRuntime {
     }
   }
 
+  // Its slots point into `workspace`: a runtime stays where it is made.
+  StageRuntime(const StageRuntime&) = delete;
+  StageRuntime& operator=(const StageRuntime&) = delete;
+
   const Context& ctx() const { return context.ctx(); }
 
   //! The state buffer layers read and update (null for a stage without state).

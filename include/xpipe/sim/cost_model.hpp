@@ -27,6 +27,7 @@ struct StageCost {
   double state_bytes = 0;          // gradient and optimizer moments (one copy each)
   double activation_bytes = 0;     // what one micro-batch in flight keeps for its backward
   double kept_gradient_bytes = 0;  // and in addition between the halves of a split backward
+  double workspace_bytes = 0;      // what its layers need only during a call, once per stage
   int weight_copies = 1;           // weight buffers its predictor holds (live weights included)
 };
 
@@ -173,7 +174,8 @@ struct CostModel {
           {"weight_bytes", c.weight_bytes},
           {"state_bytes", c.state_bytes},
           {"activation_bytes", c.activation_bytes},
-          {"kept_gradient_bytes", c.kept_gradient_bytes}};
+          {"kept_gradient_bytes", c.kept_gradient_bytes},
+          {"workspace_bytes", c.workspace_bytes}};
       for (const auto& [name, v] : fields)
         if (bad(v))
           throw ConfigError("xpipe: cost model: stage " + std::to_string(k) + ": " + name +

@@ -30,11 +30,13 @@ struct SimOptions {
 
 //! What a simulated run yields.
 struct SimResult {
-  ExecutionTrace trace;                   // every action's start and end; trace.seconds = makespan
-  std::vector<double> busy;               // per stage: seconds computing
-  std::vector<int> peak_in_flight;        // per stage: micro-batches forwarded, gradient not added
-  std::vector<double> peak_memory_bytes;  // per stage: weights x copies + state + activations
-  // Per worker (a device): its stages' weights x copies and state, and the most activation bytes
+  ExecutionTrace trace;             // every action's start and end; trace.seconds = makespan
+  std::vector<double> busy;         // per stage: seconds computing
+  std::vector<int> peak_in_flight;  // per stage: micro-batches forwarded, gradient not added
+  // Per stage: weights x copies + state + workspace + activations.
+  std::vector<double> peak_memory_bytes;
+  // Per worker (a device): its stages' weights x copies, state and workspaces, and the most
+  // activation bytes
   // its stages hold at once, walked in the order it runs them; = peak_memory_bytes with one
   // stage per worker.
   std::vector<double> worker_peak_memory_bytes;
@@ -254,12 +256,13 @@ inline SimResult simulate(const Schedule& s, const CostModel& cost, const SimOpt
     per_slot[static_cast<std::size_t>(k)] =
         c.activation_bytes + (split ? c.kept_gradient_bytes : 0);
   }
-  // A worker holds its stages' weights and state throughout, and its slots as its order has them.
+  // A worker holds its stages' weights, state and workspaces throughout, and its slots as its
+  // order has them.
   r.worker_peak_memory_bytes =
       worker_slot_peaks(s, [&](int k) { return per_slot[static_cast<std::size_t>(k)]; });
   for (int k = 0; k < K; ++k) {
     const StageCost& c = cost.stages[static_cast<std::size_t>(k)];
-    const double fixed = c.weight_bytes * c.weight_copies + c.state_bytes;
+    const double fixed = c.weight_bytes * c.weight_copies + c.state_bytes + c.workspace_bytes;
     r.peak_memory_bytes.push_back(fixed +
                                   per_slot[static_cast<std::size_t>(k)] * r.peak_in_flight[k]);
     r.worker_peak_memory_bytes[static_cast<std::size_t>(owner[static_cast<std::size_t>(k)])] +=
