@@ -517,6 +517,31 @@ TEST_CASE("Planner pieces: partition, all-reduce, Young/Daly, E(B)", "[sim][plan
   REQUIRE_THROWS_WITH(empty.check(), Contains("points is empty"));
 }
 
+TEST_CASE("A stage's cost holds its layers' workspace once for a batch, and the largest arena",
+          "[sim][plan]") {
+  const DeviceSpec d{.name = "d", .peak_flops = 1e12, .memory_bandwidth = 1e11};
+  const auto layer = [](const char* name, double workspace, double arena) {
+    return LayerSpec{.name = name,
+                     .in_width = 4,
+                     .out_width = 4,
+                     .activation_floats = 4,
+                     .workspace_floats = workspace,
+                     .arena_floats = arena,
+                     .forward_flops = 1,
+                     .backward_flops = 1};
+  };
+  const std::vector<LayerSpec> layers = {layer("a", 2, 5), layer("b", 3, 7)};
+  // Worked by hand, micro-batches of 4 in a batch of 16: the layers' own floats add up (2 + 3
+  // a sample), their arenas do not (the larger, 7), all for the 16 samples the workspace is
+  // made for; the slots' bytes stay per micro-batch.
+  const StageCost both = stage_cost(layers, 0, 2, 4, d, 16);
+  REQUIRE(both.workspace_bytes == Approx(4 * 16 * (2 + 3 + 7)));
+  REQUIRE(both.activation_bytes == Approx(4 * 4 * (4 + 4)));
+  REQUIRE(stage_cost(layers, 0, 1, 4, d, 16).workspace_bytes == Approx(4 * 16 * (2 + 5)));
+  // Without a batch, the micro-batch's rows.
+  REQUIRE(stage_cost(layers, 0, 2, 4, d).workspace_bytes == Approx(4 * 4 * (2 + 3 + 7)));
+}
+
 TEST_CASE("Planner on an analytic one-layer model, checked by hand", "[sim][plan]") {
   PlanRequest r;
   // One layer: 1e9 FLOPs per sample forward, 2e9 backward; 1e6 parameters.

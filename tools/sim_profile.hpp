@@ -482,6 +482,10 @@ std::vector<sim::LayerSpec> profile_stages(const std::array<std::string, P::stag
       l.in_width = S::in_width;
       l.out_width = S::out_width;
       l.activation_floats = static_cast<double>(S::activation_floats(large)) / large;
+      l.workspace_floats =
+          static_cast<double>(S::template own_workspace_floats<typename P::backend>(large)) / large;
+      l.arena_floats =
+          static_cast<double>(S::template arena_floats<typename P::backend>(large)) / large;
       l.forward_flops = 2.0 * S::macs;
       l.backward_flops = 4.0 * S::macs;
       const double span = static_cast<double>(large - small);

@@ -63,6 +63,8 @@ std::vector<sim::LayerSpec> model_from(const json& j, const std::string& file) {
     s.in_width = number(l, at, "in_width", std::nullopt, 1);
     s.out_width = number(l, at, "out_width", std::nullopt, 1);
     s.activation_floats = number(l, at, "activation_floats", 0.0);
+    s.workspace_floats = number(l, at, "workspace_floats", 0.0);
+    s.arena_floats = number(l, at, "arena_floats", 0.0);
     s.forward_flops = number(l, at, "forward_flops", 0.0);
     s.backward_flops = number(l, at, "backward_flops", 0.0);
     s.forward_fixed = number(l, at, "forward_fixed", 0.0);

@@ -25,6 +25,8 @@ json to_json(const sim::LayerSpec& l) {
           {"in_width", l.in_width},
           {"out_width", l.out_width},
           {"activation_floats", l.activation_floats},
+          {"workspace_floats", l.workspace_floats},
+          {"arena_floats", l.arena_floats},
           {"forward_flops", l.forward_flops},
           {"backward_flops", l.backward_flops},
           {"forward_fixed", l.forward_fixed},

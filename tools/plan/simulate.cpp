@@ -42,8 +42,8 @@ int simulate(const std::string& model_file, const std::string& schedule, int K, 
   sim::CostModel m;
   m.cores = cores;
   for (int k = 0; k < K; ++k)
-    m.stages.push_back(
-        sim::stage_cost(layers, first[k], k + 1 < K ? first[k + 1] : layers.size(), rows, none));
+    m.stages.push_back(sim::stage_cost(layers, first[k], k + 1 < K ? first[k + 1] : layers.size(),
+                                       rows, none, batch));
   // zb-auto is fitted to these stages' costs; the other schedules ignore them.
   const Schedule s = make_schedule(schedule, K, M, N, m.split_backward_costs());
   const sim::SimResult r = sim::simulate(s, m);

@@ -236,9 +236,12 @@ struct DeviceSpec {
 //! roofline on a DeviceSpec: max(FLOPs / (peak x efficiency), bytes moved / bandwidth).
 struct LayerSpec {
   std::string name;
-  double params = 0;                                   // weights and biases
-  double in_width = 0, out_width = 0;                  // floats per sample in and out
-  double activation_floats = 0;                        // per sample, kept for the backward
+  double params = 0;                   // weights and biases
+  double in_width = 0, out_width = 0;  // floats per sample in and out
+  double activation_floats = 0;        // per sample, kept for the backward
+  // Per sample of a batch, held once per stage (Stage::Workspace): its own buffers, summed over a
+  // stage's layers, and its share of the stage's arena, of which a stage holds the largest.
+  double workspace_floats = 0, arena_floats = 0;
   double forward_flops = 0, backward_flops = 0;        // per sample
   double forward_fixed = 0, forward_per_sample = 0;    // measured, seconds
   double backward_fixed = 0, backward_per_sample = 0;  // measured, seconds
@@ -279,13 +282,15 @@ inline LayerTimes layer_times(const LayerSpec& l, double rows, const DeviceSpec&
           detail::roofline(0, adam_step_bytes_per_param * l.params, d)};
 }
 
-//! The StageCost of layers [first, last) of `layers` at `rows` samples per micro-batch.
+//! The StageCost of layers [first, last) of `layers` at `rows` samples per micro-batch, its
+//! workspace sized for `batch` samples (a whole mini-batch, as a stage makes it; 0: rows).
+//! Usage: `stage_cost(layers, 0, 2, 32, device, 128)`.
 inline StageCost stage_cost(const std::vector<LayerSpec>& layers, std::size_t first,
-                            std::size_t last, double rows, const DeviceSpec& d) {
+                            std::size_t last, double rows, const DeviceSpec& d, double batch = 0) {
   if (first >= last || last > layers.size())
     throw ConfigError("xpipe: stage_cost: empty or out-of-range layer range");
   StageCost c;
-  double params = 0;
+  double params = 0, workspace = 0, arena = 0;
   for (std::size_t i = first; i < last; ++i) {
     const LayerTimes t = layer_times(layers[i], rows, d);
     c.forward += t.forward;
@@ -295,7 +300,10 @@ inline StageCost stage_cost(const std::vector<LayerSpec>& layers, std::size_t fi
     c.activation_bytes += 4 * rows * layers[i].activation_floats;
     // A split backward keeps the output gradient of each layer with parameters until its W.
     if (layers[i].params > 0) c.kept_gradient_bytes += 4 * rows * layers[i].out_width;
+    workspace += layers[i].workspace_floats;
+    arena = std::max(arena, layers[i].arena_floats);
   }
+  c.workspace_bytes = 4 * (batch > 0 ? batch : rows) * (workspace + arena);
   c.out_bytes = 4 * rows * layers[last - 1].out_width;
   c.in_bytes = 4 * rows * layers[first].in_width;
   c.weight_bytes = 4 * params;

@@ -312,7 +312,7 @@ inline PlanResult make_plans(PlanRequest r) {
               const std::size_t f = first[static_cast<std::size_t>(k)];
               const std::size_t l =
                   k + 1 < K ? first[static_cast<std::size_t>(k) + 1] : r.layers.size();
-              StageCost sc = stage_cost(r.layers, f, l, rows, c.device);
+              StageCost sc = stage_cost(r.layers, f, l, rows, c.device, b);
               const double ar = ring_allreduce_seconds(sc.weight_bytes, dp, c.allreduce_link);
               p.allreduce_seconds = std::max(p.allreduce_seconds, ar);
               sc.step += ar;
