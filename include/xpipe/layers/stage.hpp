@@ -88,25 +88,23 @@ constexpr index_t kept_floats_of(index_t rows) {
     return 0;
 }
 
-// Saved<B> of a layer that keeps one, or nothing; likewise Workspace<B>.
-struct NothingSaved {
-  explicit NothingSaved(index_t) {}
+// What stands for a layer's Saved<B> or Workspace<B> where it keeps none.
+struct NothingKept {
+  explicit NothingKept(index_t) {}
 };
+// Saved<B> of a layer that keeps one, or nothing; likewise Workspace<B>.
 template <class L, class B>
 struct SavedOf {
-  using type = NothingSaved;
+  using type = NothingKept;
 };
 template <class L, class B>
 requires HasSaved<L, B>
 struct SavedOf<L, B> {
   using type = typename L::template Saved<B>;
 };
-struct NothingWorkspace {
-  explicit NothingWorkspace(index_t) {}
-};
 template <class L, class B>
 struct WorkspaceOf {
-  using type = NothingWorkspace;
+  using type = NothingKept;
 };
 template <class L, class B>
 requires HasWorkspace<L, B>
@@ -137,9 +135,9 @@ struct WorkspaceContract {
 // A layer's Saved for one slot: on the stage's workspace where the layer keeps one and the slot
 // was given it (else the Saved makes its own), told whether a split backward will run on it
 // where its constructor asks (a residual block's), sized from the slot's rows.
-template <class T, class W = NothingWorkspace>
+template <class T, class W = NothingKept>
 T make_saved(index_t rows, bool keep_gradients, W* workspace = nullptr) {
-  if constexpr (!std::is_same_v<W, NothingWorkspace>) {
+  if constexpr (!std::is_same_v<W, NothingKept>) {
     if (workspace != nullptr) {
       if constexpr (std::constructible_from<T, index_t, bool, W&>)
         return T(rows, keep_gradients, *workspace);
@@ -427,7 +425,7 @@ struct Stage {
       static_assert(check_layers());
     }
     index_t max_rows() const { return max_rows_; }
-    //! Layer I's Workspace<B> (detail::NothingWorkspace for a layer that keeps none).
+    //! Layer I's Workspace<B> (detail::NothingKept for a layer that keeps none).
     template <std::size_t I>
     auto& get() {
       return std::get<I>(layers_);
@@ -494,7 +492,7 @@ struct Stage {
     }
     //! Whether the slot was made for a split backward (keep_gradients).
     bool keeps_gradients() const { return keeps_gradients_; }
-    //! Layer I's Saved<B> in this slot (detail::NothingSaved for a layer that keeps none). The
+    //! Layer I's Saved<B> in this slot (detail::NothingKept for a layer that keeps none). The
     //! backward writes it too (caches), hence a mutable member behind a const slot.
     template <std::size_t I>
     auto& saved() const {
