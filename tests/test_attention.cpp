@@ -205,14 +205,14 @@ TEST_CASE("CausalSelfAttention's layout", "[layers][attention]") {
   Attention::Saved<Host> saved(8);
   REQUIRE(saved.max_rows == 8);
   REQUIRE(saved.probs.size() == 64);
-  REQUIRE(saved.workspace->own.size() == 64);  // made alone, it has its own room
+  REQUIRE(saved.workspace->room.own_floats() == 64);  // made alone, it has its own room
   std::vector<float> arena(16 * 2 * 4);
   Attention::Workspace<Host> shared(16, arena.data());
   Attention::Saved<Host> on_shared(8, shared);
   REQUIRE(on_shared.probs.size() == 64);
   REQUIRE(&*on_shared.workspace == &shared);
   REQUIRE(shared.grads() == arena.data());
-  REQUIRE(shared.own.size() == 0);
+  REQUIRE(shared.room.own_floats() == 0);
 
   // A pre-norm attention block's workspace, worked by hand for 8 rows: the inner stage's two
   // ping-pong gradient buffers at its widest boundary (Linear<8, 24>'s output, 24 columns); on

@@ -93,6 +93,25 @@ void activate_context(const Ctx& ctx) {
 }
 }  // namespace detail
 
+//! Room for one call's scratch on backend B: `floats` floats of a caller's arena (a stage's,
+//! shared by its layers' calls in turn) where one is given, else a buffer of its own. The room
+//! stays where it is when the ArenaOr moves.
+//! Usage: `ArenaOr<B> room(arena, floats); float* p = room.data();`
+template <class B>
+class ArenaOr {
+ public:
+  //! `arena`: at least `floats` floats on B that outlive this, or null for a buffer of its own.
+  ArenaOr(float* arena, index_t floats)
+      : own_(arena != nullptr ? 0 : floats), data_(arena != nullptr ? arena : own_.data()) {}
+  float* data() const { return data_; }
+  //! Floats of its own buffer: 0 on an arena.
+  index_t own_floats() const { return static_cast<index_t>(own_.size()); }
+
+ private:
+  typename B::template Buffer<float> own_;
+  float* data_;
+};
+
 //! The backend used where none is named: the host, unless XPIPE_DEFAULT_BACKEND_CUDA is defined
 //! in a CUDA translation unit that has included xpipe/backend/cuda.cuh.
 #if defined(XPIPE_DEFAULT_BACKEND_CUDA) && defined(__CUDACC__)

@@ -282,21 +282,14 @@ class Im2colConvPlans {
   //! after runs in it. `workspace_floats` bounds the column buffer.
   explicit Im2colConvPlans(const ConvGeometry& g,
                            index_t workspace_floats = default_workspace_floats)
-      : max_(g),
-        chunk_(conv_chunk(g, workspace_floats)),
-        cols_(conv_workspace_floats(g, chunk_).cols),
-        plane_sums_(conv_workspace_floats(g, chunk_).plane_sums) {}
+      : max_(g), chunk_(conv_chunk(g, workspace_floats)), room_(nullptr, room_floats()) {}
 
   //! The plans for g.rows images on the caller's memory: `arena` holds arena_floats(g) floats
   //! on B (a stage's arena, which its other layers' calls use too) and outlives the plans;
   //! nothing is allocated. A null arena: the plans allocate their own, as above.
   //! Usage: `Im2colConvPlans<Cuda> plans{g, arena.data()};`
   Im2colConvPlans(const ConvGeometry& g, float* arena)
-      : max_(g),
-        chunk_(conv_chunk(g, default_workspace_floats)),
-        cols_(arena != nullptr ? 0 : conv_workspace_floats(g, chunk_).cols),
-        plane_sums_(arena != nullptr ? 0 : conv_workspace_floats(g, chunk_).plane_sums),
-        arena_(arena) {}
+      : max_(g), chunk_(conv_chunk(g, default_workspace_floats)), room_(arena, room_floats()) {}
 
   //! Floats of the column buffer and the per-image bias sums for g at the default bound: what a
   //! call takes from an arena. Usage: `Buffer<float> arena(ConvPlans<Cuda>::arena_floats(g));`
@@ -350,15 +343,18 @@ class Im2colConvPlans {
                        " does not fit the plans made for " + conv_geometry_text(max_));
   }
 
+  // The column buffer of chunk_ images, then their per-image bias sums.
+  index_t room_floats() const {
+    const ConvWorkspaceFloats f = conv_workspace_floats(max_, chunk_);
+    return f.cols + f.plane_sums;
+  }
   ConvWorkspace workspace() {
-    if (arena_ == nullptr) return {cols_.data(), plane_sums_.data(), chunk_};
-    return {arena_, arena_ + conv_workspace_floats(max_, chunk_).cols, chunk_};
+    return {room_.data(), room_.data() + conv_workspace_floats(max_, chunk_).cols, chunk_};
   }
 
   ConvGeometry max_;
   index_t chunk_;
-  typename B::template Buffer<float> cols_, plane_sums_;  // their own, unless on an arena
-  float* arena_ = nullptr;
+  ArenaOr<B> room_;  // their own, unless on an arena
 };
 
 }  // namespace xpipe

@@ -71,13 +71,11 @@ struct CausalSelfAttention {
   //! Usage: `CausalSelfAttention<8, 2, 4>::Workspace<Host> ws(rows, arena.data());`
   template <class B>
   struct Workspace {
-    explicit Workspace(index_t max_rows) : own(arena_floats<B>(max_rows)) {}
     //! On `arena` (arena_floats<B>(max_rows) floats), or its own room where it is null.
-    Workspace(index_t max_rows, float* arena)
-        : own(arena != nullptr ? 0 : arena_floats<B>(max_rows)), arena(arena) {}
-    float* grads() { return arena != nullptr ? arena : own.data(); }
-    typename B::template Buffer<float> own;  // made alone: its own room
-    float* arena = nullptr;
+    explicit Workspace(index_t max_rows, float* arena = nullptr)
+        : room(arena, arena_floats<B>(max_rows)) {}
+    float* grads() const { return room.data(); }
+    ArenaOr<B> room;
   };
 
   //! Per activation slot of up to max_rows rows, on backend B: the probabilities P (`probs`,

@@ -170,14 +170,13 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   //! Usage: `Block::Workspace<Host> ws(rows); Block::Saved<Host> slot(rows, false, ws);`
   template <class B>
   struct Workspace {
-    explicit Workspace(index_t max_rows)
-        : own(arena_floats<B>(max_rows)),
-          layers(max_rows, own.data()),
+    //! On `arena` (arena_floats<B>(max_rows) floats), or an arena of its own where it is null.
+    explicit Workspace(index_t max_rows, float* arena = nullptr)
+        : room(arena, arena_floats<B>(max_rows)),
+          layers(max_rows, room.data()),
           scratch(max_rows),
-          shortcut(max_rows, own.data()) {}
-    Workspace(index_t max_rows, float* arena)
-        : own(0), layers(max_rows, arena), scratch(max_rows), shortcut(max_rows, arena) {}
-    typename B::template Buffer<float> own;  // made alone: the arena of its layers
+          shortcut(max_rows, room.data()) {}
+    ArenaOr<B> room;  // first: its layers' calls take their arena from it
     typename inner::template Workspace<B> layers;
     typename inner::template GradScratch<B> scratch;
     detail::ShortcutWorkspace<Shortcut, B, in_width> shortcut;

@@ -419,9 +419,8 @@ struct Stage {
     //! inner stage takes its stage's); without one it allocates its own.
     explicit Workspace(index_t max_rows, float* arena = nullptr)
         : max_rows_(max_rows),
-          own_arena_(arena == nullptr ? arena_floats<B>(max_rows) : 0),
-          arena_(arena == nullptr ? own_arena_.data() : arena),
-          layers_(make<typename detail::WorkspaceOf<Ls, B>::type>(max_rows, arena_)...) {
+          arena_(arena, arena_floats<B>(max_rows)),
+          layers_(make<typename detail::WorkspaceOf<Ls, B>::type>(max_rows, arena_.data())...) {
       static_assert(check_layers());
     }
     index_t max_rows() const { return max_rows_; }
@@ -431,7 +430,7 @@ struct Stage {
       return std::get<I>(layers_);
     }
     //! Where the layers' calls take their arena_floats_of from.
-    float* arena() const { return arena_; }
+    float* arena() const { return arena_.data(); }
 
    private:
     // Each layer's contract with the workspace: a declared Workspace<B> reached by its Saved<B>,
@@ -452,8 +451,7 @@ struct Stage {
     }
 
     index_t max_rows_;
-    typename B::template Buffer<float> own_arena_;
-    float* arena_;
+    ArenaOr<B> arena_;
     std::tuple<typename detail::WorkspaceOf<Ls, B>::type...> layers_;
   };
 
