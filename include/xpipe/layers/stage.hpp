@@ -335,6 +335,10 @@ struct Stage {
     for (int w : widths) m = w > m ? w : m;
     return m;
   }
+  // Floats of one part of a GradScratch: rows x max_width(), rounded up to 16 (64 bytes).
+  static constexpr index_t grad_scratch_part(index_t rows) {
+    return (rows * max_width() + 15) / 16 * 16;
+  }
 
   //! state_offsets[i]: where layer i's non-trainable state (BatchNorm's running statistics)
   //! starts in the stage's state buffer; state_count: that buffer's length (0 for most stages).
@@ -541,29 +545,28 @@ struct Stage {
   //! Floats of a GradScratch<B> for `rows` rows.
   template <class B = DefaultBackend>
   static constexpr index_t grad_scratch_floats(index_t rows) {
-    return (needs_grad_scratch<B> ? 3 : 2) * rows * max_width();
+    return (needs_grad_scratch<B> ? 3 : 2) * grad_scratch_part(rows);
   }
 
   //! Two ping-pong buffers for gradients flowing back between layers (0 and 1), and a third (2)
-  //! for the layers whose backward takes one, allocated only when some layer does; one set per
-  //! stage suffices, since a stage runs one backward at a time.
+  //! for the layers whose backward takes one, there only when some layer does: parts of one
+  //! allocation of grad_scratch_floats<B>(max_rows), each starting on a 64-byte boundary. One
+  //! set per stage suffices, since a stage runs one backward at a time.
   template <class B = DefaultBackend>
   class GradScratch {
    public:
     explicit GradScratch(index_t max_rows)
-        : max_rows_(max_rows),
-          a_(max_rows * max_width()),
-          b_(max_rows * max_width()),
-          c_(needs_grad_scratch<B> ? max_rows * max_width() : 0) {}
+        : max_rows_(max_rows), buffer_(grad_scratch_floats<B>(max_rows)), base_(buffer_.data()) {}
+    //! Part `which` (0, 1 or 2) as rows x width; the rows and width fit max_rows x max_width().
     Matrix get(int which, index_t rows, int width) const {
-      const auto& buffer = which == 0 ? a_ : which == 1 ? b_ : c_;
-      return {const_cast<float*>(buffer.data()), rows, width};
+      return {base_ + which * grad_scratch_part(max_rows_), rows, width};
     }
     index_t max_rows() const { return max_rows_; }
 
    private:
     index_t max_rows_;
-    typename B::template Buffer<float> a_, b_, c_;
+    typename B::template Buffer<float> buffer_;
+    float* base_;  // buffer_'s floats, which a const GradScratch hands out to write
   };
 
   //! Runs every layer on `x` with the given flat parameters (latest, stashed or predicted);
