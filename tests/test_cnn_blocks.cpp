@@ -323,6 +323,97 @@ TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, 
           }).find("BatchNormAct<Shape<8, 6, 6>, ReLU>::forward") != std::string::npos);
 }
 
+namespace {
+
+// ResidualAct<ReLU, ...> (Fused) against the same block unfused (Plain) then ReLU: y, the
+// running state, dx and the parameter gradients bit for bit; the split backward on a slot that
+// keeps gradients; evaluation.
+template <class Fused, class Plain>
+void check_residual_act_against_pair(int threads) {
+  const HostContext ctx{.threads = threads};
+  constexpr int w = Plain::out_width;
+  const index_t rows = 5;
+  Slot<Fused> f(rows);
+  randomize(f, 23);
+  // The pair: the block into t, ReLU into y; back through ReLU into dt, then the block.
+  Slot<Plain> p(rows);
+  p.p = f.p, p.x = f.x;
+  p.forward(ctx);
+  std::vector<float> y(p.y.size()), dt(p.y.size());
+  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+  xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
+                        ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
+                        Matrix{dt.data(), rows, w});
+  p.dy = dt;
+  p.backward(ctx);
+  REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
+  const std::vector<float> state0 = f.state;
+  f.forward(ctx);
+  f.backward(ctx);
+  CHECK(f.y == y);
+  CHECK(f.state == p.state);
+  CHECK(f.dx == p.dx);
+  CHECK(f.g == p.g);
+  // The split backward on a slot made for it: the input part (which takes dy through ReLU in
+  // place), then the weight part.
+  typename Fused::template Saved<xpipe::Host> kept(rows, true);
+  std::vector<float> state = state0, y2(f.y.size()), dx(f.dx.size(), -1.f), g(f.g.size(), -1.f),
+                     dy = f.dy;
+  Fused::forward(ctx, f.p.data(), f.input(), Matrix{y2.data(), rows, w}, kept,
+                 Running{state.data(), true});
+  CHECK(y2 == y);
+  Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{y2.data(), rows, w},
+                        Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, Fused::in_width}, kept);
+  Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{y2.data(), rows, w},
+                         ConstMatrix{dy.data(), rows, w}, kept);
+  CHECK(dy == dt);
+  CHECK(dx == f.dx);
+  CHECK(g == f.g);
+  // Evaluation with the running statistics.
+  f.forward(ctx, false);
+  p.forward(ctx, false);
+  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+  CHECK(f.y == y);
+}
+
+}  // namespace
+
+TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and its weights",
+          "[layers][residual]") {
+  using BN8 = BatchNorm2d<S8>;
+  using Fused = xpipe::ResidualAct<xpipe::ReLU, Conv8, BN8, xpipe::ReLU, Conv8, BN8>;
+  using FusedProjected = xpipe::ProjectedResidualAct<
+      xpipe::ReLU, Projection,
+      xpipe::Conv2d<S8, 16, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}>,
+      BatchNorm2d<S16>, xpipe::ReLU,
+      xpipe::Conv2d<S16, 16, 3, ConvOptions{.padding = 1, .bias = false}>, BatchNorm2d<S16>>;
+  STATIC_REQUIRE(Fused::param_count == IdentityBlock::param_count);
+  STATIC_REQUIRE(Fused::state_count == IdentityBlock::state_count);
+  STATIC_REQUIRE(xpipe::init_streams<Fused>() == 2);  // the block's and ReLU's layer numbers
+  STATIC_REQUIRE(xpipe::init_streams<IdentityBlock>() == 1);
+  STATIC_REQUIRE(xpipe::splits_backward<Fused>);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    check_residual_act_against_pair<Fused, IdentityBlock>(threads);
+    check_residual_act_against_pair<FusedProjected, ProjectedBlock>(threads);
+  }
+  // The same initial weights as the unfused stage from the same seed: the convolution after
+  // the block draws from the sub-stream it draws from after the block and ReLU.
+  using FusedStage = xpipe::Stage<Conv8, Fused, Conv8>;
+  using PlainStage = xpipe::Stage<Conv8, IdentityBlock, xpipe::ReLU, Conv8>;
+  STATIC_REQUIRE(FusedStage::param_count == PlainStage::param_count);
+  std::vector<float> fused(FusedStage::param_count), plain(PlainStage::param_count);
+  FusedStage::init(fused, 7);
+  PlainStage::init(plain, 7);
+  REQUIRE(fused == plain);
+  // A slot keeps one activation fewer, the sum before ReLU: 8 x 6 x 6 floats a row. Its
+  // backward takes ReLU's gradient into the workspace instead, one such buffer per stage.
+  STATIC_REQUIRE(PlainStage::activation_floats(4) - FusedStage::activation_floats(4) == 4 * 288);
+  STATIC_REQUIRE(Fused::workspace_floats<xpipe::Host>(4) -
+                     IdentityBlock::workspace_floats<xpipe::Host>(4) ==
+                 4 * 288);
+}
+
 TEST_CASE("Residual blocks lay out parameters and state as documented", "[layers][residual]") {
   // f's layers each start on a 16-float boundary: convolution 2x2x3x3 + 3 biases = 57 -> 64,
   // BatchNorm 6 -> 16, GELU 0, convolution 3x3x3x3 + 3 = 84 -> 96, BatchNorm 6 -> 16.

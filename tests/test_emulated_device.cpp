@@ -465,12 +465,13 @@ TEST_CASE(
 namespace {
 
 // A small CNN (convolution, BatchNorm fused with its ReLU, a residual block with the pair
-// unfused, pooling) over 3 stages.
+// unfused and its ReLU after it, one with that ReLU fused into its sum, pooling) over 3 stages.
 constexpr ConvOptions same{.padding = 1};
 using Img4 = Shape<4, 8, 8>;
 using Conv4 = Conv2d<Img4, 4, 3, same>;
 using C0 = Stage<Conv2d<Shape<1, 8, 8>, 4, 3, same>, BatchNormAct<Img4, ReLU>>;
-using C1 = Stage<Residual<Conv4, BatchNorm2d<Img4>, ReLU, Conv4, BatchNorm2d<Img4>>, ReLU>;
+using C1 = Stage<Residual<Conv4, BatchNorm2d<Img4>, ReLU, Conv4, BatchNorm2d<Img4>>, ReLU,
+                 ResidualAct<ReLU, Conv4, BatchNorm2d<Img4>, ReLU, Conv4, BatchNorm2d<Img4>>>;
 using C2 = Stage<MaxPool2d<Img4, 2>, Flatten<Shape<4, 4, 4>>, Linear<64, 4>>;
 
 struct CnnOutcome {

@@ -1,6 +1,8 @@
 // Residual<Layers...> and ProjectedResidual<Shortcut, Layers...>: a residual block as one layer,
 // y = f(x) + x or y = f(x) + P(x), where f (and P, for a change of shape) run as inner stages
-// whose activations the block keeps per micro-batch slot.
+// whose activations the block keeps per micro-batch slot; ResidualAct<Act, Layers...> and
+// ProjectedResidualAct<Act, Shortcut, Layers...>, the same with the activation after the sum
+// (ResNet's ReLU) fused into it.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "xpipe/core/error.hpp"
 #include "xpipe/core/shape.hpp"
 #include "xpipe/kernels/residual.hpp"
+#include "xpipe/layers/activation.hpp"
 #include "xpipe/layers/layer.hpp"
 #include "xpipe/layers/stage.hpp"
 
@@ -92,14 +95,19 @@ requires(Out.known()) struct OutShapeOf<Out> {
 //! activations (its Saved), so a block is one layer to Stage and the pipeline; each slot's inner
 //! layers keep their own Saved too (batch statistics). What only a call needs (f's and the
 //! shortcut's gradient scratch and layer workspaces: convolution plans) is its Workspace, one per
-//! stage. The activation after the
-//! sum (ResNet's ReLU) is the next layer of the stage. Its backward also runs split for zero-bubble
+//! stage. The activation after the sum (ResNet's ReLU) is the next layer of the stage, or with
+//! Post an activation layer, y = Post(f(x) + shortcut(x)) in the sum's one pass: the block then
+//! keeps no sum beside its output, takes Post's gradient from y (Post's function must be
+//! math::OutputDifferentiable: ReLU, not GELU) into a buffer of its workspace, and takes two
+//! layer numbers for its seed (the block's and the activation's), so a model gets the weights and
+//! the bits of `Residual<...>, Post`. Its backward also runs split for zero-bubble
 //! schedules (backward_input, then backward_weight on the same slot) where every inner layer with
 //! parameters has a split (splits_backward); a slot made for it (Saved(rows, true)) then keeps each
 //! such layer's output gradient too (kept_gradient_floats).
-//! Usage: `ResidualBlock<IdentityShortcut, Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>`;
-//! mostly through Residual<...>, ProjectedResidual<P, ...> and Chain<...>.
-template <class Shortcut, class... Ls>
+//! Usage: `ResidualBlock<IdentityShortcut, void, Conv, BatchNorm2d<S>, ReLU, Conv,
+//! BatchNorm2d<S>>`; mostly through Residual<...>, ResidualAct<Act, ...>, ProjectedResidual<P,
+//! ...>, ProjectedResidualAct<Act, P, ...> and Chain<...>.
+template <class Shortcut, class Post, class... Ls>
 struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
                        detail::OutShapeOf<Stage<Ls...>::out_shape> {
   using inner = Stage<Ls...>;
@@ -107,6 +115,22 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   //! is a path of its own.
   static constexpr bool summed = !std::is_same_v<Shortcut, NoShortcut>;
   static constexpr bool projected = summed && !std::is_same_v<Shortcut, IdentityShortcut>;
+  //! Whether an activation follows the sum inside the block, and its per-element function
+  //! (math::Identity where none does).
+  static constexpr bool activated = !std::is_void_v<Post>;
+  static_assert(!activated || ActivationLayer<Post>,
+                "xpipe: ResidualAct<Act, ...>: Act must be an activation layer such as ReLU");
+  static_assert(!activated || summed,
+                "xpipe: a Chain has no sum to put an activation after: write the activation as "
+                "the chain's last layer");
+  using post_function =
+      typename std::conditional_t<activated, Post, Activation<math::Identity>>::function;
+  static_assert(math::OutputDifferentiable<post_function>,
+                "xpipe: ResidualAct<Act, ...>: Act's gradient must follow from its output (its "
+                "function needs static backward_from_output(y, dy), as ReLU's has); for GELU "
+                "write Residual<...>, GELU");
+  //! With Post it stands for the block and Post (Stage::init): two layer numbers.
+  static constexpr std::size_t init_streams = activated ? 2 : 1;
   static_assert(!summed || inner::in_shape.known() == inner::out_shape.known(),
                 "xpipe: Residual: the block's first layer and its last must both name an image "
                 "(a Shape) or both be flat rows: a residual sum adds like to like");
@@ -165,8 +189,9 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   }
 
   //! One per stage, for calls of up to max_rows rows: f's layers' workspace and gradient
-  //! scratch, and the shortcut's with its input gradient where it has a path of its own; their
-  //! layers' calls on the stage's arena where given one (else on one of the block's own).
+  //! scratch, the shortcut's with its input gradient where it has a path of its own, and with
+  //! Post the gradient of the sum (`post_grad`); their layers' calls on the stage's arena where
+  //! given one (else on one of the block's own).
   //! Usage: `Block::Workspace<Host> ws(rows); Block::Saved<Host> slot(rows, false, ws);`
   template <class B>
   struct Workspace {
@@ -175,11 +200,13 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
         : room(arena, arena_floats<B>(max_rows)),
           layers(max_rows, room.data()),
           scratch(max_rows),
-          shortcut(max_rows, room.data()) {}
+          shortcut(max_rows, room.data()),
+          post_grad(activated ? max_rows * out_width : 0) {}
     ArenaOr<B> room;  // first: its layers' calls take their arena from it
     typename inner::template Workspace<B> layers;
     typename inner::template GradScratch<B> scratch;
     detail::ShortcutWorkspace<Shortcut, B, in_width> shortcut;
+    typename B::template Buffer<float> post_grad;
   };
   //! Per activation slot: f's activations, the shortcut's where it has a path of its own; with
   //! `keep_gradients`, room for a split backward's kept gradients too; and the way to the
@@ -206,11 +233,11 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   }
   //! Floats of the workspace's own buffers on B for calls of up to `rows` rows: f's and the
   //! shortcut's (Stage::own_workspace_floats), their gradient scratch
-  //! (Stage::grad_scratch_floats) and the shortcut's input gradient.
+  //! (Stage::grad_scratch_floats), the shortcut's input gradient and Post's gradient.
   template <class B>
   static constexpr index_t workspace_floats(index_t rows) {
     index_t n = inner::template own_workspace_floats<B>(rows) +
-                inner::template grad_scratch_floats<B>(rows);
+                inner::template grad_scratch_floats<B>(rows) + (activated ? rows * out_width : 0);
     if constexpr (projected)
       n += Shortcut::template own_workspace_floats<B>(rows) +
            Shortcut::template grad_scratch_floats<B>(rows) + rows * in_width;
@@ -240,7 +267,7 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
       return inner::template splits_backward<B>;
   }();
 
-  //! y = f(x) + x, or f(x) + P(x).
+  //! y = f(x) + x, or f(x) + P(x); through Post where it has one.
   template <class Ctx, class Sv>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
                       Running run) {
@@ -250,19 +277,26 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
                       run.training};
       const ConstMatrix s =
           Shortcut::forward(ctx, params + shortcut_offset, x, saved.shortcut.acts, r);
-      add_views(ctx, f, s, y);
+      add_views<post_function>(ctx, f, s, y);
     } else if constexpr (summed) {
-      add_views(ctx, f, x, y);
+      add_views<post_function>(ctx, f, x, y);
     } else {
       copy_view(ctx, f, y);
     }
   }
 
   //! f's gradients, the shortcut's, and dx = f's input gradient + the shortcut's (dy itself for
-  //! the identity); dx skipped when empty (the parameter gradients still run).
+  //! the identity); dx skipped when empty (the parameter gradients still run). With Post, dy is
+  //! first taken through Post's gradient at y into the workspace's post_grad.
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
-                       ConstMatrix /*x*/, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, Sv& saved) {
+                       ConstMatrix /*x*/, ConstMatrix y, ConstMatrix dy_out, Matrix dx, Sv& saved) {
+    ConstMatrix dy = dy_out;
+    if constexpr (activated) {
+      const Matrix sum_grad{saved.workspace->post_grad.data(), dy_out.rows, out_width};
+      activation_backward_from_output<post_function>(ctx, y, dy_out, sum_grad);
+      dy = sum_grad;
+    }
     inner::backward(ctx, params, grads, accumulate, saved.acts, dy, dx, saved.workspace->scratch);
     if constexpr (projected) {
       const Matrix ds =
@@ -277,12 +311,14 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
 
   //! The input part of the split backward (zero-bubble schedules): dx as backward computes it
   //! (skipped when empty), each path running Stage::backward_input on the slot, which keeps the
-  //! output gradients its weight part needs; no parameter gradient. Declared only where every
-  //! inner layer splits (a schedule with I and W is refused otherwise, naming the block).
+  //! output gradients its weight part needs; no parameter gradient. With Post, dy is taken
+  //! through Post's gradient in place first. Declared only where every inner layer splits (a
+  //! schedule with I and W is refused otherwise, naming the block).
   template <class Ctx, class Sv>
   requires splits_on<typename Ctx::backend>
-  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix /*x*/,
-                             ConstMatrix /*y*/, Matrix dy, Matrix dx, Sv& saved) {
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix /*x*/, ConstMatrix y,
+                             Matrix dy, Matrix dx, Sv& saved) {
+    if constexpr (activated) activation_backward_from_output<post_function>(ctx, y, dy, dy);
     inner::backward_input(ctx, params, saved.acts, dy, dx, saved.workspace->scratch);
     if constexpr (projected) {
       const Matrix ds =
@@ -310,18 +346,33 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
 //! y = f(x) + x, f = Stage<Ls...>: a residual block with the identity shortcut.
 //! Usage: `Stage<Residual<Conv, BatchNorm2d<S>, ReLU, Conv, BatchNorm2d<S>>, ReLU>`.
 template <class... Ls>
-using Residual = ResidualBlock<IdentityShortcut, Ls...>;
+using Residual = ResidualBlock<IdentityShortcut, void, Ls...>;
+
+//! y = Act(f(x) + x), f = Stage<Ls...>: Residual<Ls...> and the activation after it (Act, an
+//! activation layer whose gradient follows from its output) in one layer, with the bits and
+//! the initial weights of `Residual<Ls...>, Act`; one activation fewer kept per slot, one pass
+//! fewer forward.
+//! Usage: `Stage<ResidualAct<ReLU, Conv, BatchNormAct<S, ReLU>, Conv, BatchNorm2d<S>>>`.
+template <class Act, class... Ls>
+using ResidualAct = ResidualBlock<IdentityShortcut, Act, Ls...>;
 
 //! y = f(x), f = Stage<Ls...>: several layers as one (a Transformer block of two residuals), so
 //! a model names its blocks as it draws them; its output is copied out of f's last activation.
 //! Usage: `using Block = Chain<Residual<LayerNorm<D>, ...>, Residual<LayerNorm<D>, ...>>;`
 template <class... Ls>
-using Chain = ResidualBlock<NoShortcut, Ls...>;
+using Chain = ResidualBlock<NoShortcut, void, Ls...>;
 
 //! y = f(x) + P(x), P a Stage<...> (e.g. a 1x1 stride-2 convolution and its BatchNorm) taking
 //! f's input shape to f's output shape.
 //! Usage: `ProjectedResidual<Stage<Conv2d<S16, 32, 1, ConvOptions{.stride = 2}>, BN32>, ...>`.
 template <class Shortcut, class... Ls>
-using ProjectedResidual = ResidualBlock<Shortcut, Ls...>;
+using ProjectedResidual = ResidualBlock<Shortcut, void, Ls...>;
+
+//! y = Act(f(x) + P(x)): ProjectedResidual<P, Ls...> and the activation after it in one layer,
+//! as ResidualAct.
+//! Usage: `ProjectedResidualAct<ReLU, Stage<Conv2d<S16, 32, 1, ConvOptions{.stride = 2}>,
+//! BN32>, ...>`.
+template <class Act, class Shortcut, class... Ls>
+using ProjectedResidualAct = ResidualBlock<Shortcut, Act, Ls...>;
 
 }  // namespace xpipe

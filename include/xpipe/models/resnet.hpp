@@ -32,18 +32,20 @@ using BN = BatchNorm2d<Image<C, S>>;
 template <int C, int S>
 using BNReLU = BatchNormAct<Image<C, S>, ReLU>;
 
-//! A basic block on C channels of S x S: conv-BN-ReLU-conv-BN plus the input (ReLU follows).
+//! A basic block on C channels of S x S: conv-BN-ReLU-conv-BN plus the input, then ReLU, fused
+//! into the sum (the bits and initial weights of `Residual<...>, ReLU`).
 template <int C, int S>
-using Basic = Residual<Conv3<C, S>, BNReLU<C, S>, Conv3<C, S>, BN<C, S>>;
+using Basic = ResidualAct<ReLU, Conv3<C, S>, BNReLU<C, S>, Conv3<C, S>, BN<C, S>>;
 //! The first block of the next group: C -> 2C channels, S -> S/2, the shortcut a strided 1x1
-//! convolution and its BatchNorm.
+//! convolution and its BatchNorm; the ReLU after the sum fused, as in Basic.
 template <int C, int S>
-using Strided = ProjectedResidual<
+using Strided = ProjectedResidualAct<
+    ReLU,
     Stage<Conv2d<Image<C, S>, 2 * C, 1, ConvOptions{.stride = 2, .bias = false}>, BN<2 * C, S / 2>>,
     Conv2d<Image<C, S>, 2 * C, 3, halve>, BNReLU<2 * C, S / 2>, Conv3<2 * C, S / 2>,
     BN<2 * C, S / 2>>;
 
-// The stem, the blocks (each with its ReLU) and the head, in the order of the network.
+// The stem, the blocks (each ending in its ReLU) and the head, in the order of the network.
 using Stem = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>>;
 using B16 = Basic<16, 28>;
 using D32 = Strided<16, 28>;
@@ -53,9 +55,8 @@ using B64 = Basic<64, 7>;
 using Head = Stage<GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 //! One stage (K = 1): 1x28x28 -> 10 logits; 0.27 M parameters, 31 M multiply-adds per image.
-using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU, B16, ReLU,
-                 D32, ReLU, B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
-                 GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B16, D32, B32, B32,
+                 D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 // The splits below cut the network at the block boundaries that balance the measured busy time
 // per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
@@ -65,24 +66,22 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B
 
 //! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
 //! rest (67 and 66 ms per mini-batch).
-using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU, B16,
-                  ReLU, D32, ReLU>;
-using K2b = Stage<B32, ReLU, B32, ReLU, D64, ReLU, B64, ReLU, B64, ReLU,
-                  GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B16, D32>;
+using K2b = Stage<B32, B32, D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Four stages (K = 4): 37, 31, 29 and 36 ms.
-using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU, B16, ReLU>;
-using B = Stage<B16, ReLU, D32, ReLU>;
-using C = Stage<B32, ReLU, B32, ReLU>;
-using D = Stage<D64, ReLU, B64, ReLU, B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16>;
+using B = Stage<B16, D32>;
+using C = Stage<B32, B32>;
+using D = Stage<D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
 //! the first block, the second strided block with the first 7x7 block, the head with the last
 //! (20, 17, 17, 14, 14, 15, 24 and 13 ms).
-using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, ReLU>;
-using E1 = Stage<B16, ReLU>;
-using E2 = Stage<D32, ReLU>;
-using E3 = Stage<B32, ReLU>;
-using E4 = Stage<D64, ReLU, B64, ReLU>;
-using E5 = Stage<B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16>;
+using E1 = Stage<B16>;
+using E2 = Stage<D32>;
+using E3 = Stage<B32>;
+using E4 = Stage<D64, B64>;
+using E5 = Stage<B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 //! The network cut after every block: the pieces each split above is made of, in order Stem,
 //! Block16 x 3, Down32, Block32 x 2, Down64, Block64 x 2, Head, as xpipe-plan profile times them
@@ -90,11 +89,11 @@ using E5 = Stage<B64, ReLU, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 namespace pieces {
 using resnet::Head;
 using resnet::Stem;
-using Block16 = Stage<B16, ReLU>;
-using Down32 = Stage<D32, ReLU>;
-using Block32 = Stage<B32, ReLU>;
-using Down64 = Stage<D64, ReLU>;
-using Block64 = Stage<B64, ReLU>;
+using Block16 = Stage<B16>;
+using Down32 = Stage<D32>;
+using Block32 = Stage<B32>;
+using Down64 = Stage<D64>;
+using Block64 = Stage<B64>;
 }  // namespace pieces
 
 }  // namespace xpipe::models::resnet
