@@ -141,6 +141,15 @@ class ConvPlans<Host> {
     return detail::dnnl_implementation(plan(g).forward_pd.get());
   }
 
+  //! oneDNN's name of the backward-weights implementation that runs g ("jit:avx2"), making g's
+  //! plan and its backward on ctx's threads if it has none yet.
+  std::string backward_weights_implementation(const HostContext& ctx, const ConvGeometry& g) {
+    threads(ctx);
+    Plan& p = plan(g);
+    if (!p.backward) p.make_backward();
+    return p.backward->weights_implementation;
+  }
+
   //! The backward of one call: dx = the input gradient of dy through w (skipped when dx is null),
   //! dw (+)= the weight gradient over every image, db (+)= dy summed per channel (unused without
   //! bias): backward_data, then backward_weights.
@@ -270,6 +279,7 @@ class ConvPlans<Host> {
     detail::DnnlMemory diff_bias;
     Scratch data_scratch, weights_scratch;
     HostBuffer<float> grad_sum{0};
+    std::string weights_implementation;
   };
 
   // The primitives of one batch size: activations channels-last as the caller's, the weights in
@@ -341,6 +351,32 @@ class ConvPlans<Host> {
       }
       return first;
     }
+    // The backward weights' implementation: oneDNN's first choice, except its 1x1 kernels
+    // (jit_1x1) on a strided 1x1 layer whose input channels are not a multiple of 16. There
+    // oneDNN 2.6 steps through its strided-input copy by the channel block (8 on AVX2, 16 on
+    // AVX-512) where a channels-last copy holds only the layer's channels, and writes past its
+    // workspace (uxlfoundation/oneDNN#6035): a projection from 4 channels gave other weight
+    // gradients from run to run on an AVX2 EPYC, and the issue reports hangs and crashes. The
+    // next implementation oneDNN offers runs such a layer instead; it is small wherever it
+    // occurs (a shortcut from few channels). A fixed rule, so every plan of a shape on a machine
+    // runs the same kernel.
+    detail::DnnlPrimitiveDesc backward_weights_desc(const dnnl_convolution_desc_t& d,
+                                                    dnnl_engine_t e) const {
+      detail::DnnlHandle<dnnl_primitive_desc_iterator_t, dnnl_primitive_desc_iterator_destroy> it;
+      detail::dnnl_check(
+          dnnl_primitive_desc_iterator_create(it.out(), &d, attr.get(), e, forward_pd.get()),
+          "convolution backward weights", g);
+      const bool avoid_1x1 = g.k == 1 && g.stride > 1 && g.c % 16 != 0;
+      do {
+        detail::DnnlPrimitiveDesc pd;
+        *pd.out() = dnnl_primitive_desc_iterator_fetch(it.get());
+        if (pd.get() == nullptr) break;
+        if (!avoid_1x1 || !detail::dnnl_implementation(pd.get()).starts_with("jit_1x1")) return pd;
+      } while (dnnl_primitive_desc_iterator_next(it.get()) == dnnl_success);
+      throw BackendError("xpipe: oneDNN gave no convolution backward weights for " +
+                         conv_geometry_text(g) +
+                         (avoid_1x1 ? " but its 1x1 kernel, which is wrong for this shape" : ""));
+    }
     void desc(Desc& d, int n, const dnnl_dims_t dims, dnnl_format_tag_t tag) const {
       detail::dnnl_check(dnnl_memory_desc_init_by_tag(&d, n, dims, dnnl_f32, tag),
                          "memory descriptor", g);
@@ -369,14 +405,13 @@ class ConvPlans<Host> {
                              &wd, dnnl_convolution_direct, &src, &any_weights,
                              g.bias ? &bias : nullptr, &dst, strides, padding, padding),
                          "convolution backward-weights descriptor", g);
-      detail::DnnlPrimitiveDesc data_pd, weights_pd;
+      detail::DnnlPrimitiveDesc data_pd;
       detail::dnnl_check(
           dnnl_primitive_desc_create(data_pd.out(), &dd, attr.get(), e, forward_pd.get()),
           "convolution backward data", g);
-      detail::dnnl_check(
-          dnnl_primitive_desc_create(weights_pd.out(), &wd, attr.get(), e, forward_pd.get()),
-          "convolution backward weights", g);
+      detail::DnnlPrimitiveDesc weights_pd = backward_weights_desc(wd, e);
       auto b = std::make_unique<Backward>();
+      b->weights_implementation = detail::dnnl_implementation(weights_pd.get());
       b->diff_dst.make(*this, dst, weights_pd.get(), dnnl_query_diff_dst_md, true);
       b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true);
       b->diff_src.make(*this, src, data_pd.get(), dnnl_query_diff_src_md, false);
