@@ -407,11 +407,16 @@ TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and
   PlainStage::init(plain, 7);
   REQUIRE(fused == plain);
   // A slot keeps one activation fewer, the sum before ReLU: 8 x 6 x 6 floats a row. Its
-  // backward takes ReLU's gradient into the workspace instead, one such buffer per stage.
+  // backward takes ReLU's gradient into the stage's arena instead, which the host's
+  // convolutions leave empty: one such buffer per stage, what a block made alone allocates.
   STATIC_REQUIRE(PlainStage::activation_floats(4) - FusedStage::activation_floats(4) == 4 * 288);
-  STATIC_REQUIRE(Fused::workspace_floats<xpipe::Host>(4) -
-                     IdentityBlock::workspace_floats<xpipe::Host>(4) ==
-                 4 * 288);
+  STATIC_REQUIRE(Fused::workspace_floats<xpipe::Host>(4) ==
+                 IdentityBlock::workspace_floats<xpipe::Host>(4));
+  STATIC_REQUIRE(FusedStage::arena_floats<xpipe::Host>(4) == 4 * 288);
+  STATIC_REQUIRE(xpipe::Stage<Fused, Fused>::arena_floats<xpipe::Host>(4) == 4 * 288);
+  Fused::Workspace<xpipe::Host> alone(4);
+  REQUIRE(alone.room.own_floats() == 4 * 288);
+  REQUIRE(alone.post_grad() != nullptr);
 }
 
 TEST_CASE("Residual blocks lay out parameters and state as documented", "[layers][residual]") {

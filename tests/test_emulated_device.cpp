@@ -493,11 +493,12 @@ TEST_CASE(
     "A CNN on the emulated device: CUDA's convolution path, its BatchNorm state on the "
     "device, ordered by events whatever the streams' pace",
     "[pipeline][device][emulated][cnn]") {
-  // The block's two convolutions take their column buffers from the stage's one arena, worked
+  // The blocks' four convolutions take their column buffers from the stage's one arena, worked
   // by hand for a batch of 16: 16 images x 64 pixels x (4 channels x 3 x 3), and 16 x 4 bias
-  // sums; the host's oneDNN primitives take none.
-  STATIC_REQUIRE(C1::arena_floats<EmulatedDevice>(16) == 16 * 64 * 36 + 16 * 4);
-  STATIC_REQUIRE(C1::arena_floats<Host>(16) == 0);
+  // sums; the fused block's ReLU gradient, 16 x 256, comes before them. The host's oneDNN
+  // primitives take none.
+  STATIC_REQUIRE(C1::arena_floats<EmulatedDevice>(16) == 16 * 256 + 16 * 64 * 36 + 16 * 4);
+  STATIC_REQUIRE(C1::arena_floats<Host>(16) == 16 * 256);
   const auto d = test::random_classification(96, 64, 4, 5);
   for (const Schedule& s : {async_1f1b(3, 2, 6), gpipe(3, 2, 6)}) {
     INFO(s.name);

@@ -315,6 +315,13 @@ using OverwritingBlock = xpipe::Residual<Conv4, xpipe::ReLU, NegatingBias<S4>>;
 using OverwritingProjected = xpipe::ProjectedResidual<
     xpipe::Stage<xpipe::Conv2d<S4, 8, 1, ConvOptions{.stride = 2}>, NegatingBias<S8>>,
     xpipe::Conv2d<S4, 8, 3, ConvOptions{.stride = 2, .padding = 1}>, NegatingBias<S8>>;
+// The ReLU after the sum fused: its input part takes dy through ReLU in place, then as above.
+using ActBlock = xpipe::ResidualAct<xpipe::ReLU, Conv4, xpipe::BatchNorm2d<S4>, xpipe::ReLU, Conv4,
+                                    xpipe::BatchNorm2d<S4>>;
+using ActProjected = xpipe::ProjectedResidualAct<
+    xpipe::ReLU, Projection, xpipe::Conv2d<S4, 8, 3, ConvOptions{.stride = 2, .padding = 1}>,
+    xpipe::BatchNorm2d<S8>, xpipe::ReLU, xpipe::Conv2d<S8, 8, 3, ConvOptions{.padding = 1}>,
+    xpipe::BatchNorm2d<S8>>;
 
 // A convolution's weight part reads only x, dy and caches it rebuilds when they are another
 // slot's, so handing it another slot's Saved gives the right gradients: no self-check there.
@@ -332,7 +339,7 @@ constexpr bool saved_carries<ConvBlocked> = false;
 TEMPLATE_TEST_CASE("A split backward gives the whole backward's bits, host and emulated device",
                    "[layers][split][device][emulated]", ConvPlain, ConvStridedNoBias, ConvBlocked,
                    BatchNorm, LayerNorm, IdentityBlock, OpenEndedBlock, ProjectedBlock,
-                   BlockedBlock, OverwritingBlock, OverwritingProjected) {
+                   BlockedBlock, OverwritingBlock, OverwritingProjected, ActBlock, ActProjected) {
   SECTION("host") {
     check_split_matches_whole<TestType, OnHost>(11);
   }
@@ -345,7 +352,7 @@ TEMPLATE_TEST_CASE(
     "A split backward keeps its micro-batch's state per slot: F a, F b, I a, I b, W b, W a",
     "[layers][split][device][emulated]", ConvPlain, ConvStridedNoBias, ConvBlocked, BatchNorm,
     LayerNorm, IdentityBlock, OpenEndedBlock, ProjectedBlock, BlockedBlock, OverwritingBlock,
-    OverwritingProjected) {
+    OverwritingProjected, ActBlock, ActProjected) {
   SECTION("host") {
     check_interleaved_slots<TestType, OnHost>(23, saved_carries<TestType>);
   }

@@ -1,8 +1,5 @@
-// Residual<Layers...> and ProjectedResidual<Shortcut, Layers...>: a residual block as one layer,
-// y = f(x) + x or y = f(x) + P(x), where f (and P, for a change of shape) run as inner stages
-// whose activations the block keeps per micro-batch slot; ResidualAct<Act, Layers...> and
-// ProjectedResidualAct<Act, Shortcut, Layers...>, the same with the activation after the sum
-// (ResNet's ReLU) fused into it.
+// Residual blocks as one layer: y = f(x) + x or f(x) + P(x), f and P inner stages whose
+// activations the block keeps per slot; the *Act forms fuse the activation after the sum.
 #pragma once
 
 #include <algorithm>
@@ -98,7 +95,7 @@ requires(Out.known()) struct OutShapeOf<Out> {
 //! stage. The activation after the sum (ResNet's ReLU) is the next layer of the stage, or with
 //! Post an activation layer, y = Post(f(x) + shortcut(x)) in the sum's one pass: the block then
 //! keeps no sum beside its output, takes Post's gradient from y (Post's function must be
-//! math::OutputDifferentiable: ReLU, not GELU) into a buffer of its workspace, and takes two
+//! math::OutputDifferentiable: ReLU, not GELU) into the stage's arena, and takes two
 //! layer numbers for its seed (the block's and the activation's), so a model gets the weights and
 //! the bits of `Residual<...>, Post`. Its backward also runs split for zero-bubble
 //! schedules (backward_input, then backward_weight on the same slot) where every inner layer with
@@ -119,16 +116,17 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   //! (math::Identity where none does).
   static constexpr bool activated = !std::is_void_v<Post>;
   static_assert(!activated || ActivationLayer<Post>,
-                "xpipe: ResidualAct<Act, ...>: Act must be an activation layer such as ReLU");
+                "xpipe: ResidualAct<Act, ...> (or ProjectedResidualAct<Act, P, ...>): Act must be "
+                "an activation layer such as ReLU");
   static_assert(!activated || summed,
                 "xpipe: a Chain has no sum to put an activation after: write the activation as "
                 "the chain's last layer");
   using post_function =
       typename std::conditional_t<activated, Post, Activation<math::Identity>>::function;
   static_assert(math::OutputDifferentiable<post_function>,
-                "xpipe: ResidualAct<Act, ...>: Act's gradient must follow from its output (its "
-                "function needs static backward_from_output(y, dy), as ReLU's has); for GELU "
-                "write Residual<...>, GELU");
+                "xpipe: ResidualAct<Act, ...> (or ProjectedResidualAct<Act, P, ...>): Act's "
+                "gradient must follow from its output (its function needs static "
+                "backward_from_output(y, dy), as ReLU's has); for GELU write Residual<...>, GELU");
   //! With Post it stands for the block and Post (Stage::init): two layer numbers.
   static constexpr std::size_t init_streams = activated ? 2 : 1;
   static_assert(!summed || inner::in_shape.known() == inner::out_shape.known(),
@@ -189,24 +187,25 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   }
 
   //! One per stage, for calls of up to max_rows rows: f's layers' workspace and gradient
-  //! scratch, the shortcut's with its input gradient where it has a path of its own, and with
-  //! Post the gradient of the sum (`post_grad`); their layers' calls on the stage's arena where
-  //! given one (else on one of the block's own).
+  //! scratch, and the shortcut's with its input gradient where it has a path of its own. The
+  //! block's calls take from the stage's arena where given one (else from one of the block's
+  //! own): with Post the gradient of the sum first (post_grad()), then what its layers' calls
+  //! take, after it.
   //! Usage: `Block::Workspace<Host> ws(rows); Block::Saved<Host> slot(rows, false, ws);`
   template <class B>
   struct Workspace {
     //! On `arena` (arena_floats<B>(max_rows) floats), or an arena of its own where it is null.
     explicit Workspace(index_t max_rows, float* arena = nullptr)
         : room(arena, arena_floats<B>(max_rows)),
-          layers(max_rows, room.data()),
+          layers(max_rows, room.data() + post_grad_floats(max_rows)),
           scratch(max_rows),
-          shortcut(max_rows, room.data()),
-          post_grad(activated ? max_rows * out_width : 0) {}
+          shortcut(max_rows, room.data() + post_grad_floats(max_rows)) {}
+    //! Room for the gradient of the sum, Post's input (max_rows x out_width), with Post.
+    float* post_grad() const { return room.data(); }
     ArenaOr<B> room;  // first: its layers' calls take their arena from it
     typename inner::template Workspace<B> layers;
     typename inner::template GradScratch<B> scratch;
     detail::ShortcutWorkspace<Shortcut, B, in_width> shortcut;
-    typename B::template Buffer<float> post_grad;
   };
   //! Per activation slot: f's activations, the shortcut's where it has a path of its own; with
   //! `keep_gradients`, room for a split backward's kept gradients too; and the way to the
@@ -233,23 +232,28 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   }
   //! Floats of the workspace's own buffers on B for calls of up to `rows` rows: f's and the
   //! shortcut's (Stage::own_workspace_floats), their gradient scratch
-  //! (Stage::grad_scratch_floats), the shortcut's input gradient and Post's gradient.
+  //! (Stage::grad_scratch_floats) and the shortcut's input gradient.
   template <class B>
   static constexpr index_t workspace_floats(index_t rows) {
     index_t n = inner::template own_workspace_floats<B>(rows) +
-                inner::template grad_scratch_floats<B>(rows) + (activated ? rows * out_width : 0);
+                inner::template grad_scratch_floats<B>(rows);
     if constexpr (projected)
       n += Shortcut::template own_workspace_floats<B>(rows) +
            Shortcut::template grad_scratch_floats<B>(rows) + rows * in_width;
     return n;
   }
-  //! Floats a call takes from the stage's arena: the most any of f's or the shortcut's layers
-  //! takes (they run one after another).
+  //! Floats of the gradient of the sum a call of `rows` rows keeps on the arena with Post,
+  //! rounded up to 16 (64 bytes) so that what its layers take after it stays aligned; 0 without.
+  static constexpr index_t post_grad_floats(index_t rows) {
+    return activated ? (rows * out_width + 15) / 16 * 16 : 0;
+  }
+  //! Floats a call takes from the stage's arena: the gradient of the sum (post_grad_floats),
+  //! then the most any of f's or the shortcut's layers takes (they run one after another).
   template <class B>
   static constexpr index_t arena_floats(index_t rows) {
     index_t n = inner::template arena_floats<B>(rows);
     if constexpr (projected) n = std::max(n, Shortcut::template arena_floats<B>(rows));
-    return n;
+    return post_grad_floats(rows) + n;
   }
   //! What a slot keeps between the halves of a split backward: the inner layers' output
   //! gradients (Stage::kept_gradient_floats of f and of the projection).
@@ -287,13 +291,13 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
 
   //! f's gradients, the shortcut's, and dx = f's input gradient + the shortcut's (dy itself for
   //! the identity); dx skipped when empty (the parameter gradients still run). With Post, dy is
-  //! first taken through Post's gradient at y into the workspace's post_grad.
+  //! first taken through Post's gradient at y into post_grad() on the arena.
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix /*x*/, ConstMatrix y, ConstMatrix dy_out, Matrix dx, Sv& saved) {
     ConstMatrix dy = dy_out;
     if constexpr (activated) {
-      const Matrix sum_grad{saved.workspace->post_grad.data(), dy_out.rows, out_width};
+      const Matrix sum_grad{saved.workspace->post_grad(), dy_out.rows, out_width};
       activation_backward_from_output<post_function>(ctx, y, dy_out, sum_grad);
       dy = sum_grad;
     }

@@ -335,7 +335,8 @@ struct Stage {
     for (int w : widths) m = w > m ? w : m;
     return m;
   }
-  // Floats of one part of a GradScratch: rows x max_width(), rounded up to 16 (64 bytes).
+  //! Floats of one part of a GradScratch for `rows` rows: rows x max_width(), rounded up to 16
+  //! (64 bytes), so each part starts aligned. Usage: `S::grad_scratch_part(32)`.
   static constexpr index_t grad_scratch_part(index_t rows) {
     return (rows * max_width() + 15) / 16 * 16;
   }

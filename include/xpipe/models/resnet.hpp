@@ -62,7 +62,8 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B1
 // per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
 // AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.4x a 64-channel one at 7x7
 // for the same multiply-adds (BatchNorm, ReLU and the sums scale with the activations). Slowest
-// stage over the mean: 1.01 (K = 2), 1.11 (K = 4), 1.43 (K = 8).
+// stage over the mean: 1.01 (K = 2), 1.11 (K = 4), 1.43 (K = 8). (Profiled before the blocks'
+// ReLUs were fused into their sums, which takes a pass off each block alike.)
 
 //! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
 //! rest (67 and 66 ms per mini-batch).
