@@ -242,17 +242,17 @@ TEST_CASE("A residual block with a projected shortcut matches PyTorch",
 
 namespace {
 
-// BatchNormAct<S, ReLU> against BatchNorm2d<S> then ReLU, layer by layer: y, the running state,
-// dx and the parameter gradients bit for bit, the split backward's too, and evaluation.
-template <class S>
-void check_fused_against_pair(int threads) {
-  using Fused = xpipe::BatchNormAct<S, xpipe::ReLU>;
-  using Plain = BatchNorm2d<S>;
+// A layer with ReLU fused (BatchNormAct, ResidualAct: Fused) against the layer without it
+// (Plain) then ReLU: y, the running state, dx and the parameter gradients bit for bit; the
+// split backward on a slot made for it; evaluation.
+template <class Fused, class Plain>
+void check_fused_against_pair(int threads, std::uint64_t seed) {
   const HostContext ctx{.threads = threads};
-  const index_t rows = 5, w = Plain::out_width;
+  constexpr int w = Plain::out_width;
+  const index_t rows = 5;
   Slot<Fused> f(rows);
-  randomize(f, 21);
-  // The pair: BatchNorm2d into t, ReLU into y; back through ReLU into dt, then BatchNorm2d.
+  randomize(f, seed);
+  // The pair: Plain into t, ReLU into y; back through ReLU into dt, then Plain.
   Slot<Plain> p(rows);
   p.p = f.p, p.x = f.x;
   p.forward(ctx);
@@ -264,18 +264,25 @@ void check_fused_against_pair(int threads) {
   p.dy = dt;
   p.backward(ctx);
   REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
+  const std::vector<float> state0 = f.state;
   f.forward(ctx);
   f.backward(ctx);
   CHECK(f.y == y);
   CHECK(f.state == p.state);
   CHECK(f.dx == p.dx);
   CHECK(f.g == p.g);
-  // The split backward: the input part (no parameter gradient), then the weight part.
-  std::vector<float> dx(f.dx.size(), -1.f), g(f.g.size(), -1.f), dy = f.dy;
-  Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{f.y.data(), rows, w},
-                        Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, w}, f.saved);
-  Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{f.y.data(), rows, w},
-                         ConstMatrix{dy.data(), rows, w}, f.saved);
+  // The split backward on a slot made for it (keeping gradients where the layer keeps any):
+  // the input part (no parameter gradient), then the weight part.
+  auto kept = xpipe::detail::make_saved<typename Fused::template Saved<xpipe::Host>>(rows, true);
+  std::vector<float> state = state0, y2(f.y.size()), dx(f.dx.size(), -1.f), g(f.g.size(), -1.f),
+                     dy = f.dy;
+  Fused::forward(ctx, f.p.data(), f.input(), Matrix{y2.data(), rows, w}, kept,
+                 Running{state.data(), true});
+  CHECK(y2 == y);
+  Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{y2.data(), rows, w},
+                        Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, Fused::in_width}, kept);
+  Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{y2.data(), rows, w},
+                         ConstMatrix{dy.data(), rows, w}, kept);
   CHECK(dx == f.dx);
   CHECK(g == f.g);
   // Evaluation with the running statistics.
@@ -299,8 +306,9 @@ TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, 
     INFO(threads << " threads");
     // 8 channels: the host's channel sums take them as one short block; 21: a whole block of
     // 16 (the lanes in registers) and a short one of 5.
-    check_fused_against_pair<S8>(threads);
-    check_fused_against_pair<Shape<21, 5, 5>>(threads);
+    check_fused_against_pair<Fused, Plain>(threads, 21);
+    check_fused_against_pair<xpipe::BatchNormAct<Shape<21, 5, 5>, xpipe::ReLU>,
+                             BatchNorm2d<Shape<21, 5, 5>>>(threads, 21);
   }
   // The same initial weights as the unfused stage from the same seed: the convolution after the
   // fused layer draws from the sub-stream it draws from after BatchNorm2d and ReLU.
@@ -323,61 +331,6 @@ TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, 
           }).find("BatchNormAct<Shape<8, 6, 6>, ReLU>::forward") != std::string::npos);
 }
 
-namespace {
-
-// ResidualAct<ReLU, ...> (Fused) against the same block unfused (Plain) then ReLU: y, the
-// running state, dx and the parameter gradients bit for bit; the split backward on a slot that
-// keeps gradients; evaluation.
-template <class Fused, class Plain>
-void check_residual_act_against_pair(int threads) {
-  const HostContext ctx{.threads = threads};
-  constexpr int w = Plain::out_width;
-  const index_t rows = 5;
-  Slot<Fused> f(rows);
-  randomize(f, 23);
-  // The pair: the block into t, ReLU into y; back through ReLU into dt, then the block.
-  Slot<Plain> p(rows);
-  p.p = f.p, p.x = f.x;
-  p.forward(ctx);
-  std::vector<float> y(p.y.size()), dt(p.y.size());
-  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
-  xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
-                        ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
-                        Matrix{dt.data(), rows, w});
-  p.dy = dt;
-  p.backward(ctx);
-  REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
-  const std::vector<float> state0 = f.state;
-  f.forward(ctx);
-  f.backward(ctx);
-  CHECK(f.y == y);
-  CHECK(f.state == p.state);
-  CHECK(f.dx == p.dx);
-  CHECK(f.g == p.g);
-  // The split backward on a slot made for it: the input part (which takes dy through ReLU in
-  // place), then the weight part.
-  typename Fused::template Saved<xpipe::Host> kept(rows, true);
-  std::vector<float> state = state0, y2(f.y.size()), dx(f.dx.size(), -1.f), g(f.g.size(), -1.f),
-                     dy = f.dy;
-  Fused::forward(ctx, f.p.data(), f.input(), Matrix{y2.data(), rows, w}, kept,
-                 Running{state.data(), true});
-  CHECK(y2 == y);
-  Fused::backward_input(ctx, f.p.data(), f.input(), ConstMatrix{y2.data(), rows, w},
-                        Matrix{dy.data(), rows, w}, Matrix{dx.data(), rows, Fused::in_width}, kept);
-  Fused::backward_weight(ctx, g.data(), false, f.input(), ConstMatrix{y2.data(), rows, w},
-                         ConstMatrix{dy.data(), rows, w}, kept);
-  CHECK(dy == dt);
-  CHECK(dx == f.dx);
-  CHECK(g == f.g);
-  // Evaluation with the running statistics.
-  f.forward(ctx, false);
-  p.forward(ctx, false);
-  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
-  CHECK(f.y == y);
-}
-
-}  // namespace
-
 TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and its weights",
           "[layers][residual]") {
   using BN8 = BatchNorm2d<S8>;
@@ -394,8 +347,8 @@ TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and
   STATIC_REQUIRE(xpipe::splits_backward<Fused>);
   for (int threads : {1, 2}) {
     INFO(threads << " threads");
-    check_residual_act_against_pair<Fused, IdentityBlock>(threads);
-    check_residual_act_against_pair<FusedProjected, ProjectedBlock>(threads);
+    check_fused_against_pair<Fused, IdentityBlock>(threads, 23);
+    check_fused_against_pair<FusedProjected, ProjectedBlock>(threads, 23);
   }
   // The same initial weights as the unfused stage from the same seed: the convolution after
   // the block draws from the sub-stream it draws from after the block and ReLU.
