@@ -292,6 +292,19 @@ void check_fused_against_pair(int threads, std::uint64_t seed) {
   CHECK(f.y == y);
 }
 
+// Stage<Conv8, Fused, Conv8> and Stage<Conv8, Plain, ReLU, Conv8> from one seed: the same
+// parameters, so the fused layer takes the layer numbers of Plain and ReLU.
+template <class Fused, class Plain>
+void require_same_initial_weights() {
+  using FusedStage = xpipe::Stage<Conv8, Fused, Conv8>;
+  using PlainStage = xpipe::Stage<Conv8, Plain, xpipe::ReLU, Conv8>;
+  STATIC_REQUIRE(FusedStage::param_count == PlainStage::param_count);
+  std::vector<float> fused(FusedStage::param_count), plain(PlainStage::param_count);
+  FusedStage::init(fused, 7);
+  PlainStage::init(plain, 7);
+  REQUIRE(fused == plain);
+}
+
 }  // namespace
 
 TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, and PyTorch's",
@@ -312,13 +325,7 @@ TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, 
   }
   // The same initial weights as the unfused stage from the same seed: the convolution after the
   // fused layer draws from the sub-stream it draws from after BatchNorm2d and ReLU.
-  using FusedStage = xpipe::Stage<Conv8, Fused, Conv8>;
-  using PlainStage = xpipe::Stage<Conv8, Plain, xpipe::ReLU, Conv8>;
-  STATIC_REQUIRE(FusedStage::param_count == PlainStage::param_count);
-  std::vector<float> fused(FusedStage::param_count), plain(PlainStage::param_count);
-  FusedStage::init(fused, 7);
-  PlainStage::init(plain, 7);
-  REQUIRE(fused == plain);
+  require_same_initial_weights<Fused, Plain>();
   // PyTorch's identity block (conv, BatchNorm, ReLU, conv, BatchNorm, plus x) with the first
   // BatchNorm and its ReLU fused: the parameters lie where the unfused block's do.
   using FusedBlock = xpipe::Residual<Conv8, Fused, Conv8, BatchNorm2d<S8>>;
@@ -352,13 +359,9 @@ TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and
   }
   // The same initial weights as the unfused stage from the same seed: the convolution after
   // the block draws from the sub-stream it draws from after the block and ReLU.
+  require_same_initial_weights<Fused, IdentityBlock>();
   using FusedStage = xpipe::Stage<Conv8, Fused, Conv8>;
   using PlainStage = xpipe::Stage<Conv8, IdentityBlock, xpipe::ReLU, Conv8>;
-  STATIC_REQUIRE(FusedStage::param_count == PlainStage::param_count);
-  std::vector<float> fused(FusedStage::param_count), plain(PlainStage::param_count);
-  FusedStage::init(fused, 7);
-  PlainStage::init(plain, 7);
-  REQUIRE(fused == plain);
   // A slot keeps one activation fewer, the sum before ReLU: 8 x 6 x 6 floats a row. Its
   // backward takes ReLU's gradient into the stage's arena instead, which the host's
   // convolutions leave empty: one such buffer per stage, what a block made alone allocates.
