@@ -73,6 +73,20 @@ inline std::string dnnl_implementation(const_dnnl_primitive_desc_t pd) {
   return name;
 }
 
+// The first implementation an iterator offers, from where it stands, whose name `accept` takes
+// (`accept(const std::string&)`); none (get() == nullptr) where it offers no more. The iterator
+// is left on the one returned, so a second call with another rule goes on from there.
+template <class Accept>
+DnnlPrimitiveDesc dnnl_first_implementation(dnnl_primitive_desc_iterator_t it, Accept accept) {
+  do {
+    DnnlPrimitiveDesc pd;
+    *pd.out() = dnnl_primitive_desc_iterator_fetch(it);
+    if (pd.get() == nullptr) break;
+    if (accept(dnnl_implementation(pd.get()))) return pd;
+  } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+  return {};
+}
+
 // The CPU engine, made once for the process.
 inline dnnl_engine_t host_engine() {
   static const DnnlHandle<dnnl_engine_t, dnnl_engine_destroy> engine = [] {
@@ -332,24 +346,20 @@ class ConvPlans<Host> {
       detail::DnnlHandle<dnnl_primitive_desc_iterator_t, dnnl_primitive_desc_iterator_destroy> it;
       detail::dnnl_check(dnnl_primitive_desc_iterator_create(it.out(), &d, attr.get(), e, nullptr),
                          "convolution forward", g);
-      const auto fetch = [&] {
-        detail::DnnlPrimitiveDesc pd;
-        *pd.out() = dnnl_primitive_desc_iterator_fetch(it.get());
-        if (pd.get() == nullptr)
-          throw BackendError("xpipe: oneDNN gave no convolution forward for " +
-                             conv_geometry_text(g));
-        return pd;
-      };
-      detail::DnnlPrimitiveDesc first = fetch();
+      const auto any = [](const std::string&) { return true; };
+      detail::DnnlPrimitiveDesc first = detail::dnnl_first_implementation(it.get(), any);
+      if (first.get() == nullptr)
+        throw BackendError("xpipe: oneDNN gave no convolution forward for " +
+                           conv_geometry_text(g));
       const std::string name = detail::dnnl_implementation(first.get());
       const auto isa = name.find(':');
       if (g.oc > 16 || !name.starts_with("brgconv") || isa == std::string::npos) return first;
       const std::string direct = "jit" + name.substr(isa);
-      while (dnnl_primitive_desc_iterator_next(it.get()) == dnnl_success) {
-        detail::DnnlPrimitiveDesc next = fetch();
-        if (detail::dnnl_implementation(next.get()) == direct) return next;
-      }
-      return first;
+      detail::DnnlPrimitiveDesc preferred;
+      if (dnnl_primitive_desc_iterator_next(it.get()) == dnnl_success)
+        preferred = detail::dnnl_first_implementation(
+            it.get(), [&](const std::string& next) { return next == direct; });
+      return preferred.get() != nullptr ? std::move(preferred) : std::move(first);
     }
     // The backward weights' implementation: oneDNN's first choice, except its 1x1 kernels
     // (jit_1x1) on a strided 1x1 layer whose input channels are not a multiple of 16. There
@@ -367,12 +377,10 @@ class ConvPlans<Host> {
           dnnl_primitive_desc_iterator_create(it.out(), &d, attr.get(), e, forward_pd.get()),
           "convolution backward weights", g);
       const bool avoid_1x1 = g.k == 1 && g.stride > 1 && g.c % 16 != 0;
-      do {
-        detail::DnnlPrimitiveDesc pd;
-        *pd.out() = dnnl_primitive_desc_iterator_fetch(it.get());
-        if (pd.get() == nullptr) break;
-        if (!avoid_1x1 || !detail::dnnl_implementation(pd.get()).starts_with("jit_1x1")) return pd;
-      } while (dnnl_primitive_desc_iterator_next(it.get()) == dnnl_success);
+      detail::DnnlPrimitiveDesc pd = detail::dnnl_first_implementation(
+          it.get(),
+          [&](const std::string& name) { return !avoid_1x1 || !name.starts_with("jit_1x1"); });
+      if (pd.get() != nullptr) return pd;
       throw BackendError("xpipe: oneDNN gave no convolution backward weights for " +
                          conv_geometry_text(g) +
                          (avoid_1x1 ? " but its 1x1 kernel, which is wrong for this shape" : ""));

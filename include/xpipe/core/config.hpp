@@ -32,6 +32,15 @@ namespace xpipe {
 //! Index type of every tensor dimension and buffer length.
 using index_t = long;
 
+//! Floats per cache line (64 bytes): where each part of a carved buffer starts, so GEMM operands
+//! stay aligned.
+inline constexpr index_t line_floats = 16;
+
+//! n floats rounded up to whole cache lines. Usage: `o[i + 1] = o[i] + round_up_to_line(n);`
+constexpr index_t round_up_to_line(index_t floats) {
+  return (floats + line_floats - 1) / line_floats * line_floats;
+}
+
 //! `static_assert(dependent_false<T>, "...")` in a primary template: fires only when chosen.
 template <class...>
 inline constexpr bool dependent_false = false;

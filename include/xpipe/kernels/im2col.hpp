@@ -282,14 +282,20 @@ class Im2colConvPlans {
   //! after runs in it. `workspace_floats` bounds the column buffer.
   explicit Im2colConvPlans(const ConvGeometry& g,
                            index_t workspace_floats = default_workspace_floats)
-      : max_(g), chunk_(conv_chunk(g, workspace_floats)), room_(nullptr, room_floats()) {}
+      : max_(g),
+        chunk_(conv_chunk(g, workspace_floats)),
+        sizes_(conv_workspace_floats(max_, chunk_)),
+        room_(nullptr, sizes_.cols + sizes_.plane_sums) {}
 
   //! The plans for g.rows images on the caller's memory: `arena` holds arena_floats(g) floats
   //! on B (a stage's arena, which its other layers' calls use too) and outlives the plans;
   //! nothing is allocated. A null arena: the plans allocate their own, as above.
   //! Usage: `Im2colConvPlans<Cuda> plans{g, arena.data()};`
   Im2colConvPlans(const ConvGeometry& g, float* arena)
-      : max_(g), chunk_(conv_chunk(g, default_workspace_floats)), room_(arena, room_floats()) {}
+      : max_(g),
+        chunk_(conv_chunk(g, default_workspace_floats)),
+        sizes_(conv_workspace_floats(max_, chunk_)),
+        room_(arena, sizes_.cols + sizes_.plane_sums) {}
 
   //! Floats of the column buffer and the per-image bias sums for g at the default bound: what a
   //! call takes from an arena. Usage: `Buffer<float> arena(ConvPlans<Cuda>::arena_floats(g));`
@@ -344,17 +350,12 @@ class Im2colConvPlans {
   }
 
   // The column buffer of chunk_ images, then their per-image bias sums.
-  index_t room_floats() const {
-    const ConvWorkspaceFloats f = conv_workspace_floats(max_, chunk_);
-    return f.cols + f.plane_sums;
-  }
-  ConvWorkspace workspace() {
-    return {room_.data(), room_.data() + conv_workspace_floats(max_, chunk_).cols, chunk_};
-  }
+  ConvWorkspace workspace() { return {room_.data(), room_.data() + sizes_.cols, chunk_}; }
 
   ConvGeometry max_;
   index_t chunk_;
-  ArenaOr<B> room_;  // their own, unless on an arena
+  ConvWorkspaceFloats sizes_;  // of the column buffer and the bias sums, for chunk_ images
+  ArenaOr<B> room_;            // their own, unless on an arena
 };
 
 }  // namespace xpipe

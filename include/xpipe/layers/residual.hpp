@@ -245,7 +245,7 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   //! Floats of the gradient of the sum a call of `rows` rows keeps on the arena with Post,
   //! rounded up to 16 (64 bytes) so that what its layers take after it stays aligned; 0 without.
   static constexpr index_t post_grad_floats(index_t rows) {
-    return activated ? (rows * out_width + 15) / 16 * 16 : 0;
+    return activated ? round_up_to_line(rows * out_width) : 0;
   }
   //! Floats a call takes from the stage's arena: the gradient of the sum (post_grad_floats),
   //! then the most any of f's or the shortcut's layers takes (they run one after another).

@@ -234,7 +234,7 @@ struct Stage {
     constexpr std::array<index_t, layer_count> counts{Ls::param_count...};
     std::array<index_t, layer_count + 1> o{};
     // Each layer's block starts on a 16-float (64-byte) boundary: aligned GEMM operands.
-    for (std::size_t i = 0; i < layer_count; ++i) o[i + 1] = o[i] + (counts[i] + 15) / 16 * 16;
+    for (std::size_t i = 0; i < layer_count; ++i) o[i + 1] = o[i] + round_up_to_line(counts[i]);
     return o;
   }
 
@@ -338,7 +338,7 @@ struct Stage {
   //! Floats of one part of a GradScratch for `rows` rows: rows x max_width(), rounded up to 16
   //! (64 bytes), so each part starts aligned. Usage: `S::grad_scratch_part(32)`.
   static constexpr index_t grad_scratch_part(index_t rows) {
-    return (rows * max_width() + 15) / 16 * 16;
+    return round_up_to_line(rows * max_width());
   }
 
   //! state_offsets[i]: where layer i's non-trainable state (BatchNorm's running statistics)
