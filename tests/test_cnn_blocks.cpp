@@ -647,6 +647,18 @@ TEST_CASE("A stage of convolutions and BatchNorms around a residual block trains
   REQUIRE(state == after_one);
 }
 
+namespace {
+// How far a channel sum may lie from the exact one: its first level adds each lane's at most
+// reduce_chunk / reduce_lanes = 32 float terms in float, which recursive summation's bound puts
+// within 31 unit roundoffs (2^-24) of the sum of their magnitudes (Higham, Accuracy and Stability
+// of Numerical Algorithms, 4.2), one more for a term rounded to float; the later levels add
+// doubles. `magnitudes`: the sum of the terms' absolute values.
+double channel_sum_bound(double magnitudes) {
+  static_assert(xpipe::math::reduce_chunk / xpipe::math::reduce_lanes == 32);
+  return 32 * std::ldexp(1.0, -24) * magnitudes + 1e-12;
+}
+}  // namespace
+
 TEST_CASE("BatchNorm2d's channel sums go level by level and equal a plain sum",
           "[layers][batchnorm]") {
   using xpipe::math::channel_sum_levels;
@@ -674,12 +686,16 @@ TEST_CASE("BatchNorm2d's channel sums go level by level and equal a plain sum",
     const ConstMatrix m{x.data(), rows, static_cast<index_t>(channels) * plane};
     xpipe::channel_sums(HostContext{}, g, xpipe::ops::ValueTerm{m}, scratch.data(), out.data());
     for (int c = 0; c < channels; ++c) {
-      long double expected = 0;
+      long double expected = 0, magnitudes = 0;
       for (int r = 0; r < rows; ++r)
-        for (int i = 0; i < plane; ++i) expected += m(r, static_cast<index_t>(i) * channels + c);
+        for (int i = 0; i < plane; ++i) {
+          const float v = m(r, static_cast<index_t>(i) * channels + c);
+          expected += v;
+          magnitudes += std::abs(v);
+        }
       INFO("rows " << rows << ", plane " << plane << ", channel " << c);
-      CHECK(out[static_cast<std::size_t>(c)] ==
-            Approx(static_cast<double>(expected)).epsilon(1e-12).margin(1e-9));
+      CHECK(std::abs(out[static_cast<std::size_t>(c)] - static_cast<double>(expected)) <=
+            channel_sum_bound(static_cast<double>(magnitudes)));
     }
   }
 }
@@ -720,19 +736,23 @@ TEST_CASE("The backward's two channel sums in one pass have the bits of one pass
       CHECK(pair_a == one_a);
       CHECK(pair_b == one_b);
       for (int c = 0; c < channels; ++c) {
-        long double a = 0, b = 0;
+        long double a = 0, b = 0, a_magnitudes = 0, b_magnitudes = 0;
         const float mean = stats[static_cast<std::size_t>(c)],
                     invstd = stats[static_cast<std::size_t>(channels + c)];
         for (int r = 0; r < rows; ++r)
           for (int i = 0; i < plane; ++i) {
             const index_t col = static_cast<index_t>(i) * channels + c;
+            const long double term_b =
+                static_cast<long double>(dym(r, col)) * ((xm(r, col) - mean) * invstd);
             a += dym(r, col);
-            b += static_cast<long double>(dym(r, col)) * ((xm(r, col) - mean) * invstd);
+            b += term_b;
+            a_magnitudes += std::abs(dym(r, col));
+            b_magnitudes += std::abs(term_b);
           }
-        CHECK(pair_a[static_cast<std::size_t>(c)] ==
-              Approx(static_cast<double>(a)).epsilon(1e-12).margin(1e-9));
-        CHECK(pair_b[static_cast<std::size_t>(c)] ==
-              Approx(static_cast<double>(b)).epsilon(1e-9).margin(1e-6));
+        CHECK(std::abs(pair_a[static_cast<std::size_t>(c)] - static_cast<double>(a)) <=
+              channel_sum_bound(static_cast<double>(a_magnitudes)));
+        CHECK(std::abs(pair_b[static_cast<std::size_t>(c)] - static_cast<double>(b)) <=
+              channel_sum_bound(static_cast<double>(b_magnitudes)));
       }
       // Level 1 alone, by blocks of 16 channels and by single channels.
       const index_t chunks = xpipe::math::chunks_of(plane), partials = rows * chunks;

@@ -41,6 +41,14 @@ inline constexpr int reduce_lanes = 4;
 //! Terms one partial sum of a channel reduction covers, at every level (channel_sum_levels).
 inline constexpr index_t reduce_chunk = 128;
 
+//! The first level's lanes (ops::ChannelChunkSums) add their terms in float: a lane takes at most
+//! reduce_chunk / reduce_lanes = 32 of them, so its rounding stays within 32 float epsilons of
+//! its terms' magnitudes, as a pairwise sum's would; the lanes are added in double, and every
+//! later level sums doubles. Lanes of doubles had held the backward's sums to half a triad's
+//! speed on AVX-512 (a conversion and an add on half as many values per instruction for each
+//! term).
+using first_level_lane = float;
+
 //! f(0) + f(1) + ... + f(n - 1) in reduce_lanes lanes, in double.
 template <class F>
 XPIPE_HOST_DEVICE double lane_sum(index_t n, const F& f) {
@@ -102,22 +110,24 @@ XPIPE_HOST_DEVICE float normalize_input_grad(float x, float dy, float mean, floa
 namespace ops {
 
 // The terms of the channel reductions: term(r, col, c) gives channel c's term at row r, column
-// col as a double, reading what it needs of c from per-channel arrays (contiguous, so a host call
-// summing several channels at once loads them as one vector).
+// col in float (math::first_level_lane), reading what it needs of c from per-channel arrays
+// (contiguous, so a host call summing several channels at once loads them as one vector).
 
 //! x itself: the channel sums of x (the mean).
 struct ValueTerm {
   ConstMatrix x;
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int /*c*/) const { return x(r, col); }
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int /*c*/) const { return x(r, col); }
 };
 
-//! (x - mean)^2 in double, means[c] the channel's mean (sum / n): the channel sums of the squared
-//! deviations (the biased variance times n).
+//! (x - mean)^2, means[c] the channel's mean (sum / n) rounded to float: the channel sums of the
+//! squared deviations (the biased variance times n). About a mean off by delta they exceed the
+//! exact ones by n delta^2, relatively (delta / std)^2: below 1e-14 for a float-rounded mean
+//! unless the channel's spread is 1e-7 of its mean, where x's own rounding already rules.
 struct SquaredDeviationTerm {
   ConstMatrix x;
-  const double* means;
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int c) const {
-    const double d = x(r, col) - means[c];
+  const float* means;
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int c) const {
+    const float d = x(r, col) - means[c];
     return d * d;
   }
 };
@@ -141,9 +151,7 @@ struct NormGradient {
 template <class Act = math::Identity>
 struct GradientTerm {
   NormGradient<Act> dy;
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int /*c*/) const {
-    return dy(r, col);
-  }
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int /*c*/) const { return dy(r, col); }
 };
 
 //! dy xhat, dy the gradient at the normalisation's output and xhat = (x - mean) invstd in float
@@ -154,14 +162,14 @@ struct GradientXhatTerm {
   NormGradient<Act> dy;
   const float* stats;
   int channels;
-  XPIPE_HOST_DEVICE double operator()(index_t r, index_t col, int c) const {
-    return static_cast<double>(dy(r, col)) * ((x(r, col) - stats[c]) * stats[channels + c]);
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int c) const {
+    return dy(r, col) * ((x(r, col) - stats[c]) * stats[channels + c]);
   }
 };
 
 //! No second term: a ChannelChunkSums of one reduction.
 struct NoTerm {
-  XPIPE_HOST_DEVICE double operator()(index_t, index_t, int) const { return 0; }
+  XPIPE_HOST_DEVICE float operator()(index_t, index_t, int) const { return 0; }
 };
 
 //! Level 1 of the channel reductions of term A (and of B, unless it is NoTerm: the backward's
@@ -190,7 +198,8 @@ struct ChannelChunkSums {
     const int nc = g.channels - c0 < Block ? g.channels - c0 : Block;
     const index_t r = s / chunks, first = (s - r * chunks) * math::reduce_chunk;
     const index_t n = math::chunk_count(g.plane, first);
-    double la[lanes][Block] = {}, lb[pair ? lanes : 1][Block] = {};
+    using lane_t = math::first_level_lane;
+    lane_t la[lanes][Block] = {}, lb[pair ? lanes : 1][Block] = {};
     // A whole block's channel loop has a constant count, so the host compiler keeps the lanes in
     // registers (a count known only at run time left them in memory, 1.7x slower); the last
     // block of a channel count that is no multiple of Block runs the rest.
@@ -199,10 +208,10 @@ struct ChannelChunkSums {
     else
       add_chunk<0>(la, lb, r, first, n, c0, nc);
     for (int j = 0; j < nc; ++j) {
-      double sa = 0, sb = 0;
+      double sa = 0, sb = 0;  // the lanes in double, in order
       for (int l = 0; l < lanes; ++l) {
-        sa += la[l][j];
-        if constexpr (pair) sb += lb[l][j];
+        sa += static_cast<double>(la[l][j]);
+        if constexpr (pair) sb += static_cast<double>(lb[l][j]);
       }
       out_a[(c0 + j) * partials + s] = sa;
       if constexpr (pair) out_b[(c0 + j) * partials + s] = sb;
@@ -211,13 +220,19 @@ struct ChannelChunkSums {
 
   // The chunk's n terms of channels c0.. (Fixed of them, or nc where Fixed is 0) into the lanes.
   template <int Fixed>
-  XPIPE_HOST_DEVICE void add_chunk(double (&la)[lanes][Block],
-                                   double (&lb)[pair ? lanes : 1][Block], index_t r, index_t first,
-                                   index_t n, int c0, int nc) const {
+  XPIPE_HOST_DEVICE void add_chunk(math::first_level_lane (&la)[lanes][Block],
+                                   math::first_level_lane (&lb)[pair ? lanes : 1][Block], index_t r,
+                                   index_t first, index_t n, int c0, int nc) const {
     const int count = Fixed > 0 ? Fixed : nc;
     const index_t whole = n / lanes * lanes;
     const auto add = [&](int l, index_t k) {
       const index_t col = (first + k) * g.channels + c0;
+      // The channels' accumulators are independent. Without `omp simd` GCC 12 unrolls a whole
+      // block's 16 channels before it vectorises, then gathers the squared deviations' terms a
+      // float at a time: the statistics ran at a quarter of a triad's speed.
+#if defined(_OPENMP) && !defined(__NVCC__)
+#pragma omp simd
+#endif
       for (int j = 0; j < count; ++j) {
         la[l][j] += a(r, col + j, c0 + j);
         if constexpr (pair) lb[l][j] += b(r, col + j, c0 + j);
@@ -249,13 +264,13 @@ struct PartialChunkSums {
   }
 };
 
-//! Per channel c: means[c] = sums[c] / n, the mean in double the squared deviations are taken
-//! from.
+//! Per channel c: means[c] = sums[c] / n rounded to float, the mean the squared deviations are
+//! taken from (and the one BatchNormStatistics stores).
 struct ChannelMeans {
   const double* sums;
   double n;
-  double* means;
-  XPIPE_HOST_DEVICE void operator()(index_t c) const { means[c] = sums[c] / n; }
+  float* means;
+  XPIPE_HOST_DEVICE void operator()(index_t c) const { means[c] = static_cast<float>(sums[c] / n); }
 };
 
 //! Per channel c: the micro-batch's mean and 1 / sqrt(var + eps) into stats[c], stats[C + c],
@@ -380,12 +395,11 @@ constexpr index_t channel_partial_sums(const NormGeometry& g) {
 }
 
 //! Doubles of the scratch BatchNorm's reductions of g take: two reductions' partial sums at
-//! once (the backward sums dy and dy xhat in one pass), their two results of C doubles each
+//! once (the backward sums dy and dy xhat in one pass) and their two results of C doubles each
 //! (batch_norm_statistics: the sums of x and of the squared deviations; the backward: of dy and
-//! of dy xhat) and the C means. Usage:
-//! `Buffer<double> scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
+//! of dy xhat). Usage: `Buffer<double> scratch(batch_norm_scratch_doubles(geometry(max_rows)));`
 constexpr index_t batch_norm_scratch_doubles(const NormGeometry& g) {
-  return g.channels * (2 * channel_partial_sums(g) + 3);
+  return g.channels * (2 * channel_partial_sums(g) + 2);
 }
 
 //! Channels one call of a channel reduction's first level sums on context Ctx
@@ -437,16 +451,16 @@ void channel_sums(const Ctx& ctx, const NormGeometry& g, const A& a, double* scr
 
 //! Training statistics of x (mean, invstd into stats: 2 C floats), updating `running` (mean,
 //! variance: 2 C floats) unless it is null: the channel sums of x, then of (x - mean)^2 (two
-//! passes, not E[x^2] - E[x]^2). `scratch`: batch_norm_scratch_doubles(g) doubles.
+//! passes, not E[x^2] - E[x]^2), the mean taken from stats' first C floats, where it is written
+//! first. `scratch`: batch_norm_scratch_doubles(g) doubles.
 template <class Ctx>
 void batch_norm_statistics(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, float* stats,
                            float* running, double* scratch) {
-  double* moments = scratch + batch_norm_scratch_doubles(g) - 3 * g.channels;
-  double* means = moments + 2 * g.channels;
+  double* moments = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
   const double n = static_cast<double>(g.rows) * g.plane;
   channel_sums(ctx, g, ops::ValueTerm{x}, scratch, moments);
-  for_each_index(ctx, g.channels, ops::ChannelMeans{moments, n, means});
-  channel_sums(ctx, g, ops::SquaredDeviationTerm{x, means}, scratch, moments + g.channels);
+  for_each_index(ctx, g.channels, ops::ChannelMeans{moments, n, stats});
+  channel_sums(ctx, g, ops::SquaredDeviationTerm{x, stats}, scratch, moments + g.channels);
   for_each_index(ctx, g.channels, ops::BatchNormStatistics{moments, g, stats, running});
 }
 
@@ -488,7 +502,7 @@ template <class Act = math::Identity, class Ctx>
 void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
                               ConstMatrix dy, const float* stats, float* sums, float* dgamma,
                               float* dbeta, bool accumulate, double* scratch) {
-  double* reduced = scratch + batch_norm_scratch_doubles(g) - 3 * g.channels;
+  double* reduced = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
   const ops::NormGradient<Act> grad{y, dy};
   channel_sums(ctx, g, ops::GradientTerm<Act>{grad}, scratch, reduced,
                ops::GradientXhatTerm<Act>{x, grad, stats, g.channels}, reduced + g.channels);
