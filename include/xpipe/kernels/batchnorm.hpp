@@ -42,11 +42,11 @@ inline constexpr int reduce_lanes = 4;
 inline constexpr index_t reduce_chunk = 128;
 
 //! The first level's lanes (ops::ChannelChunkSums) add their terms in float: a lane takes at most
-//! reduce_chunk / reduce_lanes = 32 of them, so its rounding stays within 32 float epsilons of
-//! its terms' magnitudes, as a pairwise sum's would; the lanes are added in double, and every
-//! later level sums doubles. Lanes of doubles had held the backward's sums to half a triad's
-//! speed on AVX-512 (a conversion and an add on half as many values per instruction for each
-//! term).
+//! reduce_chunk / reduce_lanes = 32 of them, so it lies within 32 unit roundoffs (2^-24) of its
+//! terms' magnitudes of their exact sum (recursive summation's bound, a term's own rounding
+//! included); the lanes are added in double, and every later level sums doubles. Lanes of
+//! doubles had held the statistics and the backward's sums at a quarter to half of a triad's
+//! speed on AVX-512 (every term converted, half as many values an instruction).
 using first_level_lane = float;
 
 //! f(0) + f(1) + ... + f(n - 1) in reduce_lanes lanes, in double.
