@@ -4,6 +4,7 @@
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
@@ -648,14 +649,17 @@ TEST_CASE("A stage of convolutions and BatchNorms around a residual block trains
 }
 
 namespace {
-// How far a channel sum may lie from the exact one: its first level adds each lane's at most
-// reduce_chunk / reduce_lanes = 32 float terms in float, which recursive summation's bound puts
-// within 31 unit roundoffs (2^-24) of the sum of their magnitudes (Higham, Accuracy and Stability
-// of Numerical Algorithms, 4.2), one more for a term rounded to float; the later levels add
-// doubles. `magnitudes`: the sum of the terms' absolute values.
-double channel_sum_bound(double magnitudes) {
+// How far a channel sum may lie from the exact sum of its exact terms: its first level adds
+// each lane's at most reduce_chunk / reduce_lanes = 32 terms in float, 31 additions, and each
+// term is rounded `term_roundings` times in its own arithmetic. Recursive summation's bound
+// (Higham, Accuracy and Stability of Numerical Algorithms, 4.2 and lemma 3.3) puts the lane
+// within gamma_k = k u / (1 - k u), k = 31 + term_roundings and u = 2^-24, of the sum of the
+// terms' magnitudes; the later levels, in double, add under 1e-13 of it. `magnitudes`: the sum
+// of the terms' absolute values, in long double.
+double channel_sum_bound(long double magnitudes, int term_roundings) {
   static_assert(xpipe::math::reduce_chunk / xpipe::math::reduce_lanes == 32);
-  return 32 * std::ldexp(1.0, -24) * magnitudes + 1e-12;
+  const double u = std::ldexp(1.0, -24), k = 31 + term_roundings;
+  return (k * u / (1 - k * u) + 1e-13) * static_cast<double>(magnitudes) + 1e-30;
 }
 }  // namespace
 
@@ -695,8 +699,95 @@ TEST_CASE("BatchNorm2d's channel sums go level by level and equal a plain sum",
         }
       INFO("rows " << rows << ", plane " << plane << ", channel " << c);
       CHECK(std::abs(out[static_cast<std::size_t>(c)] - static_cast<double>(expected)) <=
-            channel_sum_bound(static_cast<double>(magnitudes)));
+            channel_sum_bound(magnitudes, 0));
     }
+    // The squared deviations about float means given here (a rounding for x - mean, one for
+    // its square, one more to be safe where the compiler does not fuse the add).
+    std::vector<float> means(static_cast<std::size_t>(channels));
+    for (int c = 0; c < channels; ++c) means[static_cast<std::size_t>(c)] = 0.75f + 0.125f * c;
+    xpipe::channel_sums(HostContext{}, g, xpipe::ops::SquaredDeviationTerm{m, means.data()},
+                        scratch.data(), out.data());
+    for (int c = 0; c < channels; ++c) {
+      long double expected = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < plane; ++i) {
+          const long double d =
+              static_cast<long double>(m(r, static_cast<index_t>(i) * channels + c)) -
+              means[static_cast<std::size_t>(c)];
+          expected += d * d;
+        }
+      INFO("squared deviations: rows " << rows << ", plane " << plane << ", channel " << c);
+      CHECK(std::abs(out[static_cast<std::size_t>(c)] - static_cast<double>(expected)) <=
+            channel_sum_bound(expected, 3));
+    }
+  }
+  // Whole numbers in [0, 2^17): every float lane (32 of them, under 2^22) is exact, and so is
+  // every double after it, so the sum equals the exact one bit for bit. A later level in float
+  // would round these 130 x 784 terms' sums (near 2^32, past float's 2^24).
+  const xpipe::NormGeometry g{130, 2, 784};
+  std::vector<float> x(static_cast<std::size_t>(130) * 2 * 784);
+  xpipe::Rng rng{11};
+  for (float& v : x) v = std::floor(rng.uniform(0.f, 131072.f));
+  std::vector<double> scratch(static_cast<std::size_t>(xpipe::batch_norm_scratch_doubles(g)));
+  std::vector<double> out(2);
+  const ConstMatrix m{x.data(), 130, 2 * 784};
+  xpipe::channel_sums(HostContext{.threads = 2}, g, xpipe::ops::ValueTerm{m}, scratch.data(),
+                      out.data());
+  for (int c = 0; c < 2; ++c) {
+    std::int64_t expected = 0;
+    for (int r = 0; r < 130; ++r)
+      for (int i = 0; i < 784; ++i)
+        expected += static_cast<std::int64_t>(m(r, static_cast<index_t>(i) * 2 + c));
+    INFO("whole numbers, channel " << c);
+    CHECK(std::abs(expected) > (std::int64_t{1} << 24));  // past float's exact integers
+    CHECK(out[static_cast<std::size_t>(c)] == static_cast<double>(expected));
+  }
+}
+
+TEST_CASE("BatchNorm2d's training statistics equal the batch's mean and 1 / sqrt(var + eps)",
+          "[layers][batchnorm]") {
+  // The mean and the biased variance over rows and pixels of each channel, in long double,
+  // against batch_norm_statistics' float mean and invstd, within what the sums' bound allows:
+  // the mean within channel_sum_bound / n and its rounding to float; the variance (squared
+  // deviations about that mean, three roundings a term) relatively within its bound, plus
+  // (mean's error / std)^2, and invstd within half of that and a few roundings (division,
+  // square root, float). Channels of mean 1 and 40 (spread 1.15 and 0.58): the second is where
+  // a variance taken as E[x^2] - E[x]^2 in float would lose digits.
+  const int rows = 33, channels = 2, plane = 49;
+  const xpipe::NormGeometry g{rows, channels, plane};
+  std::vector<float> x(static_cast<std::size_t>(rows) * channels * plane);
+  xpipe::Rng rng{5};
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = i % 2 == 0 ? rng.uniform(-1.f, 3.f) : rng.uniform(39.f, 41.f);
+  std::vector<double> scratch(static_cast<std::size_t>(xpipe::batch_norm_scratch_doubles(g)));
+  std::vector<float> stats(2 * channels);
+  const ConstMatrix m{x.data(), rows, static_cast<index_t>(channels) * plane};
+  xpipe::batch_norm_statistics(HostContext{}, g, m, stats.data(), nullptr, scratch.data());
+  const long double n = static_cast<long double>(rows) * plane;
+  const double u = std::ldexp(1.0, -24);
+  for (int c = 0; c < channels; ++c) {
+    long double sum = 0, magnitudes = 0, squares = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < plane; ++i) {
+        sum += m(r, static_cast<index_t>(i) * channels + c);
+        magnitudes += std::abs(m(r, static_cast<index_t>(i) * channels + c));
+      }
+    const long double mean = sum / n;
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < plane; ++i) {
+        const long double d = m(r, static_cast<index_t>(i) * channels + c) - mean;
+        squares += d * d;
+      }
+    const long double var = squares / n,
+                      invstd = 1 / std::sqrt(var + static_cast<long double>(g.eps));
+    const double mean_error =
+        channel_sum_bound(magnitudes, 0) / static_cast<double>(n) + 2 * u * std::abs(mean);
+    const double var_error = channel_sum_bound(squares, 3) / static_cast<double>(squares) +
+                             mean_error * mean_error / static_cast<double>(var);
+    INFO("channel " << c);
+    CHECK(std::abs(stats[static_cast<std::size_t>(c)] - static_cast<double>(mean)) <= mean_error);
+    CHECK(std::abs(stats[static_cast<std::size_t>(channels + c)] / static_cast<double>(invstd) -
+                   1) <= var_error / 2 + 4 * u);
   }
 }
 
@@ -749,10 +840,11 @@ TEST_CASE("The backward's two channel sums in one pass have the bits of one pass
             a_magnitudes += std::abs(dym(r, col));
             b_magnitudes += std::abs(term_b);
           }
+        // dy exact; dy xhat one rounding (xhat taken in float here as there).
         CHECK(std::abs(pair_a[static_cast<std::size_t>(c)] - static_cast<double>(a)) <=
-              channel_sum_bound(static_cast<double>(a_magnitudes)));
+              channel_sum_bound(a_magnitudes, 0));
         CHECK(std::abs(pair_b[static_cast<std::size_t>(c)] - static_cast<double>(b)) <=
-              channel_sum_bound(static_cast<double>(b_magnitudes)));
+              channel_sum_bound(b_magnitudes, 1));
       }
       // Level 1 alone, by blocks of 16 channels and by single channels.
       const index_t chunks = xpipe::math::chunks_of(plane), partials = rows * chunks;

@@ -36,7 +36,8 @@ using index_t = long;
 //! stay aligned.
 inline constexpr index_t line_floats = 16;
 
-//! n floats rounded up to whole cache lines. Usage: `o[i + 1] = o[i] + round_up_to_line(n);`
+//! `floats` rounded up to whole cache lines (host sizes; constant-evaluated where a layer's
+//! sizes are). Usage: `o[i + 1] = o[i] + round_up_to_line(n);`
 constexpr index_t round_up_to_line(index_t floats) {
   return (floats + line_floats - 1) / line_floats * line_floats;
 }

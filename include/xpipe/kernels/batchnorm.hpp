@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "xpipe/backend/backend.hpp"
 #include "xpipe/core/config.hpp"
@@ -32,21 +33,25 @@ namespace math {
 //! added in lane order at the end. A fixed order (the same bits for any thread count) that is
 //! not one chain of dependent additions: the host compiler vectorises the lanes,
 //! where a single double accumulator ran at one add per 4 cycles and made BatchNorm slower than
-//! the convolution before it. Four: a host call sums 16 channels side by side, so each lane is
-//! already two vectors of doubles, and the four lanes of the backward's two sums in one pass fill
-//! 16 of AVX-512's 32 registers, where eight lanes spilled them to memory (the fused
-//! BatchNorm-ReLU backward's sums ran 1.3x slower).
+//! the convolution before it. Four: when the first level's lanes were doubles, the four lanes of
+//! the backward's two sums over 16 channels filled 16 of AVX-512's 32 registers, where eight
+//! lanes spilled them to memory (the fused BatchNorm-ReLU backward's sums ran 1.3x slower). In
+//! float lanes (first_level_lane) they take 8; the count stays, as it fixes the summation order
+//! and so the bits.
 inline constexpr int reduce_lanes = 4;
 
 //! Terms one partial sum of a channel reduction covers, at every level (channel_sum_levels).
 inline constexpr index_t reduce_chunk = 128;
 
 //! The first level's lanes (ops::ChannelChunkSums) add their terms in float: a lane takes at most
-//! reduce_chunk / reduce_lanes = 32 of them, so it lies within 32 unit roundoffs (2^-24) of its
-//! terms' magnitudes of their exact sum (recursive summation's bound, a term's own rounding
-//! included); the lanes are added in double, and every later level sums doubles. Lanes of
-//! doubles had held the statistics and the backward's sums at a quarter to half of a triad's
-//! speed on AVX-512 (every term converted, half as many values an instruction).
+//! reduce_chunk / reduce_lanes = 32 of them, 31 additions, so its sum lies within about 31 unit
+//! roundoffs (2^-24) of its terms' magnitudes of theirs (recursive summation's bound), plus the
+//! roundings of each term's own arithmetic (one for dy xhat from a float xhat, up to three for
+//! a squared deviation); the lanes are added in double, and every later level sums doubles. A
+//! lane overflows where its terms' sum passes FLT_MAX (a spread of about 3e18 for the squared
+//! deviations). Lanes of doubles had held the statistics and the backward's sums at a quarter
+//! to half of a triad's speed on AVX-512 (every term converted, half as many values an
+//! instruction).
 using first_level_lane = float;
 
 //! f(0) + f(1) + ... + f(n - 1) in reduce_lanes lanes, in double.
@@ -121,8 +126,9 @@ struct ValueTerm {
 
 //! (x - mean)^2, means[c] the channel's mean (sum / n) rounded to float: the channel sums of the
 //! squared deviations (the biased variance times n). About a mean off by delta they exceed the
-//! exact ones by n delta^2, relatively (delta / std)^2: below 1e-14 for a float-rounded mean
-//! unless the channel's spread is 1e-7 of its mean, where x's own rounding already rules.
+//! exact ones by n delta^2, relatively (delta / std)^2 <= (2^-24 |mean| / std)^2: below float's
+//! own roundoff unless std < |mean| / 4096, and always the square of the relative error x's own
+//! rounding puts into a deviation.
 struct SquaredDeviationTerm {
   ConstMatrix x;
   const float* means;
@@ -178,11 +184,18 @@ struct NoTerm {
 //! [b Block, b Block + Block) (fewer in the last block), into out_a[c partials + s] (and
 //! out_b). Term k of a chunk of channel c lies at row r, column (first + k) channels + c, and
 //! adds into lane k % reduce_lanes; the lanes are added in order at the end: per channel
-//! math::lane_sum's order, whatever Block is. Block 1 (a CUDA thread per channel, neighbours
-//! on neighbouring channels, so their loads coalesce) and Block 16 (a host call, vectorised
-//! across the channels that lie side by side) give the same sums.
+//! math::lane_sum's order, its lanes in float here (math::first_level_lane), whatever Block is.
+//! Block 1 (a CUDA thread per channel, neighbours on neighbouring channels, so their loads
+//! coalesce) and Block 16 (a host call, vectorised across the channels that lie side by side) give
+//! the same sums.
 template <int Block, class A, class B = NoTerm>
 struct ChannelChunkSums {
+  static_assert(std::is_same_v<decltype(std::declval<const A&>()(index_t{}, index_t{}, 0)),
+                               math::first_level_lane> &&
+                    std::is_same_v<decltype(std::declval<const B&>()(index_t{}, index_t{}, 0)),
+                                   math::first_level_lane>,
+                "xpipe: channel_sums: a term must return math::first_level_lane (float), the "
+                "type its lanes add in; a term in double would be rounded without a word");
   static constexpr bool pair = !std::is_same_v<B, NoTerm>;
   static constexpr int lanes = math::reduce_lanes;
   NormGeometry g;
@@ -425,10 +438,10 @@ void channel_sum_levels_after_first(const Ctx& ctx, const NormGeometry& g, doubl
 }
 
 //! out_a[c] (and out_b[c], unless B is ops::NoTerm) = the sum over rows and pixels of channel
-//! c's terms a (and b), in the fixed order of math::channel_sum_levels: a launch per level,
-//! every channel's chunks at once, the first level of both reductions in one pass over the rows
-//! (their inputs read once). `scratch`: two reductions' partial sums (2 channel_partial_sums(g)
-//! per channel; one where B is NoTerm).
+//! c's terms a (and b; each a float, math::first_level_lane), in the fixed order of
+//! math::channel_sum_levels: a launch per level, every channel's chunks at once, the first level of
+//! both reductions in one pass over the rows (their inputs read once). `scratch`: two reductions'
+//! partial sums (2 channel_partial_sums(g) per channel; one where B is NoTerm).
 template <class Ctx, class A, class B = ops::NoTerm>
 void channel_sums(const Ctx& ctx, const NormGeometry& g, const A& a, double* scratch, double* out_a,
                   const B& b = {}, double* out_b = nullptr) {

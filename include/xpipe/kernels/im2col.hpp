@@ -349,12 +349,12 @@ class Im2colConvPlans {
                        " does not fit the plans made for " + conv_geometry_text(max_));
   }
 
-  // The column buffer of chunk_ images, then their per-image bias sums.
+  // The column buffer of chunk_ images, then the per-image bias sums of max_.rows images.
   ConvWorkspace workspace() { return {room_.data(), room_.data() + sizes_.cols, chunk_}; }
 
   ConvGeometry max_;
   index_t chunk_;
-  ConvWorkspaceFloats sizes_;  // of the column buffer and the bias sums, for chunk_ images
+  ConvWorkspaceFloats sizes_;  // the column buffer for chunk_ images, the bias sums for max_.rows
   ArenaOr<B> room_;            // their own, unless on an arena
 };
 
