@@ -2,7 +2,7 @@
 // With one GEMM thread (the pipeline's configuration: one per stage thread) the count must be 0.
 // oneDNN's multi-threaded dnnl_sgemm allocates one block per call internally; with 2 threads
 // that count is printed (one per two-thread GEMM: the forward's 4 per step, the backward's run on
-// one thread each in two lanes) but not asserted, since it is not ours. Its convolution
+// one thread each in two lanes), and each of them must come from inside oneDNN. Its convolution
 // primitives allocate inside every execute call (their arguments' bookkeeping), so a CNN's step
 // is checked by who calls operator new: each call's return address is looked up (dladdr), and
 // every allocation from outside libdnnl counts as ours, which must be none.
@@ -78,24 +78,36 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
 }
 
 namespace {
-long allocations_in_steps(int threads, int steps) {
-  using Model = xpipe::models::FashionMlp;
+// Allocations in `steps` sequential Adam steps of a batch of `batch` rows (784 features, 10
+// classes) of Net on `threads` threads, after three warm-up steps; `onednn` gets how many of
+// them were made by code inside oneDNN.
+template <class Net>
+long allocations_in_steps(int threads, xpipe::index_t batch, int steps, long& onednn) {
   const xpipe::HostContext ctx{.threads = threads};
   xpipe::ScopedFlushDenormals ftz;
-  xpipe::SequentialTrainer<Model, xpipe::Adam> trainer(xpipe::Adam{}, 128, 1);
-  xpipe::HostBuffer<float> x(128 * 784);
-  xpipe::HostBuffer<std::int32_t> y(128);
+  xpipe::SequentialTrainer<Net, xpipe::Adam> trainer(xpipe::Adam{}, batch, 1);
+  xpipe::HostBuffer<float> x(batch * 784);
+  xpipe::HostBuffer<std::int32_t> y(batch);
   xpipe::Rng rng{2};
   xpipe::test::fill_uniform(x, rng);
   xpipe::test::fill_labels(y, rng, 10);
-  const xpipe::ConstMatrix xm{x.data(), 128, 784};
+  const xpipe::ConstMatrix xm{x.data(), batch, 784};
   for (int i = 0; i < 3; ++i) trainer.train_step(ctx, xm, y.data());  // warm-up
   allocations = 0;
+  by_onednn = 0;
   counting = true;
   for (int i = 0; i < steps; ++i) trainer.train_step(ctx, xm, y.data());
   counting = false;
+  onednn = by_onednn.exchange(0);
   return allocations.exchange(0);
 }
+// A ResNet of every kind of layer the host's convolutional networks use (convolutions, BatchNorm
+// and BatchNormAct, identity and projected residual blocks with their ReLU fused, the pooling
+// head), 32 images a step.
+namespace rn = xpipe::models::resnet;
+using Resnet = xpipe::Stage<xpipe::Conv2d<rn::Image<1, 28>, 16, 3, rn::keep>, rn::BNReLU<16, 28>,
+                            rn::B16, rn::D32, rn::B32, rn::D64, rn::B64,
+                            xpipe::GlobalAvgPool<rn::Image<64, 7>>, xpipe::Linear<64, 10>>;
 // Allocations of a whole Pipeline::train call over n mini-batches: setup (analysis, queues,
 // slots, predictor copies, stage threads) allocates a fixed number of blocks whatever n is, so
 // equal counts for two n prove that running the actions allocates nothing.
@@ -117,32 +129,6 @@ long allocations_in_pipeline(int n, bool zero_bubble = false) {
   counting = false;
   return allocations.exchange(0);
 }
-// A ResNet of every kind of layer the host's convolutional networks use (convolutions, BatchNorm
-// and BatchNormAct, identity and projected residual blocks with their ReLU fused, the pooling
-// head), trained for `steps` sequential steps of 32 images on one thread: the allocations that
-// did not come from inside oneDNN, and (into `onednn`) those that did.
-long cnn_allocations_in_steps(int steps, long& onednn) {
-  using namespace xpipe::models::resnet;
-  using Net = xpipe::Stage<xpipe::Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, D32, B32,
-                           D64, B64, xpipe::GlobalAvgPool<Image<64, 7>>, xpipe::Linear<64, 10>>;
-  const xpipe::HostContext ctx{.threads = 1};
-  xpipe::ScopedFlushDenormals ftz;
-  xpipe::SequentialTrainer<Net, xpipe::Adam> trainer(xpipe::Adam{}, 32, 1);
-  xpipe::HostBuffer<float> x(32 * 784);
-  xpipe::HostBuffer<std::int32_t> y(32);
-  xpipe::Rng rng{3};
-  xpipe::test::fill_uniform(x, rng);
-  xpipe::test::fill_labels(y, rng, 10);
-  const xpipe::ConstMatrix xm{x.data(), 32, 784};
-  for (int i = 0; i < 3; ++i) trainer.train_step(ctx, xm, y.data());  // warm-up
-  allocations = 0;
-  by_onednn = 0;
-  counting = true;
-  for (int i = 0; i < steps; ++i) trainer.train_step(ctx, xm, y.data());
-  counting = false;
-  onednn = by_onednn.exchange(0);
-  return allocations.exchange(0) - onednn;
-}
 }  // namespace
 
 int main() {
@@ -162,12 +148,13 @@ int main() {
     return 1;
   }
   onednn_base = onednn.dli_fbase;
-  const long one = allocations_in_steps(1, 10);
-  const long two = allocations_in_steps(2, 10);
+  long onednn_one = 0, onednn_two = 0;  // the first must be 0 too, as `one` is
+  const long one = allocations_in_steps<xpipe::models::FashionMlp>(1, 128, 10, onednn_one);
+  const long two = allocations_in_steps<xpipe::models::FashionMlp>(2, 128, 10, onednn_two);
   std::printf(
       "operator new calls in 10 training steps: %ld with 1 thread (must be 0), %ld with 2 "
-      "threads (inside oneDNN's threaded sgemm)\n",
-      one, two);
+      "threads, %ld of them inside oneDNN's threaded sgemm (must be all)\n",
+      one, two, onednn_two);
   const long ref10 = allocations_in_pipeline<xpipe::ReferenceExecutor>(10);
   const long ref40 = allocations_in_pipeline<xpipe::ReferenceExecutor>(40);
   const long thr10 = allocations_in_pipeline<xpipe::ThreadedExecutor>(10);
@@ -178,14 +165,16 @@ int main() {
       "operator new calls in Pipeline::train over 10 / 40 mini-batches: reference %ld / "
       "%ld, threaded %ld / %ld, threaded ZB-H1 %ld / %ld (must not grow)\n",
       ref10, ref40, thr10, thr40, zb10, zb40);
+  // The ResNet on one thread: its convolutions' execute calls allocate inside oneDNN.
   long cnn_onednn = 0;
-  const long cnn = cnn_allocations_in_steps(10, cnn_onednn);
+  const long cnn = allocations_in_steps<Resnet>(1, 32, 10, cnn_onednn) - cnn_onednn;
   std::printf(
       "operator new calls in 10 ResNet training steps on 1 thread: %ld from xpipe (must be 0), "
       "%ld inside oneDNN's convolution calls (not ours; must be some, or the lookup sees "
       "nothing)\n",
       cnn, cnn_onednn);
-  return one == 0 && ref10 == ref40 && thr10 == thr40 && zb10 == zb40 && cnn == 0 && cnn_onednn > 0
+  return one == 0 && two == onednn_two && ref10 == ref40 && thr10 == thr40 && zb10 == zb40 &&
+                 cnn == 0 && cnn_onednn > 0
              ? 0
              : 1;
 }
