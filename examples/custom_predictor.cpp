@@ -119,9 +119,8 @@ int main(int argc, char** argv) {
   }
   try {
     for (const std::string& p : predictors) xpipe::make_predictor<Choice>(p);  // names first
-    auto data = xpipe::load_fashion_mnist(dir);
-    if (train_samples > 0) data.train = xpipe::head(data.train, train_samples);
-    if (test_samples > 0) data.test = xpipe::head(data.test, test_samples);
+    const auto data =
+        xpipe::load_fashion_mnist(dir, {.train = train_samples, .test = test_samples});
     for (const std::string& p : predictors) train(data, p, epochs, M, lr);
   } catch (const xpipe::ConfigError& e) {
     std::fprintf(stderr, "custom_predictor: %s\n", e.what());

@@ -1,6 +1,8 @@
 // IDX reader and Fashion-MNIST loader on the real files and on corrupted copies made here.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -48,6 +50,51 @@ TEST_CASE("Fashion-MNIST loader: counts - standardised pixels - balanced labels"
   std::vector<int> per_class(10, 0);
   for (int l : d.test.labels) per_class[l]++;
   for (int c : per_class) REQUIRE(c == 1000);  // the test set has 1000 per class
+}
+
+TEST_CASE("Fashion-MNIST's standardised pixels against the raw bytes' mean and deviation",
+          "[data]") {
+  // The oracle: the training bytes' mean and standard deviation of b / 255 summed in long
+  // double, byte by byte, and each pixel standardised in long double.
+  const auto raw = xpipe::read_idx(real_dir + "/train-images-idx3-ubyte.gz");
+  long double sum = 0, sq = 0;
+  for (std::uint8_t b : raw.data) sum += b / 255.0L, sq += (b / 255.0L) * (b / 255.0L);
+  const long double n = static_cast<long double>(raw.data.size());
+  const long double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+  const auto d = xpipe::load_fashion_mnist(real_dir);
+  const auto test_raw = xpipe::read_idx(real_dir + "/t10k-images-idx3-ubyte.gz");
+  // Every pixel of both halves within a few float roundings of values up to 2.7 (ulp 2.4e-7).
+  long double worst = 0;
+  for (std::size_t i = 0; i < raw.data.size(); ++i)
+    worst = std::max(
+        worst, std::abs(d.train.features[xpipe::index_t(i)] - (raw.data[i] / 255.0L - mean) / sd));
+  for (std::size_t i = 0; i < test_raw.data.size(); ++i)
+    worst = std::max(worst, std::abs(d.test.features[xpipe::index_t(i)] -
+                                     (test_raw.data[i] / 255.0L - mean) / sd));
+  INFO("worst difference " << static_cast<double>(worst));
+  REQUIRE(worst < 1e-6L);
+}
+
+TEST_CASE("Fashion-MNIST's FirstSamples keeps the first rows with the whole set's bits", "[data]") {
+  const auto all = xpipe::load_fashion_mnist(real_dir);
+  const auto some = xpipe::load_fashion_mnist(real_dir, {.train = 300, .test = 7});
+  REQUIRE(some.train.count == 300);
+  REQUIRE(some.test.count == 7);
+  REQUIRE(some.train.features.size() == 300 * 784);
+  REQUIRE(some.test.features.size() == 7 * 784);
+  // Standardised with all 60,000 images' statistics, not the kept ones'.
+  REQUIRE(std::memcmp(some.train.features.data(), all.train.features.data(), 300 * 784 * 4) == 0);
+  REQUIRE(std::memcmp(some.test.features.data(), all.test.features.data(), 7 * 784 * 4) == 0);
+  REQUIRE(some.train.labels ==
+          std::vector<std::int32_t>(all.train.labels.begin(), all.train.labels.begin() + 300));
+  REQUIRE(some.test.labels ==
+          std::vector<std::int32_t>(all.test.labels.begin(), all.test.labels.begin() + 7));
+  // 0 keeps a half whole; more than there are keeps all of it.
+  const auto whole_test = xpipe::load_fashion_mnist(real_dir, {.train = 1, .test = 0});
+  REQUIRE(whole_test.test.count == 10000);
+  REQUIRE(xpipe::load_fashion_mnist(real_dir, {.train = 70000, .test = 1}).train.count == 60000);
+  REQUIRE_THROWS_WITH(xpipe::load_fashion_mnist(real_dir, {.train = -5, .test = 0}),
+                      Catch::Contains("FirstSamples{-5, 0}") && Catch::Contains("0 (all) or more"));
 }
 
 TEST_CASE("IDX reader rejects missing and corrupted files with the file's name", "[data]") {

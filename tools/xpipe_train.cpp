@@ -615,11 +615,11 @@ Exit lock_folders(const Flags& f, tools::FolderLocks& locks) {
 // place, cut to --train-samples and --test-samples (rows: the gpt's are tokens, cut to whole
 // sequences). Throws DataError naming a file it cannot read.
 DatasetPair load_data(const Flags& f) {
-  DatasetPair data =
-      f.config.model == "gpt"
-          ? load_text_corpus(tools::gpt_context,
-                             f.data_dir.empty() ? default_text_corpus_dir() : f.data_dir)
-          : load_fashion_mnist(f.data_dir.empty() ? default_fashion_mnist_dir() : f.data_dir);
+  if (f.config.model != "gpt")  // only the kept images become floats
+    return load_fashion_mnist(f.data_dir.empty() ? default_fashion_mnist_dir() : f.data_dir,
+                              {.train = f.train_samples, .test = f.test_samples});
+  DatasetPair data = load_text_corpus(tools::gpt_context,
+                                      f.data_dir.empty() ? default_text_corpus_dir() : f.data_dir);
   if (f.train_samples > 0) data.train = head(data.train, f.train_samples);
   if (f.test_samples > 0) data.test = head(data.test, f.test_samples);
   return data;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -58,70 +59,114 @@ inline std::string default_fashion_mnist_dir() {
   return env != nullptr && *env != '\0' ? env : "/usr/share/datasets/fashion-mnist";
 }
 
+//! How much of Fashion-MNIST load_fashion_mnist keeps: the first `train` training samples and
+//! the first `test` test samples (0: all of them). Only the kept samples become floats; the
+//! standardisation still comes from every training image, so the kept rows have the bits of the
+//! whole set's first rows. Usage: `load_fashion_mnist(dir, {.train = 512, .test = 256});`
+struct FirstSamples {
+  index_t train = 0;
+  index_t test = 0;
+};
+
 namespace detail {
-inline Dataset images_and_labels(const std::string& images_path, const std::string& labels_path) {
-  const IdxArray images = read_idx(images_path);
-  const IdxArray labels = read_idx(labels_path);
-  if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
+
+//! One half of Fashion-MNIST as read: images (count x 28 x 28 bytes) and their labels, checked.
+struct IdxHalf {
+  IdxArray images;
+  IdxArray labels;
+};
+
+inline IdxHalf read_half(const std::string& images_path, const std::string& labels_path) {
+  IdxHalf h{read_idx(images_path), read_idx(labels_path)};
+  if (h.images.dims.size() != 3 || h.images.dims[1] != 28 || h.images.dims[2] != 28)
     throw DataError("xpipe: IDX file '" + images_path + "' is not a set of 28x28 images (" +
-                    std::to_string(images.dims.size()) + " dimensions)");
-  if (labels.dims.size() != 1)
+                    std::to_string(h.images.dims.size()) + " dimensions)");
+  if (h.labels.dims.size() != 1)
     throw DataError("xpipe: IDX file '" + labels_path + "' is not a label vector (" +
-                    std::to_string(labels.dims.size()) + " dimensions)");
-  if (images.count() != labels.count())
-    throw DataError("xpipe: '" + images_path + "' holds " + std::to_string(images.count()) +
-                    " images but '" + labels_path + "' holds " + std::to_string(labels.count()) +
+                    std::to_string(h.labels.dims.size()) + " dimensions)");
+  if (h.images.count() != h.labels.count())
+    throw DataError("xpipe: '" + images_path + "' holds " + std::to_string(h.images.count()) +
+                    " images but '" + labels_path + "' holds " + std::to_string(h.labels.count()) +
                     " labels");
+  for (std::size_t i = 0; i < h.labels.data.size(); ++i)
+    // Unsigned bytes: only the upper bound can fail.
+    if (h.labels.data[i] >= 10)
+      throw DataError("xpipe: labels file '" + labels_path + "': label " +
+                      std::to_string(h.labels.data[i]) + " at index " + std::to_string(i) +
+                      " is outside 0..9");
+  return h;
+}
+
+//! A pixel byte as the loader's float: b / 255 rounded as float(b) * (1.f / 255.f).
+inline float unit_pixel(int b) {
+  return static_cast<float>(b) * (1.f / 255.f);
+}
+
+//! The first `keep` samples of h (all if keep is 0 or more than there are), each pixel byte b
+//! becoming value[b].
+inline Dataset standardised_head(const IdxHalf& h, index_t keep,
+                                 const std::array<float, 256>& value) {
   Dataset d;
-  d.count = static_cast<index_t>(images.count());
+  const auto count = static_cast<index_t>(h.images.count());
+  d.count = keep > 0 ? std::min(keep, count) : count;
   d.width = 28 * 28;
   d.classes = 10;
   d.features = HostBuffer<float>(d.count * d.width);
-  for (std::size_t i = 0; i < images.data.size(); ++i)
-    d.features[static_cast<index_t>(i)] = static_cast<float>(images.data[i]) * (1.f / 255.f);
-  d.labels.resize(labels.data.size());
-  for (std::size_t i = 0; i < labels.data.size(); ++i) {
-    // Unsigned bytes: only the upper bound can fail.
-    if (labels.data[i] >= d.classes)
-      throw DataError("xpipe: labels file '" + labels_path + "': label " +
-                      std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
-                      " is outside 0.." + std::to_string(d.classes - 1));
-    d.labels[i] = labels.data[i];
-  }
+  for (index_t i = 0; i < d.count * d.width; ++i)
+    d.features[i] = value[h.images.data[static_cast<std::size_t>(i)]];
+  d.labels.assign(h.labels.data.begin(), h.labels.data.begin() + d.count);
   return d;
 }
+
 }  // namespace detail
 
-//! Loads Fashion-MNIST from `dir` (the four standard .gz IDX files) and standardises pixels with
-//! the training set's mean and standard deviation (applied to both halves; a training set of
-//! one pixel value is only centred).
-//! Throws DataError naming the file when one is missing, truncated or malformed.
-inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_mnist_dir()) {
-  DatasetPair p;
-  p.train = detail::images_and_labels(dir + "/train-images-idx3-ubyte.gz",
-                                      dir + "/train-labels-idx1-ubyte.gz");
-  p.test = detail::images_and_labels(dir + "/t10k-images-idx3-ubyte.gz",
-                                     dir + "/t10k-labels-idx1-ubyte.gz");
+//! Loads Fashion-MNIST from `dir` (the four standard .gz IDX files), keeping the samples `keep`
+//! names (all by default), and standardises pixels with the mean and standard deviation of all
+//! the training images (applied to both halves; a training set of one pixel value is only
+//! centred). Throws DataError naming the file when one is missing, truncated or malformed, and
+//! ConfigError for a negative count in `keep`.
+inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_mnist_dir(),
+                                      FirstSamples keep = {}) {
+  if (keep.train < 0 || keep.test < 0)
+    throw ConfigError("xpipe: load_fashion_mnist: FirstSamples{" + std::to_string(keep.train) +
+                      ", " + std::to_string(keep.test) + "}: counts must be 0 (all) or more");
+  const detail::IdxHalf train =
+      detail::read_half(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz");
+  const detail::IdxHalf test =
+      detail::read_half(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
+  // The training pixels' statistics from a histogram of their bytes: four histograms, so runs of
+  // one byte value (the images' black background) do not wait on one counter.
+  std::array<std::array<std::uint64_t, 256>, 4> counts{};
+  const std::vector<std::uint8_t>& pixels = train.images.data;
+  std::size_t i = 0;
+  for (; i + 4 <= pixels.size(); i += 4)
+    for (int k = 0; k < 4; ++k) ++counts[k][pixels[i + k]];
+  for (; i < pixels.size(); ++i) ++counts[0][pixels[i]];
   double sum = 0, sq = 0;
-  for (float v : p.train.features) {
-    sum += v;
-    sq += static_cast<double>(v) * v;
+  int values = 0, only = 0;
+  for (int b = 0; b < 256; ++b) {
+    const std::uint64_t c = counts[0][b] + counts[1][b] + counts[2][b] + counts[3][b];
+    const double v = detail::unit_pixel(b);
+    sum += static_cast<double>(c) * v;
+    sq += static_cast<double>(c) * (v * v);
+    if (c > 0) ++values, only = b;
   }
-  const double n = static_cast<double>(p.train.features.size());
-  double mean = sum / n;
-  float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - mean * mean));
+  const double n = static_cast<double>(pixels.size());
+  float mean = static_cast<float>(sum / n);
+  float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - (sum / n) * (sum / n)));
   // Images of one pixel value are valid data, but their variance is 0 (or, as E[x^2] - mean^2,
   // a rounding error of either sign): 1 / sqrt of it made every pixel 0 * inf or NaN, and
   // training failed with "loss is NaN". They are centred to 0 and left unscaled.
-  const float first = p.train.features.size() > 0 ? p.train.features[0] : 0.f;
-  if (std::all_of(p.train.features.begin(), p.train.features.end(),
-                  [&](float v) { return v == first; })) {
-    mean = first;
+  if (values == 1) {
+    mean = detail::unit_pixel(only);
     inv_std = 1.f;
   }
-  for (Dataset* d : {&p.train, &p.test})
-    for (float& v : d->features) v = (v - static_cast<float>(mean)) * inv_std;
-  return p;
+  // Every pixel is one of 256 bytes: its standardised value is looked up, not recomputed.
+  std::array<float, 256> unit{}, value{};
+  for (int b = 0; b < 256; ++b) unit[b] = detail::unit_pixel(b);
+  for (int b = 0; b < 256; ++b) value[b] = (unit[b] - mean) * inv_std;
+  return {detail::standardised_head(train, keep.train, value),
+          detail::standardised_head(test, keep.test, value)};
 }
 
 //! Seeded shuffled mini-batches of a dataset, gathered into caller-owned buffers: no allocation
