@@ -167,18 +167,6 @@ void for_each_index(const HostContext& ctx, index_t n, const F& f) {
   for_each_index(ctx, n, n, f);
 }
 
-// The loop after it has no dependence between its iterations: `omp simd` where OpenMP is on,
-// which also vectorises it at -O2 (whose cheap cost model takes no loop that needs a scalar
-// epilogue: the GELU passes ran unvectorised, the GPT step at half its -O3 speed), else g++'s
-// ivdep (as under nvcc, whose front end would warn on the omp pragma).
-#if defined(_OPENMP) && !defined(__NVCC__)
-#define XPIPE_INDEPENDENT_ITERATIONS_ _Pragma("omp simd")
-#elif defined(__GNUC__) && !defined(__clang__)
-#define XPIPE_INDEPENDENT_ITERATIONS_ _Pragma("GCC ivdep")
-#else
-#define XPIPE_INDEPENDENT_ITERATIONS_
-#endif
-
 //! Calls f(r, c) for each element of a rows x cols matrix. Rows are split over the threads; the
 //! column loop is inlined into each instruction-set variant of the range loop, where it
 //! vectorises. f(r, c) may write only what belongs to element (r, c) (in place is fine): the
@@ -187,7 +175,7 @@ void for_each_index(const HostContext& ctx, index_t n, const F& f) {
 template <class F>
 void for_each_element(const HostContext& ctx, index_t rows, index_t cols, const F& f) {
   for_each_index(ctx, rows, rows * cols, [&f, cols](index_t r) {
-    XPIPE_INDEPENDENT_ITERATIONS_
+    XPIPE_INDEPENDENT_ITERATIONS
     for (index_t c = 0; c < cols; ++c) f(r, c);
   });
 }
@@ -204,12 +192,11 @@ void for_each_pixel(const HostContext& ctx, index_t rows, index_t plane, index_t
                     const F& f) {
   for_each_index(ctx, rows, rows * plane * channels, [&f, plane, channels](index_t r) {
     for (index_t p = 0; p < plane; ++p) {
-      XPIPE_INDEPENDENT_ITERATIONS_
+      XPIPE_INDEPENDENT_ITERATIONS
       for (index_t c = 0; c < channels; ++c) f(r, p, c);
     }
   });
 }
-#undef XPIPE_INDEPENDENT_ITERATIONS_
 
 //! How far a lane of run_two_lanes has come through work numbered downwards (a backward's layers,
 //! last first): `advance(i)` once everything down to i is done, `reached(i)` to ask (acquire:

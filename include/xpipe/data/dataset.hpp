@@ -151,9 +151,9 @@ inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_m
     sq += static_cast<double>(c) * (v * v);
     if (c > 0) ++values, only = b;
   }
-  const double n = static_cast<double>(pixels.size());
-  float mean = static_cast<float>(sum / n);
-  float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - (sum / n) * (sum / n)));
+  const double n = static_cast<double>(pixels.size()), mean_d = sum / n;
+  float mean = static_cast<float>(mean_d);
+  float inv_std = static_cast<float>(1.0 / std::sqrt(sq / n - mean_d * mean_d));
   // Images of one pixel value are valid data, but their variance is 0 (or, as E[x^2] - mean^2,
   // a rounding error of either sign): 1 / sqrt of it made every pixel 0 * inf or NaN, and
   // training failed with "loss is NaN". They are centred to 0 and left unscaled.
@@ -161,7 +161,9 @@ inline DatasetPair load_fashion_mnist(const std::string& dir = default_fashion_m
     mean = detail::unit_pixel(only);
     inv_std = 1.f;
   }
-  // Every pixel is one of 256 bytes: its standardised value is looked up, not recomputed.
+  // Every pixel is one of 256 bytes: its standardised value is looked up, not recomputed. The
+  // unit pixels are stored before the subtraction, so that no FMA contracts b / 255 - mean (on a
+  // -march with FMA) and the values keep the bits the float pixels had.
   std::array<float, 256> unit{}, value{};
   for (int b = 0; b < 256; ++b) unit[b] = detail::unit_pixel(b);
   for (int b = 0; b < 256; ++b) value[b] = (unit[b] - mean) * inv_std;

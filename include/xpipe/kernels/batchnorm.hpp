@@ -243,9 +243,7 @@ struct ChannelChunkSums {
       // The channels' accumulators are independent. Without `omp simd` GCC 12 unrolls a whole
       // block's 16 channels before it vectorises, then gathers the squared deviations' terms a
       // float at a time: the statistics ran at a quarter of a triad's speed.
-#if defined(_OPENMP) && !defined(__NVCC__)
-#pragma omp simd
-#endif
+      XPIPE_INDEPENDENT_ITERATIONS
       for (int j = 0; j < count; ++j) {
         la[l][j] += a(r, col + j, c0 + j);
         if constexpr (pair) lb[l][j] += b(r, col + j, c0 + j);
