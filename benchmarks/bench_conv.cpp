@@ -1,10 +1,12 @@
 // Conv2d's forward + backward (data and weights) on the host against oneDNN's primitives alone on
-// the same shapes, in one binary: `vs_onednn` is the primitives' time over the layer's (the layer's
-// overhead; 1 = none; on a layer of at most 16 output channels the layer runs oneDNN's direct
-// forward where the baseline takes its first choice, brgemm on AVX-512, so the ratio there holds
-// that choice too: backend/host_conv.hpp), `vs_onednn_best` the same against primitives that pick
-// their own blocked layouts (what xpipe's channels-last rows cost against oneDNN's favourite,
-// reorders left out), each best of several timed runs.
+// the same shapes, in one binary, each best of several timed runs. `vs_onednn`: the time of
+// oneDNN's direct primitives on channels-last activations (what a user of oneDNN would write, and
+// what PyTorch's CPU convolution runs) over the layer's; above 1 where the layer's kernels are
+// faster (Winograd on AVX-512; the direct jit forward on at most 16 output channels:
+// backend/host_conv.hpp). `vs_onednn_best`: the same against oneDNN's best alone, Winograd where
+// it offers it and activations in the layouts it picks, made so once outside the timing: the
+// layer's overhead (its reorders to and from those layouts, its weights' reorder, the plumbing of
+// memory handles); 1 = none.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -21,29 +23,43 @@ using xpipe::ConvGeometry;
 using xpipe::index_t;
 
 // oneDNN's three convolution primitives on one geometry, made with its C++ API and run through
-// its argument maps: the baseline a user of oneDNN alone would write: channels-last activations
-// as the layer's, weights in oneDNN's choice (format_tag::any). `best_layout` lets oneDNN choose
+// its argument maps: the baseline a user of oneDNN alone would write: direct kernels on
+// channels-last activations as the layer's, weights in oneDNN's choice (format_tag::any).
+// `best` takes Winograd's kernels in each direction where oneDNN offers them and lets it choose
 // the activations' layout too. Operands are made in their layouts once, outside the timing.
 class OneDnnConv {
  public:
-  OneDnnConv(const ConvGeometry& g, bool best_layout)
+  OneDnnConv(const ConvGeometry& g, bool best)
       : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
     using tag = dnnl::memory::format_tag;
     using md = dnnl::memory::desc;
     const auto f32 = dnnl::memory::data_type::f32;
     // Weights always in oneDNN's choice: on fixed OIHW weights it has only its reference kernel
     // (hundreds of times slower), and the layer reorders its few weights per call into that choice.
-    const tag act = best_layout ? tag::any : tag::nhwc, wt = tag::any;
+    const tag act = best ? tag::any : tag::nhwc, wt = tag::any;
     const md src({g.rows, g.c, g.h, g.w}, f32, act), weights({g.oc, g.c, g.k, g.k}, f32, wt),
         bias({g.oc}, f32, tag::x), dst({g.rows, g.oc, g.oh, g.ow}, f32, act);
     const dnnl::memory::dims s{g.stride, g.stride}, p{g.pad, g.pad};
-    const auto algo = dnnl::algorithm::convolution_direct;
-    dnnl::convolution_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, algo, src, weights, bias, dst, s, p, p}, engine_);
-    dnnl::convolution_backward_data::primitive_desc dpd({algo, src, weights, dst, s, p, p}, engine_,
-                                                        fpd);
-    dnnl::convolution_backward_weights::primitive_desc wpd({algo, src, weights, bias, dst, s, p, p},
-                                                           engine_, fpd);
+    // Winograd where oneDNN makes the primitive (it throws where it has none), else direct.
+    const auto first_of = [&](auto make) {
+      if (best) try {
+          return make(dnnl::algorithm::convolution_winograd);
+        } catch (const dnnl::error&) {
+        }
+      return make(dnnl::algorithm::convolution_direct);
+    };
+    const auto fpd = first_of([&](dnnl::algorithm a) {
+      return dnnl::convolution_forward::primitive_desc(
+          {dnnl::prop_kind::forward_training, a, src, weights, bias, dst, s, p, p}, engine_);
+    });
+    const auto dpd = first_of([&](dnnl::algorithm a) {
+      return dnnl::convolution_backward_data::primitive_desc({a, src, weights, dst, s, p, p},
+                                                             engine_, fpd);
+    });
+    const auto wpd = first_of([&](dnnl::algorithm a) {
+      return dnnl::convolution_backward_weights::primitive_desc(
+          {a, src, weights, bias, dst, s, p, p}, engine_, fpd);
+    });
     const auto mem = [&](const md& d) {
       auto m = dnnl::memory(d, engine_);
       std::vector<float> ones(d.get_size() / sizeof(float), 0.01f);
@@ -80,9 +96,11 @@ class OneDnnConv {
   std::unordered_map<int, dnnl::memory> fwd_args_, data_args_, weights_args_;
 };
 
-// The VGG model's convolutions (include/xpipe/models/vgg.hpp), on a micro-batch of 32 images.
+// The VGG model's convolutions (include/xpipe/models/vgg.hpp) and the ResNet's 64-channel one
+// (models/resnet.hpp), on a micro-batch of 32 images.
 using C2 = xpipe::Conv2d<xpipe::Shape<16, 28, 28>, 16, 3, xpipe::ConvOptions{.padding = 1}>;
 using C4 = xpipe::Conv2d<xpipe::Shape<32, 14, 14>, 32, 3, xpipe::ConvOptions{.padding = 1}>;
+using C64 = xpipe::Conv2d<xpipe::Shape<64, 7, 7>, 64, 3, xpipe::ConvOptions{.padding = 1}>;
 
 template <class L>
 void BM_Conv2dLayer(benchmark::State& st) {
@@ -101,15 +119,15 @@ void BM_Conv2dLayer(benchmark::State& st) {
   for (auto _ : st) step();
   const ConvGeometry geo = L::geometry(rows);
   omp_set_num_threads(threads);  // oneDNN fixes a primitive's threads when it is made
-  OneDnnConv plain(geo, false), best(geo, true);
+  OneDnnConv direct(geo, false), best(geo, true);
   const double layer = bench::best_seconds(step);
-  const double alone = bench::best_seconds([&] { plain.step(threads); });
-  const double blocked = bench::best_seconds([&] { best.step(threads); });
+  const double alone = bench::best_seconds([&] { direct.step(threads); });
+  const double fastest = bench::best_seconds([&] { best.step(threads); });
   const double macs = static_cast<double>(rows) * L::macs;
   st.counters["FLOP/s"] = benchmark::Counter(6 * macs * static_cast<double>(st.iterations()),
                                              benchmark::Counter::kIsRate);
   st.counters["vs_onednn"] = alone / layer;
-  st.counters["vs_onednn_best"] = blocked / layer;
+  st.counters["vs_onednn_best"] = fastest / layer;
 }
 
 BENCHMARK_TEMPLATE(BM_Conv2dLayer, C2)
@@ -119,6 +137,12 @@ BENCHMARK_TEMPLATE(BM_Conv2dLayer, C2)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_Conv2dLayer, C4)
+    ->ArgNames({"rows", "threads"})
+    ->Args({32, 1})
+    ->Args({32, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Conv2dLayer, C64)
     ->ArgNames({"rows", "threads"})
     ->Args({32, 1})
     ->Args({32, 2})

@@ -1,9 +1,13 @@
 // Conv2d on the host (oneDNN primitives) against PyTorch's F.conv2d (fixtures/conv_expected.hpp,
 // made by fixtures/make_conv_fixtures.py), against central finite differences, and in a Stage.
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fixtures/conv_expected.hpp"
@@ -118,43 +122,182 @@ TEST_CASE("Conv2d matches PyTorch's conv2d forward and backward", "[layers][conv
   }
 }
 
-TEST_CASE("A 16-channel convolution runs oneDNN's direct kernel and matches a direct sum",
+namespace {
+
+// A 3x3 convolution with padding 1 over channels-last images, in double: the forward y, the input
+// gradient dx and the weight gradient dw of dy, each with the sum of its terms' magnitudes (the
+// scale its rounding errors grow with).
+struct DirectSums {
+  std::vector<double> y, y_scale, dx, dx_scale, dw, dw_scale;
+  DirectSums(const xpipe::ConvGeometry& g, const std::vector<float>& x, const std::vector<float>& w,
+             const std::vector<float>& dy)
+      : y(dy.size()),
+        y_scale(dy.size()),
+        dx(x.size()),
+        dx_scale(x.size()),
+        dw(w.size()),
+        dw_scale(w.size()) {
+    for (index_t r = 0; r < g.rows; ++r)
+      for (int oy = 0; oy < g.oh; ++oy)
+        for (int ox = 0; ox < g.ow; ++ox)
+          for (int ky = 0; ky < 3; ++ky)
+            for (int kx = 0; kx < 3; ++kx) {
+              const int iy = oy + ky - 1, ix = ox + kx - 1;
+              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+              for (int o = 0; o < g.oc; ++o)
+                for (int c = 0; c < g.c; ++c) {
+                  const std::size_t xi = static_cast<std::size_t>(
+                                        ((r * g.h + iy) * g.w + ix) * g.c + c),
+                                    yi = static_cast<std::size_t>(
+                                        ((r * g.oh + oy) * g.ow + ox) * g.oc + o),
+                                    wi =
+                                        static_cast<std::size_t>(((o * g.c + c) * 3 + ky) * 3 + kx);
+                  const double xw = double(x[xi]) * w[wi], dyw = double(dy[yi]) * w[wi],
+                               dyx = double(dy[yi]) * x[xi];
+                  y[yi] += xw;
+                  y_scale[yi] += std::abs(xw);
+                  dx[xi] += dyw;
+                  dx_scale[xi] += std::abs(dyw);
+                  dw[wi] += dyx;
+                  dw_scale[wi] += std::abs(dyx);
+                }
+            }
+  }
+};
+
+// Each got[i] within tolerance x scale[i] of want[i].
+void require_within(const std::vector<float>& got, const std::vector<double>& want,
+                    const std::vector<double>& scale, double tolerance, const char* what) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - want[i]) / std::max(scale[i], 1e-30);
+    worst = std::max(worst, err);
+    INFO(what << " " << i << ": " << got[i] << " against " << want[i] << " (scale " << scale[i]
+              << ")");
+    REQUIRE(err <= tolerance);
+  }
+  INFO(what << ": worst error " << worst << " of the terms' magnitude");
+  CHECK(worst <= tolerance);
+}
+
+// One forward and whole backward of a 3x3, padding-1 convolution of 16, 32 or 64 channels on
+// `threads`, against DirectSums: Winograd's error bound is looser than the direct kernels'.
+void check_against_direct_sums(xpipe::ConvAlgorithm algorithm, int channels, int side,
+                               int threads) {
+  const auto g =
+      xpipe::make_conv_geometry(3, channels, side, side, channels, 3, 1, 1, false, algorithm);
+  const HostContext ctx{.threads = threads};
+  std::vector<float> x(static_cast<std::size_t>(g.rows * g.in_floats())),
+      w(static_cast<std::size_t>(g.weight_floats())),
+      dy(static_cast<std::size_t>(g.rows * g.out_floats())), y(dy.size(), -1.f), dx(x.size(), -1.f),
+      dw(w.size(), -1.f);
+  xpipe::Rng rng{9};
+  xpipe::test::fill_uniform(x, rng);
+  xpipe::test::fill_uniform(w, rng);
+  xpipe::test::fill_uniform(dy, rng);
+  xpipe::ConvPlans<xpipe::Host> plans{g};
+  plans.forward(ctx, g, x.data(), w.data(), nullptr, y.data());
+  plans.backward(ctx, g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, false);
+  const DirectSums want(g, x, w, dy);
+  // Direct sums in float: at most (terms) x 2^-24 of the scale, far less in practice (measured
+  // 0.4e-7 to 3.4e-7 here on an AVX-512 EPYC). Winograd F(4x4, 3x3) also rounds its tile
+  // transforms (constants up to 8 in magnitude): 1.0e-7 to 6.1e-7 on the same machine. A wrong
+  // layout or tile would be off by the scale itself.
+  const double tolerance = algorithm == xpipe::ConvAlgorithm::direct ? 2e-6 : 5e-6;
+  require_within(y, want.y, want.y_scale, tolerance, "y");
+  require_within(dx, want.dx, want.dx_scale, tolerance, "dx");
+  require_within(dw, want.dw, want.dw_scale, tolerance, "dw");
+}
+
+}  // namespace
+
+TEST_CASE("A 16-channel direct convolution runs oneDNN's direct kernel and matches a direct sum",
           "[layers][conv]") {
-  // The ResNet's 16-channel 3x3 layer at 28x28, where oneDNN 2.6 offers its brgemm kernel first
-  // on AVX-512 and the plans take its direct jit kernel instead (faster there); elsewhere
-  // (AVX2) oneDNN offers no brgemm kernel. Its output against a sum in double over the window.
-  const auto g = xpipe::make_conv_geometry(2, 16, 28, 28, 16, 3, 1, 1, false);
+  // The ResNet's 16-channel 3x3 layer at 28x28, asked to run direct, where oneDNN 2.6 offers its
+  // brgemm kernel first on AVX-512 and the plans take its direct jit kernel instead (faster
+  // there); elsewhere (AVX2) oneDNN offers no brgemm kernel.
+  const auto g =
+      xpipe::make_conv_geometry(2, 16, 28, 28, 16, 3, 1, 1, false, xpipe::ConvAlgorithm::direct);
   const HostContext ctx{.threads = 1};
   xpipe::ConvPlans<xpipe::Host> plans{g};
   const std::string name = plans.forward_implementation(ctx, g);
   INFO("oneDNN's forward: " << name);
   REQUIRE(!name.empty());
   REQUIRE(!name.starts_with("brgconv"));
+  REQUIRE(name.find("wino") == std::string::npos);
+  for (int channels : {16, 32}) {
+    INFO(channels << " channels");
+    check_against_direct_sums(xpipe::ConvAlgorithm::direct, channels, channels == 16 ? 28 : 14, 1);
+  }
+}
+
+TEST_CASE("Winograd convolutions run where oneDNN offers them and match direct sums",
+          "[layers][conv]") {
+  // The ResNet's three 3x3 shapes: 16 channels (nChw16c is channels-last's own bytes), 32 and 64
+  // (reordered to and from nChw16c). oneDNN 2.6 has Winograd kernels for AVX-512 cores only.
+  for (int channels : {16, 32, 64})
+    for (int threads : {1, 2}) {
+      const int side = channels == 16 ? 28 : channels == 32 ? 14 : 7;
+      const auto g = xpipe::make_conv_geometry(3, channels, side, side, channels, 3, 1, 1, false);
+      const HostContext ctx{.threads = threads};
+      xpipe::ConvPlans<xpipe::Host> plans{g};
+      const std::string forward = plans.forward_implementation(ctx, g),
+                        weights = plans.backward_weights_implementation(ctx, g);
+      INFO(channels << " channels on " << threads << " threads; oneDNN's forward " << forward
+                    << ", backward weights " << weights);
+      __builtin_cpu_init();
+      if (__builtin_cpu_supports("avx512f")) {
+        REQUIRE(forward.starts_with("jit_wino"));
+        REQUIRE(weights.starts_with("jit_wino"));
+      }
+      check_against_direct_sums(xpipe::ConvAlgorithm::winograd, channels, side, threads);
+    }
+}
+
+TEST_CASE("A convolution whose channels do not come in 16s runs direct under Winograd",
+          "[layers][conv]") {
+  // The ResNet's stem, 1 -> 16 channels: oneDNN would pad its one input channel to 16.
+  for (const auto& g : {xpipe::make_conv_geometry(2, 1, 28, 28, 16, 3, 1, 1, false),
+                        xpipe::make_conv_geometry(2, 16, 14, 14, 24, 3, 1, 1, false)}) {
+    const HostContext ctx{.threads = 1};
+    xpipe::ConvPlans<xpipe::Host> plans{g};
+    const std::string forward = plans.forward_implementation(ctx, g),
+                      weights = plans.backward_weights_implementation(ctx, g);
+    INFO(xpipe::conv_geometry_text(g)
+         << ": oneDNN's forward " << forward << ", backward weights " << weights);
+    REQUIRE(forward.find("wino") == std::string::npos);
+    REQUIRE(weights.find("wino") == std::string::npos);
+  }
+}
+
+TEST_CASE("A Winograd convolution's split backward gives the whole backward's bits",
+          "[layers][conv]") {
+  // 32 channels: dy is reordered to nChw16c for both backward primitives, once in the whole
+  // backward and once each in the split one; accumulate adds the same bits again.
+  const auto g = xpipe::make_conv_geometry(4, 32, 14, 14, 32, 3, 1, 1, true);
+  const HostContext ctx{.threads = 2};
   std::vector<float> x(static_cast<std::size_t>(g.rows * g.in_floats())),
-      w(static_cast<std::size_t>(g.weight_floats())),
-      y(static_cast<std::size_t>(g.rows * g.out_floats()));
-  xpipe::Rng rng{9};
-  xpipe::test::fill_uniform(x, rng);
-  xpipe::test::fill_uniform(w, rng);
-  plans.forward(ctx, g, x.data(), w.data(), nullptr, y.data());
-  // Channels-last x and y (channel fastest), OIHW w.
-  for (int r = 0; r < g.rows; ++r)
-    for (int oy = 0; oy < g.oh; ++oy)
-      for (int ox = 0; ox < g.ow; ++ox)
-        for (int o = 0; o < g.oc; ++o) {
-          double sum = 0;
-          for (int ky = 0; ky < 3; ++ky)
-            for (int kx = 0; kx < 3; ++kx) {
-              const int iy = oy + ky - 1, ix = ox + kx - 1;
-              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
-              for (int c = 0; c < g.c; ++c)
-                sum += double(x[((r * g.h + iy) * g.w + ix) * g.c + c]) *
-                       w[((o * g.c + c) * 3 + ky) * 3 + kx];
-            }
-          const float got = y[((r * g.oh + oy) * g.ow + ox) * g.oc + o];
-          INFO("image " << r << ", pixel " << oy << "," << ox << ", channel " << o);
-          REQUIRE(got == Approx(sum).margin(1e-5).epsilon(1e-5));
-        }
+      w(static_cast<std::size_t>(g.weight_floats())), b(32),
+      dy(static_cast<std::size_t>(g.rows * g.out_floats())), other(dy.size()), y(dy.size());
+  xpipe::Rng rng{21};
+  for (auto* v : {&x, &w, &b, &dy, &other}) xpipe::test::fill_uniform(*v, rng);
+  xpipe::ConvPlans<xpipe::Host> plans{g};
+  std::vector<float> dx(x.size()), dw(w.size()), db(32);
+  plans.forward(ctx, g, x.data(), w.data(), b.data(), y.data());
+  plans.backward(ctx, g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), false);
+  // Split: backward_data, another micro-batch's backward_data in between (it overwrites the
+  // plan's reorder buffers), then backward_weights of the first.
+  std::vector<float> dx2(x.size()), dw2(w.size()), db2(32), scratch(x.size());
+  plans.backward_data(ctx, g, w.data(), dy.data(), dx2.data());
+  plans.backward_data(ctx, g, w.data(), other.data(), scratch.data());
+  plans.backward_weights(ctx, g, x.data(), dy.data(), dw2.data(), db2.data(), false);
+  REQUIRE(xpipe::test::same_bits(dx2, dx));
+  REQUIRE(xpipe::test::same_bits(dw2, dw));
+  REQUIRE(xpipe::test::same_bits(db2, db));
+  plans.backward(ctx, g, x.data(), w.data(), dy.data(), dx2.data(), dw2.data(), db2.data(), true);
+  for (std::size_t i = 0; i < dw.size(); ++i) REQUIRE(dw2[i] == dw[i] + dw[i]);
+  for (std::size_t i = 0; i < db.size(); ++i) REQUIRE(db2[i] == db[i] + db[i]);
 }
 
 namespace {
@@ -224,6 +367,68 @@ TEST_CASE(
         check_strided_1x1_weight_gradient(
             xpipe::make_conv_geometry(rows, channels, side, side, 8, 1, 2, 0, true));
       }
+}
+
+namespace {
+
+// One convolution's operands and results: forward y, then the whole backward's dx, dw.
+struct ConvCall {
+  xpipe::ConvGeometry g;
+  std::vector<float> x, w, dy, y, dx, dw;
+  ConvCall(const xpipe::ConvGeometry& geometry, std::uint64_t seed)
+      : g(geometry),
+        x(static_cast<std::size_t>(g.rows * g.in_floats())),
+        w(static_cast<std::size_t>(g.weight_floats())),
+        dy(static_cast<std::size_t>(g.rows * g.out_floats())),
+        y(dy.size()),
+        dx(x.size()),
+        dw(w.size()) {
+    xpipe::Rng rng{seed};
+    for (auto* v : {&x, &w, &dy}) xpipe::test::fill_uniform(*v, rng);
+  }
+  void forward(const HostContext& ctx, xpipe::ConvPlans<xpipe::Host>& plans) {
+    plans.forward(ctx, g, x.data(), w.data(), nullptr, y.data());
+  }
+  void backward(const HostContext& ctx, xpipe::ConvPlans<xpipe::Host>& plans) {
+    plans.backward(ctx, g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, false);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Convolutions sharing a thread's call buffer give the bits they give alone",
+          "[layers][conv]") {
+  // Every convolution a thread runs keeps its scratchpads and Winograd's reordered activations in
+  // one buffer of the thread's, grown to the largest call: interleaved calls of three layers (the
+  // later ones needing more of it) against each layer run on its own thread.
+  const HostContext ctx{.threads = 1};
+  const auto geometry = [](int channels, int side, index_t rows) {
+    return xpipe::make_conv_geometry(rows, channels, side, side, channels, 3, 1, 1, false);
+  };
+  const std::array<xpipe::ConvGeometry, 3> shapes{geometry(32, 14, 2), geometry(64, 7, 8),
+                                                  geometry(16, 28, 4)};
+  std::vector<ConvCall> alone, together;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    alone.emplace_back(shapes[i], 30 + i);
+    together.emplace_back(shapes[i], 30 + i);
+  }
+  for (auto& call : alone)
+    std::thread([&] {
+      xpipe::ConvPlans<xpipe::Host> plans{call.g};
+      call.forward(ctx, plans);
+      call.backward(ctx, plans);
+    }).join();
+  std::vector<std::unique_ptr<xpipe::ConvPlans<xpipe::Host>>> plans;
+  for (auto& call : together)
+    plans.push_back(std::make_unique<xpipe::ConvPlans<xpipe::Host>>(call.g));
+  for (std::size_t i = 0; i < together.size(); ++i) together[i].forward(ctx, *plans[i]);
+  for (std::size_t i = together.size(); i-- > 0;) together[i].backward(ctx, *plans[i]);
+  for (std::size_t i = 0; i < together.size(); ++i) {
+    INFO(xpipe::conv_geometry_text(shapes[i]));
+    REQUIRE(xpipe::test::same_bits(together[i].y, alone[i].y));
+    REQUIRE(xpipe::test::same_bits(together[i].dx, alone[i].dx));
+    REQUIRE(xpipe::test::same_bits(together[i].dw, alone[i].dw));
+  }
 }
 
 TEST_CASE("Conv2d backward matches central finite differences", "[layers][conv][fd]") {

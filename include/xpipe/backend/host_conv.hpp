@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <string>
@@ -87,6 +88,46 @@ DnnlPrimitiveDesc dnnl_first_implementation(dnnl_primitive_desc_iterator_t it, A
   return {};
 }
 
+// Whether the layout a primitive wants puts every float where channels-last `plain` has it: the
+// same descriptor, or a blocked one whose only block is all the channels (oneDNN's nChw16c of 16
+// channels is nhwc), which then needs no reorder.
+inline bool same_layout(const dnnl_memory_desc_t& plain, const dnnl_memory_desc_t& wanted) {
+  if (dnnl_memory_desc_equal(&plain, &wanted) != 0) return true;
+  if (plain.format_kind != dnnl_blocked || wanted.format_kind != dnnl_blocked ||
+      plain.ndims != wanted.ndims || wanted.ndims < 2 || wanted.offset0 != 0 ||
+      wanted.extra.flags != 0 || plain.format_desc.blocking.inner_nblks != 0)
+    return false;
+  const dnnl_blocking_desc_t& b = wanted.format_desc.blocking;
+  const bool one_channel_block =
+      b.inner_nblks == 1 && b.inner_idxs[0] == 1 && b.inner_blks[0] == wanted.dims[1];
+  if (b.inner_nblks != 0 && !one_channel_block) return false;
+  for (int d = 0; d < wanted.ndims; ++d) {
+    if (wanted.dims[d] != plain.dims[d] || wanted.padded_dims[d] != plain.dims[d]) return false;
+    // With one block of all the channels, the channel dimension's outer stride never counts.
+    if ((d != 1 || !one_channel_block) && b.strides[d] != plain.format_desc.blocking.strides[d])
+      return false;
+  }
+  return true;
+}
+
+// What one convolution call uses and leaves nothing in: oneDNN's scratchpads and the activations
+// reordered to and from a Winograd kernel's layout. One buffer per thread, shared by every
+// convolution the thread runs (a stage's calls run one after another on its thread), grown to
+// the largest call's need when a plan first runs, so a step that follows a first one allocates
+// nothing. Winograd's scratchpads are 7-9 MB a primitive whatever the batch: held per primitive
+// and plan, a ResNet's 16 Winograd layers took ~0.6 GB more.
+inline float* conv_call_buffer(index_t floats) {
+  thread_local HostBuffer<float> buffer;
+  if (buffer.size() < floats) buffer = HostBuffer<float>(floats);
+  return buffer.data();
+}
+
+// Floats for `bytes`, rounded up to a cache line, so that what follows in a call buffer stays
+// 64-byte aligned.
+inline index_t conv_call_floats(std::size_t bytes) {
+  return (static_cast<index_t>(bytes) + 63) / 64 * 16;
+}
+
 // The CPU engine, made once for the process.
 inline dnnl_engine_t host_engine() {
   static const DnnlHandle<dnnl_engine_t, dnnl_engine_destroy> engine = [] {
@@ -100,22 +141,26 @@ inline dnnl_engine_t host_engine() {
 
 }  // namespace detail
 
-//! The host's convolution: oneDNN's direct convolution primitives on xpipe's channels-last rows
-//! as they are (oneDNN's nhwc, which its jit and brgemm kernels run directly), the weights in
-//! the layout the primitive chooses, reordered from and to OIHW around each call (a few KiB).
-//! Activations in oneDNN's own blocked layout (nChw16c) would cost a reorder of every input and
-//! output, in and out, around every call: a ResNet spent 13% of its epoch in them, which the
-//! faster blocked kernels did not win back (docs/results.md). A plan per batch
+//! The host's convolution: oneDNN's convolution primitives on xpipe's channels-last rows, the
+//! weights in the layout the primitive chooses, reordered from and to OIHW around each call (a
+//! few KiB). The direct kernels (jit and brgemm) run on channels-last memory (oneDNN's nhwc) as
+//! it lies. Winograd's (g.algorithm, where oneDNN offers one) want the blocked nChw16c, which for
+//! 16 channels is the same bytes and for more costs a reorder of each activation into and out of
+//! the call buffer: ~0.1-0.2 ms against the 1-3 ms a call saves. Keeping every activation blocked
+//! would cost such reorders around every direct call instead: a ResNet spent 13% of its epoch in
+//! them, which the faster blocked kernels did not win back (docs/results.md). A plan per batch
 //! size (a few: the training micro-batch, a smaller last one, the evaluation chunk), each made
-//! on its first use; after that a call sets memory handles and executes on buffers of the plan.
-//! Scratchpads are ours (oneDNN's user scratchpad mode), so oneDNN makes no scratch buffer per
-//! call. The bits depend on ctx.threads (oneDNN splits the weight gradient's sums by thread), as
-//! dnnl_sgemm's do: each stage keeps one thread count, so every executor agrees. oneDNN fixes a
-//! primitive's thread count when it is made (from the calling thread's OpenMP setting), so the
-//! plans are made, as they run, on ctx.threads (a plan made on the machine's default ran every
-//! convolution of a one-thread stage on all cores). The backward-weights primitive overwrites;
-//! `accumulate` adds from a buffer of the plan. The backward runs whole (backward) or split
-//! for zero-bubble schedules (backward_data, then later backward_weights), with the same bits.
+//! on its first use; after that a call sets memory handles and executes. Scratchpads are ours
+//! (oneDNN's user scratchpad mode): they and the reordered activations lie in the calling
+//! thread's call buffer (detail::conv_call_buffer), shared by all its convolutions, so oneDNN
+//! makes no scratch buffer per call and a plan holds none of its own. The bits depend on
+//! ctx.threads (oneDNN splits the weight gradient's sums by thread), as dnnl_sgemm's do: each
+//! stage keeps one thread count, so every executor agrees. oneDNN fixes a primitive's thread
+//! count when it is made (from the calling thread's OpenMP setting), so the plans are made, as
+//! they run, on ctx.threads (a plan made on the machine's default ran every convolution of a
+//! one-thread stage on all cores). The backward-weights primitive overwrites; `accumulate` adds
+//! from a buffer of the plan. The backward runs whole (backward) or split for zero-bubble
+//! schedules (backward_data, then later backward_weights), with the same bits.
 //! Usage: `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <>
 class ConvPlans<Host> {
@@ -134,6 +179,7 @@ class ConvPlans<Host> {
     Plan& p = plan(g);
     if (!p.forward) p.make_forward();
     Forward& f = *p.forward;
+    f.place(p);
     f.src.take(p, x);
     f.weights.take(p, w);
     f.dst.bind(p, y);
@@ -170,7 +216,7 @@ class ConvPlans<Host> {
   void backward(const HostContext& ctx, const ConvGeometry& g, const float* x, const float* w,
                 const float* dy, float* dx, float* dw, float* db, bool accumulate) {
     if (dx != nullptr) backward_data(ctx, g, w, dy, dx);
-    backward_weights(ctx, g, x, dy, dw, db, accumulate);
+    weights_gradient(ctx, g, x, dy, dw, db, accumulate, /*dy_taken=*/dx != nullptr);
   }
 
   //! dx = the input gradient of dy through w (dx not null), the input part of a split backward.
@@ -181,6 +227,7 @@ class ConvPlans<Host> {
     Plan& p = plan(g);
     if (!p.backward) p.make_backward();
     Backward& b = *p.backward;
+    b.place(p);
     b.weights.take(p, w);
     b.diff_src.bind(p, dx);
     b.diff_dst.take(p, dy);
@@ -197,11 +244,23 @@ class ConvPlans<Host> {
   //! bias), the weight part of a split backward, from x and dy where they lie.
   void backward_weights(const HostContext& ctx, const ConvGeometry& g, const float* x,
                         const float* dy, float* dw, float* db, bool accumulate) {
+    weights_gradient(ctx, g, x, dy, dw, db, accumulate, /*dy_taken=*/false);
+  }
+
+ private:
+  using Desc = dnnl_memory_desc_t;
+  struct Plan;
+
+  // backward_weights; dy_taken: backward_data has just taken this dy (in the same call), so a
+  // reorder of it that both primitives want is not done twice.
+  void weights_gradient(const HostContext& ctx, const ConvGeometry& g, const float* x,
+                        const float* dy, float* dw, float* db, bool accumulate, bool dy_taken) {
     threads(ctx);
     Plan& p = plan(g);
     if (!p.backward) p.make_backward();
     Backward& b = *p.backward;
-    b.diff_dst.take(p, dy);
+    b.place(p);  // where backward_data placed it, within one backward: its dy stays
+    const dnnl_memory_t diff_dst = b.weights_dy(p, dy, dy_taken);
     b.src.take(p, x);
     const index_t nw = g.weight_floats(), nb = g.bias ? g.oc : 0;
     // Accumulating: the gradient goes to the plan's buffer first, then one pass adds it.
@@ -211,7 +270,7 @@ class ConvPlans<Host> {
     set(p, b.diff_bias.get(), g.bias ? to_b : nullptr);
     execute(p, b.weights_primitive.get(),
             {{{DNNL_ARG_SRC, b.src.arg()},
-              {DNNL_ARG_DIFF_DST, b.diff_dst.arg()},
+              {DNNL_ARG_DIFF_DST, diff_dst},
               {DNNL_ARG_DIFF_WEIGHTS, b.diff_weights.arg()},
               {DNNL_ARG_SCRATCHPAD, b.weights_scratch.memory.get()},
               {DNNL_ARG_DIFF_BIAS, b.diff_bias.get()}}},
@@ -224,42 +283,50 @@ class ConvPlans<Host> {
     }
   }
 
- private:
-  using Desc = dnnl_memory_desc_t;
-  struct Plan;
-
-  // A primitive's own scratchpad, sized by its primitive descriptor.
+  // A primitive's scratchpad, sized by its primitive descriptor, in the call buffer.
   struct Scratch {
-    HostBuffer<float> buffer{0};
     detail::DnnlMemory memory;
+    index_t floats = 0;
     void make(const Plan& p, dnnl_primitive_desc_t pd) {
       const Desc* d = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-      buffer = HostBuffer<float>(static_cast<index_t>(dnnl_memory_desc_get_size(d) / 4 + 1));
-      detail::dnnl_check(dnnl_memory_create(memory.out(), d, detail::host_engine(), buffer.data()),
-                         "scratchpad", p.g);
+      floats = detail::conv_call_floats(dnnl_memory_desc_get_size(d));
+      detail::dnnl_check(
+          dnnl_memory_create(memory.out(), d, detail::host_engine(), DNNL_MEMORY_NONE),
+          "scratchpad", p.g);
     }
+    void place(const Plan& p, float* at) { set(p, memory.get(), at); }
   };
 
   // One operand of a primitive: the caller's memory (its handle set per call) and, where the
-  // primitive wants another layout (the weights; the activations it takes channels-last, as
-  // they lie), a buffer of the plan's in that layout and the reorder
-  // between them (into it for an input, out of it for an output).
+  // primitive wants another layout (the weights always; the activations for Winograd's kernels),
+  // room in that layout and the reorder between them (into it for an input, out of it for an
+  // output). The weights' room is a buffer of the plan's (a few KiB); an activation's lies in the
+  // call buffer (`floats` of it, placed per call).
   struct Operand {
     Desc wanted{};
     detail::DnnlMemory user, inner;
     detail::DnnlPrimitive reorder;
     HostBuffer<float> buffer{0};
+    index_t floats = 0;
     bool direct = true;
     void make(const Plan& p, const Desc& plain, dnnl_primitive_desc_t pd, dnnl_query_t what,
-              bool input) {
+              bool input, bool in_call_buffer = true) {
       const dnnl_engine_t e = detail::host_engine();
       wanted = *dnnl_primitive_desc_query_md(pd, what, 0);
-      detail::dnnl_check(dnnl_memory_create(user.out(), &plain, e, DNNL_MEMORY_NONE), "memory",
-                         p.g);
-      direct = dnnl_memory_desc_equal(&plain, &wanted) != 0;
+      direct = detail::same_layout(plain, wanted);
+      // A layout of the same bytes is described as the primitive wants it.
+      detail::dnnl_check(
+          dnnl_memory_create(user.out(), direct ? &wanted : &plain, e, DNNL_MEMORY_NONE), "memory",
+          p.g);
       if (direct) return;
-      buffer = HostBuffer<float>(static_cast<index_t>(dnnl_memory_desc_get_size(&wanted) / 4 + 1));
-      detail::dnnl_check(dnnl_memory_create(inner.out(), &wanted, e, buffer.data()), "memory", p.g);
+      const std::size_t bytes = dnnl_memory_desc_get_size(&wanted);
+      if (in_call_buffer)
+        floats = detail::conv_call_floats(bytes);
+      else
+        buffer = HostBuffer<float>(detail::conv_call_floats(bytes));
+      detail::dnnl_check(dnnl_memory_create(inner.out(), &wanted, e,
+                                            in_call_buffer ? DNNL_MEMORY_NONE : buffer.data()),
+                         "memory", p.g);
       detail::DnnlPrimitiveDesc rpd;
       detail::dnnl_check(dnnl_reorder_primitive_desc_create(rpd.out(), input ? &plain : &wanted, e,
                                                             input ? &wanted : &plain, e, nullptr),
@@ -268,6 +335,10 @@ class ConvPlans<Host> {
     }
     dnnl_memory_t arg() const { return direct ? user.get() : inner.get(); }
     void bind(const Plan& p, const float* data) { set(p, user.get(), data); }
+    // Its room at `at` in the call buffer (where it has any there).
+    void place(const Plan& p, float* at) {
+      if (floats > 0) set(p, inner.get(), at);
+    }
     // An input: binds data and reorders it into the primitive's layout.
     void take(const Plan& p, const float* data) {
       bind(p, data);
@@ -286,14 +357,50 @@ class ConvPlans<Host> {
     Operand src, weights, dst;
     detail::DnnlMemory bias;
     Scratch scratch;
+    // The call buffer, laid out: the reordered src and dst, then the scratchpad.
+    index_t call_floats() const { return src.floats + dst.floats + scratch.floats; }
+    void place(const Plan& p) {
+      float* at = detail::conv_call_buffer(call_floats());
+      src.place(p, at);
+      dst.place(p, at += src.floats);
+      scratch.place(p, at += dst.floats);
+    }
   };
   struct Backward {
     detail::DnnlPrimitive data, weights_primitive;
-    Operand diff_dst, weights, diff_src, src, diff_weights;
+    // dy as the data primitive takes it, and as the weights primitive does (Winograd in one
+    // direction and direct in the other want it in two layouts).
+    Operand diff_dst, weights_diff_dst, weights, diff_src, src, diff_weights;
     detail::DnnlMemory diff_bias;
     Scratch data_scratch, weights_scratch;
     HostBuffer<float> grad_sum{0};
     std::string weights_implementation;
+    // The call buffer, laid out the same for both halves, so that a whole backward's dy,
+    // reordered for the data primitive, is still there for the weights one: the reordered dy
+    // (both layouts), dx and x, then one scratchpad room for whichever primitive runs.
+    index_t call_floats() const {
+      return diff_dst.floats + weights_diff_dst.floats + diff_src.floats + src.floats +
+             std::max(data_scratch.floats, weights_scratch.floats);
+    }
+    void place(const Plan& p) {
+      float* at = detail::conv_call_buffer(call_floats());
+      diff_dst.place(p, at);
+      weights_diff_dst.place(p, at += diff_dst.floats);
+      diff_src.place(p, at += weights_diff_dst.floats);
+      src.place(p, at += diff_src.floats);
+      at += src.floats;
+      data_scratch.place(p, at);
+      weights_scratch.place(p, at);
+    }
+    // The weights primitive's dy: the data primitive's reorder of it where both want one layout
+    // and the data primitive has just taken this dy, else its own (reordered if need be).
+    dnnl_memory_t weights_dy(const Plan& p, const float* dy, bool dy_taken) {
+      if (dy_taken && !diff_dst.direct && !weights_diff_dst.direct &&
+          dnnl_memory_desc_equal(&diff_dst.wanted, &weights_diff_dst.wanted) != 0)
+        return diff_dst.inner.get();
+      weights_diff_dst.take(p, dy);
+      return weights_diff_dst.arg();
+    }
   };
 
   // The primitives of one batch size: activations channels-last as the caller's, the weights in
@@ -302,6 +409,7 @@ class ConvPlans<Host> {
     ConvGeometry g;
     Desc src, weights, bias, dst;  // the caller's: NHWC, OIHW, x
     Desc any_weights;              // the primitive's choice
+    Desc any_src, any_dst;         // the same, for Winograd's kernels (nChw16c on AVX-512)
     dnnl_dims_t strides{}, padding{};
     detail::DnnlStream stream;
     detail::DnnlAttr attr;
@@ -317,6 +425,8 @@ class ConvPlans<Host> {
       desc(bias, 1, b, dnnl_x);
       desc(dst, 4, y, dnnl_nhwc);
       desc(any_weights, 4, w, dnnl_format_tag_any);
+      desc(any_src, 4, x, dnnl_format_tag_any);
+      desc(any_dst, 4, y, dnnl_format_tag_any);
       strides[0] = strides[1] = g.stride;
       padding[0] = padding[1] = g.pad;
       const dnnl_engine_t e = detail::host_engine();
@@ -326,12 +436,39 @@ class ConvPlans<Host> {
       detail::dnnl_check(
           dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
           "attributes", g);
+      forward_pd = winograd([&](dnnl_convolution_desc_t& d) {
+        return dnnl_convolution_forward_desc_init(
+            &d, dnnl_forward_training, dnnl_convolution_winograd, &any_src, &any_weights,
+            g.bias ? &bias : nullptr, &any_dst, strides, padding, padding);
+      });
+      if (forward_pd.get() != nullptr) return;
       dnnl_convolution_desc_t d;
       detail::dnnl_check(dnnl_convolution_forward_desc_init(
                              &d, dnnl_forward_training, dnnl_convolution_direct, &src, &any_weights,
                              g.bias ? &bias : nullptr, &dst, strides, padding, padding),
                          "convolution forward descriptor", g);
       forward_pd = forward_desc(d, e);
+    }
+    // oneDNN's Winograd primitive of the descriptor `init(d)` makes (the backward ones hinted by
+    // the forward), its activations in the layout it picks; none (get() == nullptr) where the
+    // geometry asks for direct, where its channels do not come in 16s, or where oneDNN offers no
+    // Winograd kernel for the shape and machine. Its kernels transform 16 channels at a time and
+    // pad a layer of fewer with zeros: the 1-to-16-channel stem ran 10x slower than direct. Which
+    // kernel runs depends on the shape and the instruction set alone, so every plan of a shape on
+    // a machine runs the same one. On a 2-core AVX-512 EPYC (oneDNN 2.6, 128 images, forward and
+    // both backwards against the direct kernels on channels-last activations) the ResNet's 3x3
+    // layers ran 1.1x (16 channels at 28x28), 1.3x (32 at 14x14) and 1.5x (64 at 7x7) faster on
+    // one thread, 1.6x, 1.4x and 1.5x on two (docs/results.md).
+    template <class Init>
+    detail::DnnlPrimitiveDesc winograd(Init init) const {
+      if (g.algorithm != ConvAlgorithm::winograd || g.c % 16 != 0 || g.oc % 16 != 0) return {};
+      dnnl_convolution_desc_t d;
+      if (init(d) != dnnl_success) return {};
+      detail::DnnlPrimitiveDesc pd;
+      if (dnnl_primitive_desc_create(pd.out(), &d, attr.get(), detail::host_engine(),
+                                     forward_pd.get()) != dnnl_success)
+        return {};
+      return pd;
     }
     // The forward's implementation: oneDNN's first choice, except that on a layer that gives at
     // most 16 channels its direct jit kernel is taken over its brgemm one of the same instruction
@@ -393,7 +530,7 @@ class ConvPlans<Host> {
       auto f = std::make_unique<Forward>();
       const dnnl_primitive_desc_t pd = forward_pd.get();
       f->src.make(*this, src, pd, dnnl_query_src_md, true);
-      f->weights.make(*this, weights, pd, dnnl_query_weights_md, true);
+      f->weights.make(*this, weights, pd, dnnl_query_weights_md, true, false);
       f->dst.make(*this, dst, pd, dnnl_query_dst_md, false);
       detail::dnnl_check(
           dnnl_memory_create(f->bias.out(), &bias, detail::host_engine(), DNNL_MEMORY_NONE),
@@ -404,27 +541,43 @@ class ConvPlans<Host> {
     }
     void make_backward() {
       const dnnl_engine_t e = detail::host_engine();
-      dnnl_convolution_desc_t dd, wd;
-      detail::dnnl_check(
-          dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &src, &any_weights,
-                                                   &dst, strides, padding, padding),
-          "convolution backward-data descriptor", g);
-      detail::dnnl_check(dnnl_convolution_backward_weights_desc_init(
-                             &wd, dnnl_convolution_direct, &src, &any_weights,
-                             g.bias ? &bias : nullptr, &dst, strides, padding, padding),
-                         "convolution backward-weights descriptor", g);
-      detail::DnnlPrimitiveDesc data_pd;
-      detail::dnnl_check(
-          dnnl_primitive_desc_create(data_pd.out(), &dd, attr.get(), e, forward_pd.get()),
-          "convolution backward data", g);
-      detail::DnnlPrimitiveDesc weights_pd = backward_weights_desc(wd, e);
+      detail::DnnlPrimitiveDesc data_pd = winograd([&](dnnl_convolution_desc_t& d) {
+        return dnnl_convolution_backward_data_desc_init(&d, dnnl_convolution_winograd, &any_src,
+                                                        &any_weights, &any_dst, strides, padding,
+                                                        padding);
+      });
+      if (data_pd.get() == nullptr) {
+        dnnl_convolution_desc_t dd;
+        detail::dnnl_check(
+            dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &src,
+                                                     &any_weights, &dst, strides, padding, padding),
+            "convolution backward-data descriptor", g);
+        detail::dnnl_check(
+            dnnl_primitive_desc_create(data_pd.out(), &dd, attr.get(), e, forward_pd.get()),
+            "convolution backward data", g);
+      }
+      detail::DnnlPrimitiveDesc weights_pd = winograd([&](dnnl_convolution_desc_t& d) {
+        return dnnl_convolution_backward_weights_desc_init(&d, dnnl_convolution_winograd, &any_src,
+                                                           &any_weights, g.bias ? &bias : nullptr,
+                                                           &any_dst, strides, padding, padding);
+      });
+      if (weights_pd.get() == nullptr) {
+        dnnl_convolution_desc_t wd;
+        detail::dnnl_check(dnnl_convolution_backward_weights_desc_init(
+                               &wd, dnnl_convolution_direct, &src, &any_weights,
+                               g.bias ? &bias : nullptr, &dst, strides, padding, padding),
+                           "convolution backward-weights descriptor", g);
+        weights_pd = backward_weights_desc(wd, e);
+      }
       auto b = std::make_unique<Backward>();
       b->weights_implementation = detail::dnnl_implementation(weights_pd.get());
-      b->diff_dst.make(*this, dst, weights_pd.get(), dnnl_query_diff_dst_md, true);
-      b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true);
+      b->diff_dst.make(*this, dst, data_pd.get(), dnnl_query_diff_dst_md, true);
+      b->weights_diff_dst.make(*this, dst, weights_pd.get(), dnnl_query_diff_dst_md, true);
+      b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true, false);
       b->diff_src.make(*this, src, data_pd.get(), dnnl_query_diff_src_md, false);
       b->src.make(*this, src, weights_pd.get(), dnnl_query_src_md, true);
-      b->diff_weights.make(*this, weights, weights_pd.get(), dnnl_query_diff_weights_md, false);
+      b->diff_weights.make(*this, weights, weights_pd.get(), dnnl_query_diff_weights_md, false,
+                           false);
       detail::dnnl_check(dnnl_memory_create(b->diff_bias.out(), &bias, e, DNNL_MEMORY_NONE),
                          "memory", g);
       b->data_scratch.make(*this, data_pd.get());

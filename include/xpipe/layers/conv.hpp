@@ -16,12 +16,15 @@
 
 namespace xpipe {
 
-//! A convolution's stride, zero padding (both axes) and whether it has a bias.
-//! Usage: `Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>`.
+//! A convolution's stride, zero padding (both axes), whether it has a bias, and how the host
+//! computes it (ConvAlgorithm: Winograd where oneDNN offers it, or always direct).
+//! Usage: `Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>`,
+//! `ConvOptions{.padding = 1, .algorithm = ConvAlgorithm::direct}`.
 struct ConvOptions {
   int stride = 1;
   int padding = 0;
   bool bias = true;
+  ConvAlgorithm algorithm = ConvAlgorithm::winograd;
 };
 
 //! Square-kernel 2-D convolution from In = Shape<C, H, W> to OutChannels x OH x OW, where
@@ -62,7 +65,7 @@ struct Conv2d {
   //! The geometry of a call on `rows` images.
   static constexpr ConvGeometry geometry(index_t rows) {
     return make_conv_geometry(rows, In::channels, In::height, In::width, OutChannels, Kernel,
-                              Options.stride, Options.padding, Options.bias);
+                              Options.stride, Options.padding, Options.bias, Options.algorithm);
   }
 
   //! One per stage: the backend's plans for calls of up to max_rows images, their column buffer
@@ -104,7 +107,8 @@ struct Conv2d {
     return "Conv2d<" + dims(In::channels, In::height, In::width) + " -> " +
            dims(OutChannels, out_shape::height, out_shape::width) + ", kernel " +
            std::to_string(Kernel) + ", stride " + std::to_string(Options.stride) + ", padding " +
-           std::to_string(Options.padding) + ">";
+           std::to_string(Options.padding) +
+           (Options.algorithm == ConvAlgorithm::direct ? ", direct" : "") + ">";
   }
 
   //! y = conv(x, W) + b.

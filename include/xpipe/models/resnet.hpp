@@ -60,23 +60,22 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B1
 
 // The splits below cut the network at the block boundaries that balance the measured busy time
 // per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
-// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.4x a 64-channel one at 7x7
-// for the same multiply-adds (BatchNorm, ReLU and the sums scale with the activations). Slowest
-// stage over the mean: 1.01 (K = 2), 1.11 (K = 4), 1.43 (K = 8). (Profiled before the blocks'
-// ReLUs were fused into their sums, which takes a pass off each block alike.)
+// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.7x a 64-channel one at 7x7
+// for the same multiply-adds (BatchNorm, ReLU and the sums scale with the activations, and
+// Winograd's kernels gain most on the 64-channel layers). Slowest stage over the mean: 1.06
+// (K = 2), 1.14 (K = 4), 1.32 (K = 8); no other cut at the block boundaries does better.
 
 //! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
-//! rest (67 and 66 ms per mini-batch).
+//! rest.
 using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B16, D32>;
 using K2b = Stage<B32, B32, D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
-//! Four stages (K = 4): 37, 31, 29 and 36 ms.
+//! Four stages (K = 4).
 using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16>;
 using B = Stage<B16, D32>;
 using C = Stage<B32, B32>;
 using D = Stage<D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
-//! the first block, the second strided block with the first 7x7 block, the head with the last
-//! (20, 17, 17, 14, 14, 15, 24 and 13 ms).
+//! the first block, the second strided block with the first 7x7 block, the head with the last.
 using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16>;
 using E1 = Stage<B16>;
 using E2 = Stage<D32>;
