@@ -105,20 +105,39 @@ namespace detail {
 #else
 #define XPIPE_HOST_LOOP_
 #endif
+// A flat pass over arrays (kernels/ops.hpp: a functor with `streams`, as the optimizer steps and
+// predictions are) touches only element i at index i. Its loop runs on a copy of it, so that its
+// pointers and scalars stay in registers (a store through a float* may otherwise alias the
+// functor's float members, which are then read again every iteration), under
+// XPIPE_INDEPENDENT_ITERATIONS: at -O2 the Adam step ran 7x slower than at -O3 without both.
+template <class F>
+concept FlatPass = requires {
+  F::streams;
+};
+template <class F>
+inline void run_loop(const F& f, index_t begin, index_t end) {
+  if constexpr (FlatPass<F>) {
+    const F pass = f;
+    XPIPE_INDEPENDENT_ITERATIONS
+    for (index_t i = begin; i < end; ++i) pass(i);
+  } else {
+    for (index_t i = begin; i < end; ++i) f(i);
+  }
+}
 template <class F>
 XPIPE_HOST_LOOP_ void run_range_baseline(const F& f, index_t begin, index_t end) {
-  for (index_t i = begin; i < end; ++i) f(i);
+  run_loop(f, begin, end);
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 template <class F>
 __attribute__((target("avx2,fma"))) XPIPE_HOST_LOOP_ void run_range_avx2(const F& f, index_t begin,
                                                                          index_t end) {
-  for (index_t i = begin; i < end; ++i) f(i);
+  run_loop(f, begin, end);
 }
 template <class F>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) XPIPE_HOST_LOOP_ void
 run_range_avx512(const F& f, index_t begin, index_t end) {
-  for (index_t i = begin; i < end; ++i) f(i);
+  run_loop(f, begin, end);
 }
 #endif
 #undef XPIPE_HOST_LOOP_
