@@ -1,12 +1,12 @@
 // Conv2d's forward + backward (data and weights) on the host against oneDNN's primitives alone on
 // the same shapes, in one binary, each best of several timed runs. `vs_onednn`: the time of
-// oneDNN's direct primitives on channels-last activations (what a user of oneDNN would write, and
-// what PyTorch's CPU convolution runs) over the layer's; above 1 where the layer's kernels are
-// faster (Winograd on AVX-512; the direct jit forward on at most 16 output channels:
-// backend/host_conv.hpp). `vs_onednn_best`: the same against oneDNN's best alone, Winograd where
-// it offers it and activations in the layouts it picks, made so once outside the timing: the
-// layer's overhead (its reorders to and from those layouts, its weights' reorder, the plumbing of
-// memory handles); 1 = none.
+// oneDNN's direct primitives on channels-last activations (what a user of oneDNN would write,
+// and what PyTorch's CPU convolution runs on channels-last tensors) over the layer's; above 1
+// where the layer's kernels are faster (Winograd on AVX-512; the direct jit forward on at most
+// 16 output channels: backend/host_conv.hpp). `vs_onednn_best`: the same against oneDNN's best
+// alone, Winograd where it offers it and activations in the layouts it picks, made so once
+// outside the timing: the layer's overhead (its reorders to and from those layouts, its
+// weights' reorder, the plumbing of memory handles); 1 = none.
 #include <benchmark/benchmark.h>
 
 #include <cstring>

@@ -169,16 +169,12 @@ struct DirectSums {
 void require_within(const std::vector<float>& got, const std::vector<double>& want,
                     const std::vector<double>& scale, double tolerance, const char* what) {
   REQUIRE(got.size() == want.size());
-  double worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double err = std::abs(got[i] - want[i]) / std::max(scale[i], 1e-30);
-    worst = std::max(worst, err);
     INFO(what << " " << i << ": " << got[i] << " against " << want[i] << " (scale " << scale[i]
               << ")");
     REQUIRE(err <= tolerance);
   }
-  INFO(what << ": worst error " << worst << " of the terms' magnitude");
-  CHECK(worst <= tolerance);
 }
 
 // One forward and whole backward of a 3x3, padding-1 convolution of 16, 32 or 64 channels on
@@ -212,7 +208,7 @@ void check_against_direct_sums(xpipe::ConvAlgorithm algorithm, int channels, int
 
 }  // namespace
 
-TEST_CASE("A 16-channel direct convolution runs oneDNN's direct kernel and matches a direct sum",
+TEST_CASE("Direct convolutions run oneDNN's direct kernels and match direct sums",
           "[layers][conv]") {
   // The ResNet's 16-channel 3x3 layer at 28x28, asked to run direct, where oneDNN 2.6 offers its
   // brgemm kernel first on AVX-512 and the plans take its direct jit kernel instead (faster
@@ -246,10 +242,12 @@ TEST_CASE("Winograd convolutions run where oneDNN offers them and match direct s
                         weights = plans.backward_weights_implementation(ctx, g);
       INFO(channels << " channels on " << threads << " threads; oneDNN's forward " << forward
                     << ", backward weights " << weights);
-      __builtin_cpu_init();
-      if (__builtin_cpu_supports("avx512f")) {
+      // oneDNN's avx512_core (F, VL, BW, DQ) is what host_isa() calls avx512.
+      if (xpipe::host_isa() == xpipe::HostIsa::avx512) {
         REQUIRE(forward.starts_with("jit_wino"));
         REQUIRE(weights.starts_with("jit_wino"));
+      } else {
+        WARN("no AVX-512 here, so no Winograd kernel in oneDNN 2.6: the direct kernels checked");
       }
       check_against_direct_sums(xpipe::ConvAlgorithm::winograd, channels, side, threads);
     }
@@ -287,7 +285,7 @@ TEST_CASE("A Winograd convolution's split backward gives the whole backward's bi
   plans.forward(ctx, g, x.data(), w.data(), b.data(), y.data());
   plans.backward(ctx, g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), false);
   // Split: backward_data, another micro-batch's backward_data in between (it overwrites the
-  // plan's reorder buffers), then backward_weights of the first.
+  // thread's call buffer), then backward_weights of the first.
   std::vector<float> dx2(x.size()), dw2(w.size()), db2(32), scratch(x.size());
   plans.backward_data(ctx, g, w.data(), dy.data(), dx2.data());
   plans.backward_data(ctx, g, w.data(), other.data(), scratch.data());
@@ -399,8 +397,8 @@ struct ConvCall {
 TEST_CASE("Convolutions sharing a thread's call buffer give the bits they give alone",
           "[layers][conv]") {
   // Every convolution a thread runs keeps its scratchpads and Winograd's reordered activations in
-  // one buffer of the thread's, grown to the largest call: interleaved calls of three layers (the
-  // later ones needing more of it) against each layer run on its own thread.
+  // one buffer of the thread's, grown to the largest call: interleaved calls of three layers of
+  // different needs against each layer run on a thread of its own.
   const HostContext ctx{.threads = 1};
   const auto geometry = [](int channels, int side, index_t rows) {
     return xpipe::make_conv_geometry(rows, channels, side, side, channels, 3, 1, 1, false);
@@ -421,8 +419,11 @@ TEST_CASE("Convolutions sharing a thread's call buffer give the bits they give a
   std::vector<std::unique_ptr<xpipe::ConvPlans<xpipe::Host>>> plans;
   for (auto& call : together)
     plans.push_back(std::make_unique<xpipe::ConvPlans<xpipe::Host>>(call.g));
-  for (std::size_t i = 0; i < together.size(); ++i) together[i].forward(ctx, *plans[i]);
-  for (std::size_t i = together.size(); i-- > 0;) together[i].backward(ctx, *plans[i]);
+  // On a new thread too, whose buffer starts empty and grows as the calls need.
+  std::thread([&] {
+    for (std::size_t i = 0; i < together.size(); ++i) together[i].forward(ctx, *plans[i]);
+    for (std::size_t i = together.size(); i-- > 0;) together[i].backward(ctx, *plans[i]);
+  }).join();
   for (std::size_t i = 0; i < together.size(); ++i) {
     INFO(xpipe::conv_geometry_text(shapes[i]));
     REQUIRE(xpipe::test::same_bits(together[i].y, alone[i].y));

@@ -93,9 +93,9 @@ DnnlPrimitiveDesc dnnl_first_implementation(dnnl_primitive_desc_iterator_t it, A
 // channels is nhwc), which then needs no reorder.
 inline bool same_layout(const dnnl_memory_desc_t& plain, const dnnl_memory_desc_t& wanted) {
   if (dnnl_memory_desc_equal(&plain, &wanted) != 0) return true;
-  if (plain.format_kind != dnnl_blocked || wanted.format_kind != dnnl_blocked ||
-      plain.ndims != wanted.ndims || wanted.ndims < 2 || wanted.offset0 != 0 ||
-      wanted.extra.flags != 0 || plain.format_desc.blocking.inner_nblks != 0)
+  if (plain.data_type != wanted.data_type || plain.format_kind != dnnl_blocked ||
+      wanted.format_kind != dnnl_blocked || plain.ndims != wanted.ndims || wanted.ndims < 2 ||
+      wanted.offset0 != 0 || wanted.extra.flags != 0 || plain.format_desc.blocking.inner_nblks != 0)
     return false;
   const dnnl_blocking_desc_t& b = wanted.format_desc.blocking;
   const bool one_channel_block =
@@ -115,7 +115,7 @@ inline bool same_layout(const dnnl_memory_desc_t& plain, const dnnl_memory_desc_
 // convolution the thread runs (a stage's calls run one after another on its thread), grown to
 // the largest call's need when a plan first runs, so a step that follows a first one allocates
 // nothing. Winograd's scratchpads are 7-9 MB a primitive whatever the batch: held per primitive
-// and plan, a ResNet's 16 Winograd layers took ~0.6 GB more.
+// and plan, they took ~0.5 GB on the ResNet.
 inline float* conv_call_buffer(index_t floats) {
   thread_local HostBuffer<float> buffer;
   if (buffer.size() < floats) buffer = HostBuffer<float>(floats);
@@ -146,12 +146,12 @@ inline dnnl_engine_t host_engine() {
 //! few KiB). The direct kernels (jit and brgemm) run on channels-last memory (oneDNN's nhwc) as
 //! it lies. Winograd's (g.algorithm, where oneDNN offers one) want the blocked nChw16c, which for
 //! 16 channels is the same bytes and for more costs a reorder of each activation into and out of
-//! the call buffer: ~0.1-0.2 ms against the 1-3 ms a call saves. Keeping every activation blocked
-//! would cost such reorders around every direct call instead: a ResNet spent 13% of its epoch in
-//! them, which the faster blocked kernels did not win back (docs/results.md). A plan per batch
-//! size (a few: the training micro-batch, a smaller last one, the evaluation chunk), each made
-//! on its first use; after that a call sets memory handles and executes. Scratchpads are ours
-//! (oneDNN's user scratchpad mode): they and the reordered activations lie in the calling
+//! the call buffer: ~0.1-0.2 ms against the 1.5-3.5 ms a call of 128 images saves. Keeping every
+//! activation blocked would cost such reorders around every direct call instead: a ResNet spent 13%
+//! of its epoch in them, which the faster blocked kernels did not win back (docs/results.md). A
+//! plan per batch size (a few: the training micro-batch, a smaller last one, the evaluation chunk),
+//! each made on its first use; after that a call sets memory handles and executes. Scratchpads are
+//! ours (oneDNN's user scratchpad mode): they and the reordered activations lie in the calling
 //! thread's call buffer (detail::conv_call_buffer), shared by all its convolutions, so oneDNN
 //! makes no scratch buffer per call and a plan holds none of its own. The bits depend on
 //! ctx.threads (oneDNN splits the weight gradient's sums by thread), as dnnl_sgemm's do: each
@@ -160,7 +160,9 @@ inline dnnl_engine_t host_engine() {
 //! they run, on ctx.threads (a plan made on the machine's default ran every convolution of a
 //! one-thread stage on all cores). The backward-weights primitive overwrites; `accumulate` adds
 //! from a buffer of the plan. The backward runs whole (backward) or split for zero-bubble
-//! schedules (backward_data, then later backward_weights), with the same bits.
+//! schedules (backward_data, then later backward_weights), with the same bits. A call's memory
+//! handles point into the buffer of the thread that placed them last, so one ConvPlans takes one
+//! call at a time (a stage's calls run one after another; the split's halves are calls too).
 //! Usage: `ConvPlans<Host> plans{g}; plans.forward(ctx, g, x, w, b, y);`
 template <>
 class ConvPlans<Host> {
@@ -259,7 +261,8 @@ class ConvPlans<Host> {
     Plan& p = plan(g);
     if (!p.backward) p.make_backward();
     Backward& b = *p.backward;
-    b.place(p);  // where backward_data placed it, within one backward: its dy stays
+    // The same places backward_data used: in a whole backward its reordered dy is still there.
+    b.place(p);
     const dnnl_memory_t diff_dst = b.weights_dy(p, dy, dy_taken);
     b.src.take(p, x);
     const index_t nw = g.weight_floats(), nb = g.bias ? g.oc : 0;

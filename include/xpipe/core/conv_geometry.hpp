@@ -14,6 +14,7 @@ namespace xpipe {
 //! AVX-512 core; about half the multiplications of the direct sum, and a few more rounding errors
 //! in the tile transforms), its direct kernels elsewhere. `direct`: always the direct kernels, the
 //! window's sum as PyTorch's CPU convolution computes it.
+//! Usage: `Conv2d<S, 32, 3, ConvOptions{.padding = 1, .algorithm = ConvAlgorithm::direct}>`.
 enum class ConvAlgorithm : unsigned char { winograd, direct };
 
 //! A square-kernel convolution of `rows` channels-last images c x h x w into oc x oh x ow, with the

@@ -60,7 +60,7 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B1
 
 // The splits below cut the network at the block boundaries that balance the measured busy time
 // per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
-// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.7x a 64-channel one at 7x7
+// AMD EPYC; docs/results.md): a 16-channel block at 28x28 costs 1.8x a 64-channel one at 7x7
 // for the same multiply-adds (BatchNorm, ReLU and the sums scale with the activations, and
 // Winograd's kernels gain most on the 64-channel layers). Slowest stage over the mean: 1.06
 // (K = 2), 1.14 (K = 4), 1.32 (K = 8); no other cut at the block boundaries does better.
