@@ -31,9 +31,10 @@ struct ConvOptions {
 //! OH = floor((H + 2 padding - Kernel) / stride) + 1 (likewise OW). Parameters: the weights,
 //! OutChannels x C x Kernel x Kernel (OIHW, PyTorch's layout), then OutChannels biases unless
 //! Options.bias is false. Initialised He-uniform over fan_in = C Kernel^2 (biases 0, as Linear).
-//! Its backend's ConvPlans (on the host oneDNN's primitives and reorder buffers, made once per
-//! batch size; on CUDA the column buffer) are its Workspace<B>, one per stage, which every slot's
-//! Saved<B> reaches: nothing in them outlives a call. Needs contiguous rows (Stage's are). Its
+//! Its backend's ConvPlans (on the host oneDNN's primitives and weight reorder buffers, made once
+//! per batch size, their scratch in the thread's call buffer; on CUDA the column buffer) are its
+//! Workspace<B>, one per stage, which every slot's Saved<B> reaches: nothing in them outlives a
+//! call. Needs contiguous rows (Stage's are). Its
 //! backward also runs split for zero-bubble schedules: backward_input (dx) now, backward_weight
 //! (dW, db) later on the same slot, with the bits of the whole backward.
 //! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 32, 3, ConvOptions{.padding = 1}>, ReLU, ...>`.
