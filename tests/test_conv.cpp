@@ -12,6 +12,7 @@
 
 #include "fixtures/conv_expected.hpp"
 #include "support/compare.hpp"
+#include "support/conv_reference.hpp"
 #include "support/support.hpp"
 #include "xpipe/models/resnet.hpp"
 #include "xpipe/models/vgg.hpp"
@@ -124,47 +125,6 @@ TEST_CASE("Conv2d matches PyTorch's conv2d forward and backward", "[layers][conv
 
 namespace {
 
-// A 3x3 convolution with padding 1 over channels-last images, in double: the forward y, the input
-// gradient dx and the weight gradient dw of dy, each with the sum of its terms' magnitudes (the
-// scale its rounding errors grow with).
-struct DirectSums {
-  std::vector<double> y, y_scale, dx, dx_scale, dw, dw_scale;
-  DirectSums(const xpipe::ConvGeometry& g, const std::vector<float>& x, const std::vector<float>& w,
-             const std::vector<float>& dy)
-      : y(dy.size()),
-        y_scale(dy.size()),
-        dx(x.size()),
-        dx_scale(x.size()),
-        dw(w.size()),
-        dw_scale(w.size()) {
-    for (index_t r = 0; r < g.rows; ++r)
-      for (int oy = 0; oy < g.oh; ++oy)
-        for (int ox = 0; ox < g.ow; ++ox)
-          for (int ky = 0; ky < 3; ++ky)
-            for (int kx = 0; kx < 3; ++kx) {
-              const int iy = oy + ky - 1, ix = ox + kx - 1;
-              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
-              for (int o = 0; o < g.oc; ++o)
-                for (int c = 0; c < g.c; ++c) {
-                  const std::size_t xi = static_cast<std::size_t>(
-                                        ((r * g.h + iy) * g.w + ix) * g.c + c),
-                                    yi = static_cast<std::size_t>(
-                                        ((r * g.oh + oy) * g.ow + ox) * g.oc + o),
-                                    wi =
-                                        static_cast<std::size_t>(((o * g.c + c) * 3 + ky) * 3 + kx);
-                  const double xw = double(x[xi]) * w[wi], dyw = double(dy[yi]) * w[wi],
-                               dyx = double(dy[yi]) * x[xi];
-                  y[yi] += xw;
-                  y_scale[yi] += std::abs(xw);
-                  dx[xi] += dyw;
-                  dx_scale[xi] += std::abs(dyw);
-                  dw[wi] += dyx;
-                  dw_scale[wi] += std::abs(dyx);
-                }
-            }
-  }
-};
-
 // Each got[i] within tolerance x scale[i] of want[i].
 void require_within(const std::vector<float>& got, const std::vector<double>& want,
                     const std::vector<double>& scale, double tolerance, const char* what) {
@@ -178,7 +138,7 @@ void require_within(const std::vector<float>& got, const std::vector<double>& wa
 }
 
 // One forward and whole backward of a 3x3, padding-1 convolution of 16, 32 or 64 channels on
-// `threads`, against DirectSums: Winograd's error bound is looser than the direct kernels'.
+// `threads`, against test::direct_conv: Winograd's error bound is looser than the direct kernels'.
 void check_against_direct_sums(xpipe::ConvAlgorithm algorithm, int channels, int side,
                                int threads) {
   const auto g =
@@ -195,15 +155,15 @@ void check_against_direct_sums(xpipe::ConvAlgorithm algorithm, int channels, int
   xpipe::ConvPlans<xpipe::Host> plans{g};
   plans.forward(ctx, g, x.data(), w.data(), nullptr, y.data());
   plans.backward(ctx, g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, false);
-  const DirectSums want(g, x, w, dy);
+  const xpipe::test::DirectConv want = xpipe::test::direct_conv(g, x, w, {}, dy);
   // Direct sums in float: at most (terms) x 2^-24 of the scale, far less in practice (measured
   // 0.4e-7 to 3.4e-7 here on an AVX-512 EPYC). Winograd F(4x4, 3x3) also rounds its tile
   // transforms (constants up to 8 in magnitude): 1.0e-7 to 6.1e-7 on the same machine. A wrong
   // layout or tile would be off by the scale itself.
   const double tolerance = algorithm == xpipe::ConvAlgorithm::direct ? 2e-6 : 5e-6;
-  require_within(y, want.y, want.y_scale, tolerance, "y");
-  require_within(dx, want.dx, want.dx_scale, tolerance, "dx");
-  require_within(dw, want.dw, want.dw_scale, tolerance, "dw");
+  require_within(y, want.y, want.y_abs, tolerance, "y");
+  require_within(dx, want.dx, want.dx_abs, tolerance, "dx");
+  require_within(dw, want.dw, want.dw_abs, tolerance, "dw");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "support/conv_reference.hpp"
 #include "xpipe/core/random.hpp"
 #include "xpipe/kernels/im2col.hpp"
 
@@ -25,53 +26,6 @@ std::vector<float> random_vector(index_t n, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (float& x : v) x = rng.uniform(-1.f, 1.f);
   return v;
-}
-
-// The direct convolution in double, one 7-loop nest (image, output channel, output pixel, input
-// channel, kernel offset) for the forward and one for all three gradients; beside each output the
-// sum of its terms' magnitudes (what float rounding in any summation order scales with).
-struct Direct {
-  std::vector<double> y, dx, dw, db;
-  std::vector<double> y_abs, dx_abs, dw_abs, db_abs;
-};
-Direct direct(const ConvGeometry& g, const std::vector<float>& x, const std::vector<float>& w,
-              const std::vector<float>& b, const std::vector<float>& dy) {
-  Direct d;
-  d.y.assign(static_cast<std::size_t>(g.rows * g.out_floats()), 0.0);
-  d.dx.assign(x.size(), 0.0);
-  d.dw.assign(w.size(), 0.0);
-  d.db.assign(static_cast<std::size_t>(g.oc), 0.0);
-  d.y_abs = d.y, d.dx_abs = d.dx, d.dw_abs = d.dw, d.db_abs = d.db;
-  // x and y channels-last (channel fastest), w OIHW.
-  auto xi = [&](index_t n, int c, int iy, int ix) { return ((n * g.h + iy) * g.w + ix) * g.c + c; };
-  auto wi = [&](int o, int c, int ky, int kx) {
-    return ((index_t{o} * g.c + c) * g.k + ky) * g.k + kx;
-  };
-  auto yi = [&](index_t n, int o, int oy, int ox) {
-    return ((n * g.oh + oy) * g.ow + ox) * g.oc + o;
-  };
-  for (index_t n = 0; n < g.rows; ++n)
-    for (int o = 0; o < g.oc; ++o)
-      for (int oy = 0; oy < g.oh; ++oy)
-        for (int ox = 0; ox < g.ow; ++ox) {
-          double acc = g.bias ? b[o] : 0.0, acc_abs = std::fabs(acc);
-          const double grad = dy[yi(n, o, oy, ox)];
-          if (g.bias) d.db[o] += grad, d.db_abs[o] += std::fabs(grad);
-          for (int c = 0; c < g.c; ++c)
-            for (int ky = 0; ky < g.k; ++ky)
-              for (int kx = 0; kx < g.k; ++kx) {
-                const int iy = oy * g.stride - g.pad + ky, ix = ox * g.stride - g.pad + kx;
-                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
-                const double wx = double{w[wi(o, c, ky, kx)]} * x[xi(n, c, iy, ix)],
-                             wg = double{w[wi(o, c, ky, kx)]} * grad,
-                             xg = double{x[xi(n, c, iy, ix)]} * grad;
-                acc += wx, acc_abs += std::fabs(wx);
-                d.dx[xi(n, c, iy, ix)] += wg, d.dx_abs[xi(n, c, iy, ix)] += std::fabs(wg);
-                d.dw[wi(o, c, ky, kx)] += xg, d.dw_abs[wi(o, c, ky, kx)] += std::fabs(xg);
-              }
-          d.y[yi(n, o, oy, ox)] = acc, d.y_abs[yi(n, o, oy, ox)] = acc_abs;
-        }
-  return d;
 }
 
 // Every got[i] within 1e-5 of ref[i], relative to max(|ref[i]|, 1), plus 4 float epsilons'
@@ -103,7 +57,7 @@ void check_against_direct(const ConvGeometry& g, index_t chunk, int threads) {
   const HostContext ctx{.threads = threads};
   const auto x = random_vector(g.rows * g.in_floats(), 1), w = random_vector(g.weight_floats(), 2),
              b = random_vector(g.oc, 3), dy = random_vector(g.rows * g.out_floats(), 4);
-  const Direct ref = direct(g, x, w, b, dy);
+  const xpipe::test::DirectConv ref = xpipe::test::direct_conv(g, x, w, b, dy);
 
   const xpipe::ConvWorkspaceFloats n = xpipe::conv_workspace_floats(g, chunk);
   std::vector<float> cols(n.cols), sums(n.plane_sums);

@@ -297,23 +297,21 @@ class ConvPlans<Host> {
           dnnl_memory_create(memory.out(), d, detail::host_engine(), DNNL_MEMORY_NONE),
           "scratchpad", p.g);
     }
-    void place(const Plan& p, float* at) { set(p, memory.get(), at); }
+    void place(const Plan& p, float* at) const { set(p, memory.get(), at); }
   };
 
   // One operand of a primitive: the caller's memory (its handle set per call) and, where the
   // primitive wants another layout (the weights always; the activations for Winograd's kernels),
-  // room in that layout and the reorder between them (into it for an input, out of it for an
-  // output). The weights' room is a buffer of the plan's (a few KiB); an activation's lies in the
-  // call buffer (`floats` of it, placed per call).
+  // room in that layout in the call buffer (`floats` of it, placed per call) and the reorder
+  // between them (into it for an input, out of it for an output).
   struct Operand {
     Desc wanted{};
     detail::DnnlMemory user, inner;
     detail::DnnlPrimitive reorder;
-    HostBuffer<float> buffer{0};
     index_t floats = 0;
     bool direct = true;
     void make(const Plan& p, const Desc& plain, dnnl_primitive_desc_t pd, dnnl_query_t what,
-              bool input, bool in_call_buffer = true) {
+              bool input) {
       const dnnl_engine_t e = detail::host_engine();
       wanted = *dnnl_primitive_desc_query_md(pd, what, 0);
       direct = detail::same_layout(plain, wanted);
@@ -322,14 +320,9 @@ class ConvPlans<Host> {
           dnnl_memory_create(user.out(), direct ? &wanted : &plain, e, DNNL_MEMORY_NONE), "memory",
           p.g);
       if (direct) return;
-      const std::size_t bytes = dnnl_memory_desc_get_size(&wanted);
-      if (in_call_buffer)
-        floats = detail::conv_call_floats(bytes);
-      else
-        buffer = HostBuffer<float>(detail::conv_call_floats(bytes));
-      detail::dnnl_check(dnnl_memory_create(inner.out(), &wanted, e,
-                                            in_call_buffer ? DNNL_MEMORY_NONE : buffer.data()),
-                         "memory", p.g);
+      floats = detail::conv_call_floats(dnnl_memory_desc_get_size(&wanted));
+      detail::dnnl_check(dnnl_memory_create(inner.out(), &wanted, e, DNNL_MEMORY_NONE), "memory",
+                         p.g);
       detail::DnnlPrimitiveDesc rpd;
       detail::dnnl_check(dnnl_reorder_primitive_desc_create(rpd.out(), input ? &plain : &wanted, e,
                                                             input ? &wanted : &plain, e, nullptr),
@@ -338,8 +331,8 @@ class ConvPlans<Host> {
     }
     dnnl_memory_t arg() const { return direct ? user.get() : inner.get(); }
     void bind(const Plan& p, const float* data) { set(p, user.get(), data); }
-    // Its room at `at` in the call buffer (where it has any there).
-    void place(const Plan& p, float* at) {
+    // Its room at `at` in the call buffer (where it needs one).
+    void place(const Plan& p, float* at) const {
       if (floats > 0) set(p, inner.get(), at);
     }
     // An input: binds data and reorders it into the primitive's layout.
@@ -361,12 +354,16 @@ class ConvPlans<Host> {
     detail::DnnlMemory bias;
     Scratch scratch;
     // The call buffer, laid out: the reordered src and dst, then the scratchpad.
-    index_t call_floats() const { return src.floats + dst.floats + scratch.floats; }
+    index_t call_floats() const {
+      return src.floats + weights.floats + dst.floats + scratch.floats;
+    }
     void place(const Plan& p) {
       float* at = detail::conv_call_buffer(call_floats());
-      src.place(p, at);
-      dst.place(p, at += src.floats);
-      scratch.place(p, at += dst.floats);
+      for (Operand* o : {&src, &weights, &dst}) {
+        o->place(p, at);
+        at += o->floats;
+      }
+      scratch.place(p, at);
     }
   };
   struct Backward {
@@ -379,19 +376,22 @@ class ConvPlans<Host> {
     HostBuffer<float> grad_sum{0};
     std::string weights_implementation;
     // The call buffer, laid out the same for both halves, so that a whole backward's dy,
-    // reordered for the data primitive, is still there for the weights one: the reordered dy
-    // (both layouts), dx and x, then one scratchpad room for whichever primitive runs.
+    // reordered for the data primitive, is still there for the weights one: every operand's
+    // room, then one scratchpad room for whichever primitive runs.
+    std::array<const Operand*, 6> operands() const {
+      return {&diff_dst, &weights_diff_dst, &weights, &diff_src, &src, &diff_weights};
+    }
     index_t call_floats() const {
-      return diff_dst.floats + weights_diff_dst.floats + diff_src.floats + src.floats +
-             std::max(data_scratch.floats, weights_scratch.floats);
+      index_t n = std::max(data_scratch.floats, weights_scratch.floats);
+      for (const Operand* o : operands()) n += o->floats;
+      return n;
     }
     void place(const Plan& p) {
       float* at = detail::conv_call_buffer(call_floats());
-      diff_dst.place(p, at);
-      weights_diff_dst.place(p, at += diff_dst.floats);
-      diff_src.place(p, at += weights_diff_dst.floats);
-      src.place(p, at += diff_src.floats);
-      at += src.floats;
+      for (const Operand* o : operands()) {
+        o->place(p, at);
+        at += o->floats;
+      }
       data_scratch.place(p, at);
       weights_scratch.place(p, at);
     }
@@ -533,7 +533,7 @@ class ConvPlans<Host> {
       auto f = std::make_unique<Forward>();
       const dnnl_primitive_desc_t pd = forward_pd.get();
       f->src.make(*this, src, pd, dnnl_query_src_md, true);
-      f->weights.make(*this, weights, pd, dnnl_query_weights_md, true, false);
+      f->weights.make(*this, weights, pd, dnnl_query_weights_md, true);
       f->dst.make(*this, dst, pd, dnnl_query_dst_md, false);
       detail::dnnl_check(
           dnnl_memory_create(f->bias.out(), &bias, detail::host_engine(), DNNL_MEMORY_NONE),
@@ -576,11 +576,10 @@ class ConvPlans<Host> {
       b->weights_implementation = detail::dnnl_implementation(weights_pd.get());
       b->diff_dst.make(*this, dst, data_pd.get(), dnnl_query_diff_dst_md, true);
       b->weights_diff_dst.make(*this, dst, weights_pd.get(), dnnl_query_diff_dst_md, true);
-      b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true, false);
+      b->weights.make(*this, weights, data_pd.get(), dnnl_query_weights_md, true);
       b->diff_src.make(*this, src, data_pd.get(), dnnl_query_diff_src_md, false);
       b->src.make(*this, src, weights_pd.get(), dnnl_query_src_md, true);
-      b->diff_weights.make(*this, weights, weights_pd.get(), dnnl_query_diff_weights_md, false,
-                           false);
+      b->diff_weights.make(*this, weights, weights_pd.get(), dnnl_query_diff_weights_md, false);
       detail::dnnl_check(dnnl_memory_create(b->diff_bias.out(), &bias, e, DNNL_MEMORY_NONE),
                          "memory", g);
       b->data_scratch.make(*this, data_pd.get());
