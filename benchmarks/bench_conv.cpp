@@ -9,9 +9,6 @@
 // weights' reorder, the plumbing of memory handles); 1 = none.
 #include <benchmark/benchmark.h>
 
-#include <cstring>
-#include <oneapi/dnnl/dnnl.hpp>
-#include <unordered_map>
 #include <vector>
 
 #include "baseline.hpp"
@@ -21,80 +18,6 @@ namespace {
 
 using xpipe::ConvGeometry;
 using xpipe::index_t;
-
-// oneDNN's three convolution primitives on one geometry, made with its C++ API and run through
-// its argument maps: the baseline a user of oneDNN alone would write: direct kernels on
-// channels-last activations as the layer's, weights in oneDNN's choice (format_tag::any).
-// `best` takes Winograd's kernels in each direction where oneDNN offers them and lets it choose
-// the activations' layout too. Operands are made in their layouts once, outside the timing.
-class OneDnnConv {
- public:
-  OneDnnConv(const ConvGeometry& g, bool best)
-      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
-    using tag = dnnl::memory::format_tag;
-    using md = dnnl::memory::desc;
-    const auto f32 = dnnl::memory::data_type::f32;
-    // Weights always in oneDNN's choice: on fixed OIHW weights it has only its reference kernel
-    // (hundreds of times slower), and the layer reorders its few weights per call into that choice.
-    const tag act = best ? tag::any : tag::nhwc, wt = tag::any;
-    const md src({g.rows, g.c, g.h, g.w}, f32, act), weights({g.oc, g.c, g.k, g.k}, f32, wt),
-        bias({g.oc}, f32, tag::x), dst({g.rows, g.oc, g.oh, g.ow}, f32, act);
-    const dnnl::memory::dims s{g.stride, g.stride}, p{g.pad, g.pad};
-    // Winograd where oneDNN makes the primitive (it throws where it has none), else direct.
-    const auto first_of = [&](auto make) {
-      if (best) try {
-          return make(dnnl::algorithm::convolution_winograd);
-        } catch (const dnnl::error&) {
-        }
-      return make(dnnl::algorithm::convolution_direct);
-    };
-    const auto fpd = first_of([&](dnnl::algorithm a) {
-      return dnnl::convolution_forward::primitive_desc(
-          {dnnl::prop_kind::forward_training, a, src, weights, bias, dst, s, p, p}, engine_);
-    });
-    const auto dpd = first_of([&](dnnl::algorithm a) {
-      return dnnl::convolution_backward_data::primitive_desc({a, src, weights, dst, s, p, p},
-                                                             engine_, fpd);
-    });
-    const auto wpd = first_of([&](dnnl::algorithm a) {
-      return dnnl::convolution_backward_weights::primitive_desc(
-          {a, src, weights, bias, dst, s, p, p}, engine_, fpd);
-    });
-    const auto mem = [&](const md& d) {
-      auto m = dnnl::memory(d, engine_);
-      std::vector<float> ones(d.get_size() / sizeof(float), 0.01f);
-      std::memcpy(m.get_data_handle(), ones.data(), d.get_size());
-      return m;
-    };
-    fwd_ = dnnl::convolution_forward(fpd);
-    bwd_data_ = dnnl::convolution_backward_data(dpd);
-    bwd_weights_ = dnnl::convolution_backward_weights(wpd);
-    fwd_args_ = {{DNNL_ARG_SRC, mem(fpd.src_desc())},
-                 {DNNL_ARG_WEIGHTS, mem(fpd.weights_desc())},
-                 {DNNL_ARG_BIAS, mem(fpd.bias_desc())},
-                 {DNNL_ARG_DST, mem(fpd.dst_desc())}};
-    data_args_ = {{DNNL_ARG_DIFF_SRC, mem(dpd.diff_src_desc())},
-                  {DNNL_ARG_WEIGHTS, mem(dpd.weights_desc())},
-                  {DNNL_ARG_DIFF_DST, mem(dpd.diff_dst_desc())}};
-    weights_args_ = {{DNNL_ARG_SRC, mem(wpd.src_desc())},
-                     {DNNL_ARG_DIFF_DST, mem(wpd.diff_dst_desc())},
-                     {DNNL_ARG_DIFF_WEIGHTS, mem(wpd.diff_weights_desc())},
-                     {DNNL_ARG_DIFF_BIAS, mem(wpd.diff_bias_desc())}};
-  }
-  void step(int threads) {
-    omp_set_num_threads(threads);
-    fwd_.execute(stream_, fwd_args_);
-    bwd_data_.execute(stream_, data_args_);
-    bwd_weights_.execute(stream_, weights_args_);
-    stream_.wait();
-  }
-
- private:
-  dnnl::engine engine_;
-  dnnl::stream stream_;
-  dnnl::primitive fwd_, bwd_data_, bwd_weights_;
-  std::unordered_map<int, dnnl::memory> fwd_args_, data_args_, weights_args_;
-};
 
 // The VGG model's convolutions (include/xpipe/models/vgg.hpp) and the ResNet's 64-channel one
 // (models/resnet.hpp), on a micro-batch of 32 images.
@@ -119,7 +42,7 @@ void BM_Conv2dLayer(benchmark::State& st) {
   for (auto _ : st) step();
   const ConvGeometry geo = L::geometry(rows);
   omp_set_num_threads(threads);  // oneDNN fixes a primitive's threads when it is made
-  OneDnnConv direct(geo, false), best(geo, true);
+  bench::OneDnnConv direct(geo, false), best(geo, true);
   const double layer = bench::best_seconds(step);
   const double alone = bench::best_seconds([&] { direct.step(threads); });
   const double fastest = bench::best_seconds([&] { best.step(threads); });

@@ -11,27 +11,39 @@
 // --mode time on the same threads, and the ratio to its GEMM-only bound (the Linear layers'
 // GEMMs at raw dnnl_sgemm speed on the context's threads, the attention's per sequence and head
 // single-threaded, spread over the threads, as the layer runs them).
+// BM_CnnStep<ResNetLayers> and <VggLayers>: the sequential step of xpipe-train's ResNet and VGG
+// (models/resnet.hpp, models/vgg.hpp; batch 128, Adam) against its convolution-primitive bound:
+// every convolution at oneDNN's primitives alone (the faster of its direct kernels and its best,
+// Winograd where it has it), the linear layers at raw dnnl_sgemm speed.
 #include <benchmark/benchmark.h>
 
+#include <vector>
+
 #include "baseline.hpp"
+#include "xpipe/models/resnet.hpp"
+#include "xpipe/models/vgg.hpp"
 #include "xpipe/xpipe.hpp"
 
 namespace {
 
 constexpr long batch = 128;
 
+// Seconds of a fully connected layer's GEMMs in one training step on `rows` rows, each at raw
+// dnnl_sgemm speed: forward, weight gradient and (with `data`) input gradient.
+double linear_gemm_seconds(long in, long out, long rows, int threads, bool data) {
+  const auto time = [&](char ta, char tb, long m, long n, long k) {
+    return 2.0 * m * n * k / bench::dnnl_flops(ta, tb, m, n, k, threads);
+  };
+  return time('N', 'N', rows, out, in) + time('T', 'N', in, out, rows) +
+         (data ? time('N', 'T', rows, in, out) : 0.0);
+}
+
 // Seconds of the GEMMs one training step runs, each at raw dnnl_sgemm speed.
 double gemm_bound_seconds(int threads) {
-  double s = 0;
-  const auto add = [&](char ta, char tb, long m, long n, long k) {
-    s += 2.0 * m * n * k / bench::dnnl_flops(ta, tb, m, n, k, threads);
-  };
   constexpr std::array<int, 5> w{784, 1024, 1024, 1024, 10};
-  for (int l = 0; l < 4; ++l) {
-    add('N', 'N', batch, w[l + 1], w[l]);             // forward
-    add('T', 'N', w[l], w[l + 1], batch);             // weight gradient
-    if (l > 0) add('N', 'T', batch, w[l], w[l + 1]);  // input gradient (none for layer 0)
-  }
+  double s = 0;
+  for (int l = 0; l < 4; ++l)  // no input gradient for the first layer
+    s += linear_gemm_seconds(w[l], w[l + 1], batch, threads, l > 0);
   return s;
 }
 
@@ -120,6 +132,101 @@ void BM_GptStep(benchmark::State& st) {
   st.counters["gemm_bound_tokens/s"] = tokens / bound;
 }
 
+// The convolutions and fully connected layers of a CNN's training step, for its bound: each
+// layer type with the number of times the network runs it and whether its input gradient is
+// computed (not for the network's first layer). `macs` must equal the model's (static_assert
+// below), so a layer added to the model and not here fails to compile.
+struct ConvUse {
+  xpipe::ConvGeometry geometry;
+  int count;
+  bool data;
+};
+struct LinearUse {
+  long in, out;
+  bool data;
+};
+template <class L>
+ConvUse conv_use(int count, bool data = true) {
+  return {L::geometry(batch), count, data};
+}
+
+namespace rn = xpipe::models::resnet;
+struct ResNetLayers {
+  using Model = rn::K1;
+  using Stem = xpipe::Conv2d<rn::Image<1, 28>, 16, 3, rn::keep>;
+  template <int C, int S>
+  using Projection =
+      xpipe::Conv2d<rn::Image<C, S>, 2 * C, 1, xpipe::ConvOptions{.stride = 2, .bias = false}>;
+  template <int C, int S>
+  using Halve = xpipe::Conv2d<rn::Image<C, S>, 2 * C, 3, rn::halve>;
+  static constexpr double macs =
+      Stem::macs + 6 * rn::Conv3<16, 28>::macs + Projection<16, 28>::macs + Halve<16, 28>::macs +
+      5 * rn::Conv3<32, 14>::macs + Projection<32, 14>::macs + Halve<32, 14>::macs +
+      5 * rn::Conv3<64, 7>::macs + xpipe::Linear<64, 10>::macs;
+  static std::vector<ConvUse> convs() {
+    return {conv_use<Stem>(1, false),        conv_use<rn::Conv3<16, 28>>(6),
+            conv_use<Projection<16, 28>>(1), conv_use<Halve<16, 28>>(1),
+            conv_use<rn::Conv3<32, 14>>(5),  conv_use<Projection<32, 14>>(1),
+            conv_use<Halve<32, 14>>(1),      conv_use<rn::Conv3<64, 7>>(5)};
+  }
+  static std::vector<LinearUse> linears() { return {{64, 10, true}}; }
+};
+
+namespace vgg = xpipe::models::vgg;
+struct VggLayers {
+  using Model = vgg::K1;
+  static constexpr double macs = vgg::C1::macs + vgg::C2::macs + vgg::C3::macs + vgg::C4::macs +
+                                 vgg::FC1::macs + vgg::FC2::macs;
+  static std::vector<ConvUse> convs() {
+    return {conv_use<vgg::C1>(1, false), conv_use<vgg::C2>(1), conv_use<vgg::C3>(1),
+            conv_use<vgg::C4>(1)};
+  }
+  static std::vector<LinearUse> linears() {
+    return {{vgg::FC1::in_width, vgg::FC1::out_width, true},
+            {vgg::FC2::in_width, vgg::FC2::out_width, true}};
+  }
+};
+
+// Seconds of a CNN's step's convolutions at oneDNN's primitives alone (bench::
+// conv_primitives_seconds: the faster of its direct and its best kernels, per layer) and its
+// fully connected layers' GEMMs at raw dnnl_sgemm speed: the step's convolution-primitive
+// bound. BatchNorm, pooling, ReLU, the residual sums, the loss and the optimizer are outside it.
+template <class Layers>
+double cnn_bound_seconds(int threads) {
+  double s = 0;
+  for (const ConvUse& c : Layers::convs())
+    s += c.count * bench::conv_primitives_seconds(c.geometry, threads, c.data);
+  for (const LinearUse& l : Layers::linears())
+    s += linear_gemm_seconds(l.in, l.out, batch, threads, l.data);
+  return s;
+}
+
+// The sequential training step of a CNN (batch 128 of random 28x28 images, Adam) against its
+// convolution-primitive bound.
+template <class Layers>
+void BM_CnnStep(benchmark::State& st) {
+  using Model = typename Layers::Model;
+  static_assert(Layers::macs == Model::macs,
+                "bench_train: the layers listed for the CNN's bound are not the model's (their "
+                "multiply-adds differ): list every convolution and linear layer it runs");
+  const int threads = static_cast<int>(st.range(0));
+  const xpipe::HostContext ctx{.threads = threads};
+  xpipe::ScopedFlushDenormals ftz;
+  xpipe::SequentialTrainer<Model, xpipe::Adam> trainer(xpipe::Adam{}, batch, 1);
+  xpipe::HostBuffer<float> x(batch * Model::in_width);
+  xpipe::HostBuffer<std::int32_t> y(batch);
+  xpipe::Rng rng{2};
+  for (float& v : x) v = rng.uniform(0.f, 1.f);
+  for (auto& v : y) v = static_cast<std::int32_t>(rng.below(10));
+  for (auto _ : st)
+    benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), batch, Model::in_width}, y.data()));
+  const double iters = static_cast<double>(st.iterations());
+  st.counters["samples/s"] = benchmark::Counter(iters * batch, benchmark::Counter::kIsRate);
+  const double bound = cnn_bound_seconds<Layers>(threads);
+  st.counters["vs_conv_bound"] = benchmark::Counter(iters * bound, benchmark::Counter::kIsRate);
+  st.counters["conv_bound_samples/s"] = batch / bound;
+}
+
 // 1 and 2 threads, wall-clock time, in ms.
 void thread_counts(benchmark::internal::Benchmark* b) {
   b->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -135,5 +242,7 @@ BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlp, xpipe::Adam, false)
     ->Apply(thread_counts);
 BENCHMARK_TEMPLATE(BM_TrainStep, xpipe::models::FashionMlpFused)->Apply(thread_counts);
 BENCHMARK(BM_GptStep)->Apply(thread_counts);
+BENCHMARK_TEMPLATE(BM_CnnStep, ResNetLayers)->Apply(thread_counts);
+BENCHMARK_TEMPLATE(BM_CnnStep, VggLayers)->Apply(thread_counts);
 
 BENCHMARK_MAIN();
