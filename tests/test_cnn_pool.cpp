@@ -217,6 +217,54 @@ TEST_CASE("A NaN in a max-pooling window reaches the output", "[pool]") {
   require_equal(dx, {0, 1, 0, 0});
 }
 
+TEST_CASE("Max pooling over 20 channels: each channel keeps its own winner, ties and NaNs",
+          "[pool]") {
+  // 2x2 windows in scan order a, b, c, d, worked by hand: the pattern, the winning cell and the
+  // maximum (the last NaN wins a window that holds one). The host scans a cell's channels in
+  // blocks of 16, so 20 channels take a whole block and a part of one.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Pattern {
+    std::array<float, 4> cells;
+    int winner;
+    float max;
+  };
+  const std::array<Pattern, 6> patterns{{{{1, 2, 3, 4}, 3, 4},
+                                         {{7, 7, 7, 7}, 0, 7},
+                                         {{3, 0, 3, -1}, 0, 3},
+                                         {{1, nan, 3, nan}, 3, nan},
+                                         {{-1, -2, -3, -4}, 0, -1},
+                                         {{0, 5, 5, 1}, 1, 5}}};
+  constexpr int channels = 20;
+  using Max = xpipe::MaxPool2d<Shape<channels, 2, 4>, 2>;  // two windows side by side
+  std::vector<float> x(Max::in_width), dy(Max::out_width);
+  std::vector<float> want_dx(Max::in_width, 0.f);
+  const auto pattern_of = [&](int window, int ch) { return patterns[(ch + 3 * window) % 6]; };
+  for (int window = 0; window < 2; ++window)
+    for (int ch = 0; ch < channels; ++ch) {
+      const Pattern& pat = pattern_of(window, ch);
+      const float d = static_cast<float>(1 + ch + 100 * window);
+      dy[static_cast<std::size_t>(window * channels + ch)] = d;
+      for (int cell = 0; cell < 4; ++cell) {
+        const int y = cell / 2, xx = 2 * window + cell % 2;
+        const auto at = static_cast<std::size_t>(xpipe::image_index(channels, 4, ch, y, xx));
+        x[at] = pat.cells[static_cast<std::size_t>(cell)];
+        if (cell == pat.winner) want_dx[at] = d;
+      }
+    }
+  const auto [y, dx] = run_layer<Max>(x, dy, 1);
+  for (int window = 0; window < 2; ++window)
+    for (int ch = 0; ch < channels; ++ch) {
+      INFO("window " << window << ", channel " << ch);
+      const float want = pattern_of(window, ch).max,
+                  got = y[static_cast<std::size_t>(window * channels + ch)];
+      if (std::isnan(want))
+        REQUIRE(std::isnan(got));
+      else
+        REQUIRE(got == want);
+    }
+  require_equal(dx, want_dx);
+}
+
 TEST_CASE("GlobalAvgPool averages each channel, by hand", "[pool]") {
   using G = xpipe::GlobalAvgPool<Shape<2, 2, 3>>;
   // Channels-last: channel 0 holds 1..6, channel 1 holds 10..60, pixel by pixel side by side.

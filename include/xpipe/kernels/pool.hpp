@@ -2,6 +2,9 @@
 // function objects and the launchers, written once for the host loop and the CUDA kernels.
 #pragma once
 
+#include <type_traits>
+
+#include "xpipe/backend/host.hpp"
 #include "xpipe/core/config.hpp"
 #include "xpipe/core/conv_geometry.hpp"
 #include "xpipe/core/shape.hpp"  // image_index, image_place
@@ -61,12 +64,25 @@ XPIPE_HOST_DEVICE PoolSpan pool_windows_over(int i, int k, int stride, int pad, 
   return {first, last < out ? last : out};
 }
 
-//! Where the maximum of window (ch, oy, ox) lies, as an index into one input image: the first
-//! maximum in row-major scan order, or the last NaN when the window holds one (PyTorch's rule).
-//! Padding cells never win: they stand for -infinity, and with pad <= k / 2 every window holds
-//! at least one input cell, so the scan need only visit those.
-XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int ch, int oy,
-                                      int ox) {
+//! Whether a window's scan, holding `best`, takes the next cell's value v instead. Strictly
+//! greater keeps the first of equal maxima; v != v lets a NaN through, so a diverged input
+//! reaches the loss check instead of vanishing behind a finite neighbour.
+XPIPE_HOST_DEVICE bool max_pool_takes(float v, float best) {
+  return v > best || v != v;
+}
+
+//! The maximum of one window and where it lies, as an index into one input image.
+struct PoolMax {
+  float value;
+  int at;
+};
+
+//! The maximum of window (ch, oy, ox) and where it lies: the first maximum in row-major scan
+//! order, or the last NaN when the window holds one (PyTorch's rule). Padding cells never win:
+//! they stand for -infinity, and with pad <= k / 2 every window holds at least one input cell,
+//! so the scan need only visit those.
+XPIPE_HOST_DEVICE PoolMax max_pool_max(const float* x, const PoolGeometry& g, int ch, int oy,
+                                       int ox) {
   const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
   const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
   int best = static_cast<int>(image_index(g.c, g.w, ch, ys.begin, xs.begin));
@@ -75,20 +91,18 @@ XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int
     for (int xx = xs.begin; xx < xs.end; ++xx) {
       const int at = static_cast<int>(image_index(g.c, g.w, ch, y, xx));
       const float v = x[at];
-      // Strictly greater keeps the first of equal maxima; v != v lets a NaN through, so a
-      // diverged input reaches the loss check instead of vanishing behind a finite neighbour.
-      if (v > best_value || v != v) {
+      if (max_pool_takes(v, best_value)) {
         best_value = v;
         best = at;
       }
     }
-  return best;
+  return {best_value, best};
 }
 
-//! Output element o (channels-last: row, then column, then channel) of max pooling one image x.
-XPIPE_HOST_DEVICE float max_pool_output(const float* x, const PoolGeometry& g, int o) {
-  const ImagePlace at = image_place(o, g.c, g.ow);
-  return x[max_pool_argmax(x, g, at.ch, at.y, at.x)];
+//! Where the maximum of window (ch, oy, ox) lies (max_pool_max), as an index into one image.
+XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int ch, int oy,
+                                      int ox) {
+  return max_pool_max(x, g, ch, oy, ox).at;
 }
 
 //! The gradient of input element i of one image: the sum of dy over the windows holding i
@@ -154,34 +168,39 @@ XPIPE_HOST_DEVICE float global_avg_pool_input_grad(const float* dy, int channels
 //! output element (forward) or one input element (backward).
 namespace ops {
 
-//! y(r, o) = the maximum of window o of image r.
+//! y(r, p, ch) = the maximum of channel ch over window p of image r (the output pixel p, at row
+//! p / ow and column p % ow): for for_each_pixel, the channels innermost, where the window's
+//! cells of consecutive channels lie next to each other.
 struct MaxPoolForward {
   ConstMatrix x;
   Matrix y;
   PoolGeometry g;
-  XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
-    y(r, o) = math::max_pool_output(x.row(r), g, static_cast<int>(o));
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t ch) const {
+    const int pixel = static_cast<int>(p);
+    y.row(r)[p * g.c + ch] =
+        math::max_pool_max(x.row(r), g, static_cast<int>(ch), pixel / g.ow, pixel % g.ow).value;
   }
 };
 
-//! Where windows do not overlap (stride >= k): window o of image r writes its k x k cells of dx,
-//! dy(r, o) at its maximum and 0 elsewhere. Each cell belongs to one window at most, so no two
-//! calls write one place, and per window the index arithmetic is done once instead of per cell.
+//! Where windows do not overlap (stride >= k): channel ch of window p of image r writes its k x
+//! k cells of dx, dy at its maximum and 0 elsewhere. Each cell belongs to one window at most, so
+//! no two calls write one place (what for_each_pixel asks), and the index arithmetic is done once
+//! per window and channel instead of per cell.
 struct MaxPoolBackwardDisjoint {
   ConstMatrix x, dy;
   Matrix dx;
   PoolGeometry g;
-  XPIPE_HOST_DEVICE void operator()(index_t r, index_t o) const {
-    const ImagePlace w = image_place(static_cast<int>(o), g.c, g.ow);
-    const float* image = x.row(r);
-    const int best = math::max_pool_argmax(image, g, w.ch, w.y, w.x);
-    const math::PoolSpan ys = math::pool_window_cells(w.y, g.k, g.stride, g.pad, g.h);
-    const math::PoolSpan xs = math::pool_window_cells(w.x, g.k, g.stride, g.pad, g.w);
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t ch) const {
+    const int pixel = static_cast<int>(p), oy = pixel / g.ow, ox = pixel % g.ow;
+    const int c = static_cast<int>(ch);
+    const int best = math::max_pool_max(x.row(r), g, c, oy, ox).at;
+    const math::PoolSpan ys = math::pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
+    const math::PoolSpan xs = math::pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
     float* out = dx.row(r);
-    const float d = dy(r, o);
+    const float d = dy.row(r)[p * g.c + ch];
     for (int y = ys.begin; y < ys.end; ++y)
       for (int xx = xs.begin; xx < xs.end; ++xx) {
-        const int at = static_cast<int>(image_index(g.c, g.w, w.ch, y, xx));
+        const int at = static_cast<int>(image_index(g.c, g.w, c, y, xx));
         out[at] = at == best ? d : 0.f;
       }
   }
@@ -251,12 +270,98 @@ struct GlobalAvgPoolBackward {
 // rows x g.out_floats() (global pooling: rows x channels * plane and rows x channels). The layers
 // of layers/pool.hpp check them and throw a ShapeError naming themselves.
 
-//! y = k x k max pooling of each row of x (one channels-last image per row).
-//! Usage: `max_pool_forward(ctx, pool_geometry(3, 6, 6, 2, 2, 0), x, y);`
+//! y = k x k max pooling of each row of x (one channels-last image per row): one thread per
+//! output element on a device. Usage: `max_pool_forward(ctx, pool_geometry(3, 6, 6, 2, 2, 0), x,
+//! y);`
 template <class Ctx>
-void max_pool_forward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix x, Matrix y) {
-  for_each_element(ctx, y.rows, y.cols, ops::MaxPoolForward{x, y, g});
+requires(!std::is_base_of_v<HostContext, Ctx>) void max_pool_forward(const Ctx& ctx,
+                                                                     const PoolGeometry& g,
+                                                                     ConstMatrix x, Matrix y) {
+  for_each_pixel(ctx, y.rows, static_cast<index_t>(g.oh) * g.ow, g.c, ops::MaxPoolForward{x, y, g});
 }
+
+//! The forward on the host: per output pixel, the window's cells in row-major order with the
+//! channels innermost, where they vectorise (a cell's channels lie next to each other), each
+//! cell taken or not by math::max_pool_takes as the device's scan per element takes it: the same
+//! bits, at memory speed where the scan per element ran at a tenth of it (branches the CPU could
+//! not predict). Pixels are spread over ctx.threads.
+inline void max_pool_forward(const HostContext& ctx, const PoolGeometry& g, ConstMatrix x,
+                             Matrix y) {
+  const index_t pixels = static_cast<index_t>(g.oh) * g.ow;
+  for_each_index(ctx, y.rows * pixels, y.rows * y.cols, [=](index_t i) {
+    const index_t r = i / pixels;
+    const int p = static_cast<int>(i - r * pixels), channels = g.c;
+    const math::PoolSpan ys = math::pool_window_cells(p / g.ow, g.k, g.stride, g.pad, g.h);
+    const math::PoolSpan xs = math::pool_window_cells(p % g.ow, g.k, g.stride, g.pad, g.w);
+    const float* image = x.row(r);
+    float* XPIPE_RESTRICT out = y.row(r) + static_cast<index_t>(p) * channels;
+    const float* first = image + image_index(channels, g.w, 0, ys.begin, xs.begin);
+    XPIPE_INDEPENDENT_ITERATIONS
+    for (int ch = 0; ch < channels; ++ch) out[ch] = first[ch];
+    for (int cy = ys.begin; cy < ys.end; ++cy)
+      for (int cx = xs.begin; cx < xs.end; ++cx) {
+        const float* cell = image + image_index(channels, g.w, 0, cy, cx);
+        XPIPE_INDEPENDENT_ITERATIONS
+        for (int ch = 0; ch < channels; ++ch)
+          out[ch] = math::max_pool_takes(cell[ch], out[ch]) ? cell[ch] : out[ch];
+      }
+  });
+}
+
+namespace detail {
+// The scatter of max pooling's backward over disjoint windows: one thread per (window, channel)
+// on a device (ops::MaxPoolBackwardDisjoint).
+template <class Ctx>
+requires(!std::is_base_of_v<HostContext, Ctx>) void max_pool_scatter(const Ctx& ctx,
+                                                                     const PoolGeometry& g,
+                                                                     ConstMatrix x, ConstMatrix dy,
+                                                                     Matrix dx) {
+  for_each_pixel(ctx, dy.rows, static_cast<index_t>(g.oh) * g.ow, g.c,
+                 ops::MaxPoolBackwardDisjoint{x, dy, dx, g});
+}
+
+// On the host, per window and block of 16 channels: the scan of max_pool_forward (host) keeping
+// which cell won each channel, then each cell written, dy where it won and 0 elsewhere, the
+// channels innermost. The winners are those of math::max_pool_max: the same bits.
+inline void max_pool_scatter(const HostContext& ctx, const PoolGeometry& g, ConstMatrix x,
+                             ConstMatrix dy, Matrix dx) {
+  constexpr int lanes = 16;
+  const index_t pixels = static_cast<index_t>(g.oh) * g.ow;
+  for_each_index(ctx, dy.rows * pixels, dx.rows * dx.cols, [=](index_t i) {
+    const index_t r = i / pixels;
+    const int p = static_cast<int>(i - r * pixels), channels = g.c;
+    const math::PoolSpan ys = math::pool_window_cells(p / g.ow, g.k, g.stride, g.pad, g.h);
+    const math::PoolSpan xs = math::pool_window_cells(p % g.ow, g.k, g.stride, g.pad, g.w);
+    const float* image = x.row(r);
+    for (int c0 = 0; c0 < channels; c0 += lanes) {
+      const int n = channels - c0 < lanes ? channels - c0 : lanes;
+      float best[lanes];
+      int won[lanes];  // the winning cell, numbered in scan order
+      const float* first = image + image_index(channels, g.w, c0, ys.begin, xs.begin);
+      for (int l = 0; l < n; ++l) best[l] = first[l], won[l] = 0;
+      int q = 0;
+      for (int cy = ys.begin; cy < ys.end; ++cy)
+        for (int cx = xs.begin; cx < xs.end; ++cx, ++q) {
+          const float* cell = image + image_index(channels, g.w, c0, cy, cx);
+          XPIPE_INDEPENDENT_ITERATIONS
+          for (int l = 0; l < n; ++l) {
+            const bool take = math::max_pool_takes(cell[l], best[l]);
+            best[l] = take ? cell[l] : best[l];
+            won[l] = take ? q : won[l];
+          }
+        }
+      const float* d = dy.row(r) + static_cast<index_t>(p) * channels + c0;
+      q = 0;
+      for (int cy = ys.begin; cy < ys.end; ++cy)
+        for (int cx = xs.begin; cx < xs.end; ++cx, ++q) {
+          float* XPIPE_RESTRICT out = dx.row(r) + image_index(channels, g.w, c0, cy, cx);
+          XPIPE_INDEPENDENT_ITERATIONS
+          for (int l = 0; l < n; ++l) out[l] = won[l] == q ? d[l] : 0.f;
+        }
+    }
+  });
+}
+}  // namespace detail
 
 //! dx = the input gradient of max pooling x, given the output gradient dy; dx may not alias dy.
 //! Usage: `max_pool_backward(ctx, g, x, dy, dx);`
@@ -267,7 +372,7 @@ void max_pool_backward(const Ctx& ctx, const PoolGeometry& g, ConstMatrix x, Con
     // Disjoint windows: a scatter per window (cells no window covers are zeroed first).
     const bool covered = g.pad == 0 && g.stride == g.k && g.h % g.k == 0 && g.w % g.k == 0;
     if (!covered) for_each_element(ctx, dx.rows, dx.cols, ops::ZeroFill{dx});
-    for_each_element(ctx, dy.rows, dy.cols, ops::MaxPoolBackwardDisjoint{x, dy, dx, g});
+    detail::max_pool_scatter(ctx, g, x, dy, dx);
     return;
   }
   for_each_element(ctx, dx.rows, dx.cols, ops::MaxPoolBackward{x, dy, dx, g});
