@@ -280,6 +280,22 @@ requires(!std::is_base_of_v<HostContext, Ctx>) void max_pool_forward(const Ctx& 
   for_each_pixel(ctx, y.rows, static_cast<index_t>(g.oh) * g.ow, g.c, ops::MaxPoolForward{x, y, g});
 }
 
+namespace detail {
+// Output pixel i of a pooling of rows of `pixels` output pixels each: its row, its pixel in the
+// row, and the input cells its window covers.
+struct PoolWindow {
+  index_t row;
+  int pixel;
+  math::PoolSpan ys, xs;
+};
+inline PoolWindow pool_window(const PoolGeometry& g, index_t pixels, index_t i) {
+  const index_t row = i / pixels;
+  const int pixel = static_cast<int>(i - row * pixels);
+  return {row, pixel, math::pool_window_cells(pixel / g.ow, g.k, g.stride, g.pad, g.h),
+          math::pool_window_cells(pixel % g.ow, g.k, g.stride, g.pad, g.w)};
+}
+}  // namespace detail
+
 //! The forward on the host: per output pixel, the window's cells in row-major order with the
 //! channels innermost, where they vectorise (a cell's channels lie next to each other), each
 //! cell taken or not by math::max_pool_takes as the device's scan per element takes it: the same
@@ -289,12 +305,11 @@ inline void max_pool_forward(const HostContext& ctx, const PoolGeometry& g, Cons
                              Matrix y) {
   const index_t pixels = static_cast<index_t>(g.oh) * g.ow;
   for_each_index(ctx, y.rows * pixels, y.rows * y.cols, [=](index_t i) {
-    const index_t r = i / pixels;
-    const int p = static_cast<int>(i - r * pixels), channels = g.c;
-    const math::PoolSpan ys = math::pool_window_cells(p / g.ow, g.k, g.stride, g.pad, g.h);
-    const math::PoolSpan xs = math::pool_window_cells(p % g.ow, g.k, g.stride, g.pad, g.w);
-    const float* image = x.row(r);
-    float* XPIPE_RESTRICT out = y.row(r) + static_cast<index_t>(p) * channels;
+    const detail::PoolWindow win = detail::pool_window(g, pixels, i);
+    const math::PoolSpan ys = win.ys, xs = win.xs;
+    const int channels = g.c;
+    const float* image = x.row(win.row);
+    float* XPIPE_RESTRICT out = y.row(win.row) + static_cast<index_t>(win.pixel) * channels;
     const float* first = image + image_index(channels, g.w, 0, ys.begin, xs.begin);
     XPIPE_INDEPENDENT_ITERATIONS
     for (int ch = 0; ch < channels; ++ch) out[ch] = first[ch];
@@ -328,10 +343,10 @@ inline void max_pool_scatter(const HostContext& ctx, const PoolGeometry& g, Cons
   constexpr int lanes = 16;
   const index_t pixels = static_cast<index_t>(g.oh) * g.ow;
   for_each_index(ctx, dy.rows * pixels, dx.rows * dx.cols, [=](index_t i) {
-    const index_t r = i / pixels;
-    const int p = static_cast<int>(i - r * pixels), channels = g.c;
-    const math::PoolSpan ys = math::pool_window_cells(p / g.ow, g.k, g.stride, g.pad, g.h);
-    const math::PoolSpan xs = math::pool_window_cells(p % g.ow, g.k, g.stride, g.pad, g.w);
+    const PoolWindow win = pool_window(g, pixels, i);
+    const math::PoolSpan ys = win.ys, xs = win.xs;
+    const index_t r = win.row;
+    const int p = win.pixel, channels = g.c;
     const float* image = x.row(r);
     for (int c0 = 0; c0 < channels; c0 += lanes) {
       const int n = channels - c0 < lanes ? channels - c0 : lanes;
