@@ -17,7 +17,7 @@
 // Winograd where it has it), the linear layers at raw dnnl_sgemm speed.
 #include <benchmark/benchmark.h>
 
-#include <vector>
+#include <cstdint>
 
 #include "baseline.hpp"
 #include "xpipe/models/resnet.hpp"
@@ -132,81 +132,67 @@ void BM_GptStep(benchmark::State& st) {
   st.counters["gemm_bound_tokens/s"] = tokens / bound;
 }
 
-// The convolutions and fully connected layers of a CNN's training step, for its bound: each
-// layer type with the number of times the network runs it and whether its input gradient is
-// computed (not for the network's first layer). `macs` must equal the model's (static_assert
-// below), so a layer added to the model and not here fails to compile.
-struct ConvUse {
-  xpipe::ConvGeometry geometry;
-  int count;
-  bool data;
+// The convolutions and fully connected layers of a CNN's training step, for its bound: Use<L,
+// n> is layer type L run n times a step, with its input gradient (not for the network's first
+// layer, whose input needs none). A layer added to the model or dropped from it changes the
+// model's multiply-adds, and the static_assert in BM_CnnStep then fails; one moved between two
+// shapes of equal multiply-adds (the ResNet's 3x3 layers at 16, 32 and 64 channels) would not.
+template <class L, int Count, bool Data = true>
+struct Use {
+  using layer = L;
+  static constexpr int count = Count;
+  static constexpr bool data = Data;
 };
-struct LinearUse {
-  long in, out;
-  bool data;
+template <class... Uses>
+struct Layers {
+  static constexpr double macs = (0.0 + ... + (Uses::count * Uses::layer::macs));
 };
-template <class L>
-ConvUse conv_use(int count, bool data = true) {
-  return {L::geometry(batch), count, data};
-}
 
 namespace rn = xpipe::models::resnet;
 struct ResNetLayers {
   using Model = rn::K1;
-  using Stem = xpipe::Conv2d<rn::Image<1, 28>, 16, 3, rn::keep>;
-  template <int C, int S>
-  using Projection =
-      xpipe::Conv2d<rn::Image<C, S>, 2 * C, 1, xpipe::ConvOptions{.stride = 2, .bias = false}>;
-  template <int C, int S>
-  using Halve = xpipe::Conv2d<rn::Image<C, S>, 2 * C, 3, rn::halve>;
-  static constexpr double macs =
-      Stem::macs + 6 * rn::Conv3<16, 28>::macs + Projection<16, 28>::macs + Halve<16, 28>::macs +
-      5 * rn::Conv3<32, 14>::macs + Projection<32, 14>::macs + Halve<32, 14>::macs +
-      5 * rn::Conv3<64, 7>::macs + xpipe::Linear<64, 10>::macs;
-  static std::vector<ConvUse> convs() {
-    return {conv_use<Stem>(1, false),        conv_use<rn::Conv3<16, 28>>(6),
-            conv_use<Projection<16, 28>>(1), conv_use<Halve<16, 28>>(1),
-            conv_use<rn::Conv3<32, 14>>(5),  conv_use<Projection<32, 14>>(1),
-            conv_use<Halve<32, 14>>(1),      conv_use<rn::Conv3<64, 7>>(5)};
-  }
-  static std::vector<LinearUse> linears() { return {{64, 10, true}}; }
+  using Convs =
+      Layers<Use<rn::StemConv, 1, false>, Use<rn::Conv3<16, 28>, 6>, Use<rn::Projection<16, 28>, 1>,
+             Use<rn::Halve<16, 28>, 1>, Use<rn::Conv3<32, 14>, 5>, Use<rn::Projection<32, 14>, 1>,
+             Use<rn::Halve<32, 14>, 1>, Use<rn::Conv3<64, 7>, 5>>;
+  using Linears = Layers<Use<xpipe::Linear<64, 10>, 1>>;
 };
 
 namespace vgg = xpipe::models::vgg;
 struct VggLayers {
   using Model = vgg::K1;
-  static constexpr double macs = vgg::C1::macs + vgg::C2::macs + vgg::C3::macs + vgg::C4::macs +
-                                 vgg::FC1::macs + vgg::FC2::macs;
-  static std::vector<ConvUse> convs() {
-    return {conv_use<vgg::C1>(1, false), conv_use<vgg::C2>(1), conv_use<vgg::C3>(1),
-            conv_use<vgg::C4>(1)};
-  }
-  static std::vector<LinearUse> linears() {
-    return {{vgg::FC1::in_width, vgg::FC1::out_width, true},
-            {vgg::FC2::in_width, vgg::FC2::out_width, true}};
-  }
+  using Convs = Layers<Use<vgg::C1, 1, false>, Use<vgg::C2, 1>, Use<vgg::C3, 1>, Use<vgg::C4, 1>>;
+  using Linears = Layers<Use<vgg::FC1, 1>, Use<vgg::FC2, 1>>;
 };
+
+template <class... U>
+double conv_seconds(Layers<U...>, int threads) {
+  return (0.0 + ... +
+          (U::count * bench::conv_primitives_seconds(U::layer::geometry(batch), threads, U::data)));
+}
+template <class... U>
+double linear_seconds(Layers<U...>, int threads) {
+  return (0.0 + ... +
+          (U::count *
+           linear_gemm_seconds(U::layer::in_width, U::layer::out_width, batch, threads, U::data)));
+}
 
 // Seconds of a CNN's step's convolutions at oneDNN's primitives alone (bench::
 // conv_primitives_seconds: the faster of its direct and its best kernels, per layer) and its
 // fully connected layers' GEMMs at raw dnnl_sgemm speed: the step's convolution-primitive
 // bound. BatchNorm, pooling, ReLU, the residual sums, the loss and the optimizer are outside it.
-template <class Layers>
+template <class Net>
 double cnn_bound_seconds(int threads) {
-  double s = 0;
-  for (const ConvUse& c : Layers::convs())
-    s += c.count * bench::conv_primitives_seconds(c.geometry, threads, c.data);
-  for (const LinearUse& l : Layers::linears())
-    s += linear_gemm_seconds(l.in, l.out, batch, threads, l.data);
-  return s;
+  return conv_seconds(typename Net::Convs{}, threads) +
+         linear_seconds(typename Net::Linears{}, threads);
 }
 
 // The sequential training step of a CNN (batch 128 of random 28x28 images, Adam) against its
 // convolution-primitive bound.
-template <class Layers>
+template <class Net>
 void BM_CnnStep(benchmark::State& st) {
-  using Model = typename Layers::Model;
-  static_assert(Layers::macs == Model::macs,
+  using Model = typename Net::Model;
+  static_assert(Net::Convs::macs + Net::Linears::macs == Model::macs,
                 "bench_train: the layers listed for the CNN's bound are not the model's (their "
                 "multiply-adds differ): list every convolution and linear layer it runs");
   const int threads = static_cast<int>(st.range(0));
@@ -222,7 +208,7 @@ void BM_CnnStep(benchmark::State& st) {
     benchmark::DoNotOptimize(trainer.train_step(ctx, {x.data(), batch, Model::in_width}, y.data()));
   const double iters = static_cast<double>(st.iterations());
   st.counters["samples/s"] = benchmark::Counter(iters * batch, benchmark::Counter::kIsRate);
-  const double bound = cnn_bound_seconds<Layers>(threads);
+  const double bound = cnn_bound_seconds<Net>(threads);
   st.counters["vs_conv_bound"] = benchmark::Counter(iters * bound, benchmark::Counter::kIsRate);
   st.counters["conv_bound_samples/s"] = batch / bound;
 }

@@ -3,6 +3,8 @@
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -220,8 +222,8 @@ TEST_CASE("A NaN in a max-pooling window reaches the output", "[pool]") {
 TEST_CASE("Max pooling over 20 channels: each channel keeps its own winner, ties and NaNs",
           "[pool]") {
   // 2x2 windows in scan order a, b, c, d, worked by hand: the pattern, the winning cell and the
-  // maximum (the last NaN wins a window that holds one). The host scans a cell's channels in
-  // blocks of 16, so 20 channels take a whole block and a part of one.
+  // maximum (the last NaN wins a window that holds one). The host's scatter takes a cell's
+  // channels in blocks of 16, so 20 channels take a whole block and a part of one.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   struct Pattern {
     std::array<float, 4> cells;
@@ -263,6 +265,46 @@ TEST_CASE("Max pooling over 20 channels: each channel keeps its own winner, ties
         REQUIRE(got == want);
     }
   require_equal(dx, want_dx);
+}
+
+TEST_CASE("Max pooling's device functors, run by the host's pixel loop, give the host's bits",
+          "[pool]") {
+  // A device runs ops::MaxPoolForward and ops::MaxPoolBackwardDisjoint, one thread per element
+  // and channel; the host runs loops of its own. Here the host's for_each_pixel runs the
+  // functors, and both must give the same bits: values from {-1, 0, 1, 2} (ties everywhere) with
+  // NaNs here and there, few and many channels, windows cut by padding, stride above the kernel.
+  const auto check = [](const xpipe::PoolGeometry& g, index_t rows, std::uint64_t seed) {
+    INFO("pooling " << g.c << "x" << g.h << "x" << g.w << ", k " << g.k << ", stride " << g.stride
+                    << ", pad " << g.pad);
+    const HostContext ctx{};
+    xpipe::Rng rng{seed};
+    std::vector<float> x(static_cast<std::size_t>(rows * g.in_floats()));
+    for (float& v : x)
+      v = rng.below(50) == 0 ? std::numeric_limits<float>::quiet_NaN()
+                             : static_cast<float>(rng.below(4)) - 1.f;
+    std::vector<float> dy(static_cast<std::size_t>(rows * g.out_floats()));
+    for (float& v : dy) v = rng.uniform(-1.f, 1.f);
+    const ConstMatrix xv{x.data(), rows, g.in_floats()}, dyv{dy.data(), rows, g.out_floats()};
+    std::vector<float> y_host(dy.size()), y_device(dy.size());
+    xpipe::max_pool_forward(ctx, g, xv, Matrix{y_host.data(), rows, g.out_floats()});
+    xpipe::for_each_pixel(
+        ctx, rows, static_cast<index_t>(g.oh) * g.ow, g.c,
+        xpipe::ops::MaxPoolForward{xv, Matrix{y_device.data(), rows, g.out_floats()}, g});
+    REQUIRE(std::memcmp(y_host.data(), y_device.data(), y_host.size() * sizeof(float)) == 0);
+    if (g.stride < g.k) return;  // overlapping windows: the gather, the same code on both
+    std::vector<float> dx_host(x.size(), -1.f), dx_device(x.size(), 0.f);
+    xpipe::max_pool_backward(ctx, g, xv, dyv, Matrix{dx_host.data(), rows, g.in_floats()});
+    xpipe::for_each_pixel(ctx, rows, static_cast<index_t>(g.oh) * g.ow, g.c,
+                          xpipe::ops::MaxPoolBackwardDisjoint{
+                              xv, dyv, Matrix{dx_device.data(), rows, g.in_floats()}, g});
+    REQUIRE(std::memcmp(dx_host.data(), dx_device.data(), dx_host.size() * sizeof(float)) == 0);
+  };
+  check(xpipe::pool_geometry(3, 6, 6, 2, 2, 0), 4, 1);
+  check(xpipe::pool_geometry(20, 7, 7, 2, 2, 0), 4, 2);  // the last row and column uncovered
+  check(xpipe::pool_geometry(20, 7, 7, 3, 3, 1), 3, 3);  // windows cut by padding
+  check(xpipe::pool_geometry(17, 9, 9, 2, 3, 0), 3, 4);  // stride 3 over 2x2 windows
+  check(xpipe::pool_geometry(33, 8, 8, 4, 4, 2), 2, 5);  // 2 blocks of 16 and 1 channel
+  check(xpipe::pool_geometry(5, 6, 6, 3, 2, 1), 2, 6);   // overlapping: the forward
 }
 
 TEST_CASE("GlobalAvgPool averages each channel, by hand", "[pool]") {

@@ -203,11 +203,11 @@ void for_each_element(const HostContext& ctx, index_t rows, index_t cols, const 
 //! Calls f(r, p, c) for channel c of pixel p of each of `rows` channels-last image rows of
 //! `plane` pixels: rows split over the threads, the channel loop innermost, where it vectorises
 //! over the channels' contiguous values. f may write only element (r, p, c) of its outputs (in
-//! place is fine), or places that no other call reads or writes (a pooling window's cells), and
-//! must read its per-channel arrays unchanged: the loop promises the compiler
-//! that no iteration depends on another, so a pixel's 16 to 64 channels run without the division
-//! and the run-time alias checks that made a BatchNorm pass run at half a triad's speed. Usage:
-//! `for_each_pixel(ctx, x.rows, plane, channels, ops::BatchNormForward{...});`
+//! place is fine) or places no other call reads or writes (ops::MaxPoolBackwardDisjoint's
+//! window cells), and must read its per-channel arrays unchanged: the loop promises the
+//! compiler that no iteration depends on another, so a pixel's 16 to 64 channels run without the
+//! division and the run-time alias checks that made a BatchNorm pass run at half a triad's
+//! speed. Usage: `for_each_pixel(ctx, x.rows, plane, channels, ops::BatchNormForward{...});`
 template <class F>
 void for_each_pixel(const HostContext& ctx, index_t rows, index_t plane, index_t channels,
                     const F& f) {

@@ -10,11 +10,14 @@
 #include "xpipe/core/shape.hpp"  // image_index, image_place
 #include "xpipe/core/tensor.hpp"
 
-// As in kernels/ops.hpp, the element loop each launcher calls (for_each_element) is found by
-// argument-dependent lookup on the context: backend/host.hpp's for a HostContext, the CUDA
-// kernels' (backend/cuda.cuh) for a CudaContext. Every backward is a gather, one input element
-// per call summing the output windows that hold it in a fixed order: no atomics, and bits that do
-// not depend on the thread count or the order in which a GPU runs its threads.
+// As in kernels/ops.hpp, the element loop each launcher calls (for_each_element, for_each_pixel)
+// is found by argument-dependent lookup on the context: backend/host.hpp's for a HostContext, the
+// CUDA kernels' (backend/cuda.cuh) for a CudaContext. Max pooling alone has loops of its own on
+// the host (a pixel at a time, the channels innermost), deciding each cell by the same rule
+// (math::max_pool_takes) as the device's functors. Every backward is a gather, one input
+// element per call summing the output windows that hold it in a fixed order, but for max pooling
+// over disjoint windows, a scatter that writes each cell once: no atomics, and bits that do not
+// depend on the thread count or the order in which a GPU runs its threads.
 
 namespace xpipe {
 
@@ -81,7 +84,7 @@ struct PoolMax {
 //! order, or the last NaN when the window holds one (PyTorch's rule). Padding cells never win:
 //! they stand for -infinity, and with pad <= k / 2 every window holds at least one input cell,
 //! so the scan need only visit those.
-XPIPE_HOST_DEVICE PoolMax max_pool_max(const float* x, const PoolGeometry& g, int ch, int oy,
+XPIPE_HOST_DEVICE PoolMax max_pool_winner(const float* x, const PoolGeometry& g, int ch, int oy,
                                        int ox) {
   const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
   const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
@@ -99,10 +102,10 @@ XPIPE_HOST_DEVICE PoolMax max_pool_max(const float* x, const PoolGeometry& g, in
   return {best_value, best};
 }
 
-//! Where the maximum of window (ch, oy, ox) lies (max_pool_max), as an index into one image.
+//! Where the maximum of window (ch, oy, ox) lies (max_pool_winner), as an index into one image.
 XPIPE_HOST_DEVICE int max_pool_argmax(const float* x, const PoolGeometry& g, int ch, int oy,
                                       int ox) {
-  return max_pool_max(x, g, ch, oy, ox).at;
+  return max_pool_winner(x, g, ch, oy, ox).at;
 }
 
 //! The gradient of input element i of one image: the sum of dy over the windows holding i
@@ -178,7 +181,7 @@ struct MaxPoolForward {
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t ch) const {
     const int pixel = static_cast<int>(p);
     y.row(r)[p * g.c + ch] =
-        math::max_pool_max(x.row(r), g, static_cast<int>(ch), pixel / g.ow, pixel % g.ow).value;
+        math::max_pool_winner(x.row(r), g, static_cast<int>(ch), pixel / g.ow, pixel % g.ow).value;
   }
 };
 
@@ -193,7 +196,7 @@ struct MaxPoolBackwardDisjoint {
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t ch) const {
     const int pixel = static_cast<int>(p), oy = pixel / g.ow, ox = pixel % g.ow;
     const int c = static_cast<int>(ch);
-    const int best = math::max_pool_max(x.row(r), g, c, oy, ox).at;
+    const int best = math::max_pool_winner(x.row(r), g, c, oy, ox).at;
     const math::PoolSpan ys = math::pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
     const math::PoolSpan xs = math::pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
     float* out = dx.row(r);
@@ -271,8 +274,8 @@ struct GlobalAvgPoolBackward {
 // of layers/pool.hpp check them and throw a ShapeError naming themselves.
 
 //! y = k x k max pooling of each row of x (one channels-last image per row): one thread per
-//! output element on a device. Usage: `max_pool_forward(ctx, pool_geometry(3, 6, 6, 2, 2, 0), x,
-//! y);`
+//! output element on a device.
+//! Usage: `max_pool_forward(cuda_ctx, pool_geometry(3, 6, 6, 2, 2, 0), x, y);`
 template <class Ctx>
 requires(!std::is_base_of_v<HostContext, Ctx>) void max_pool_forward(const Ctx& ctx,
                                                                      const PoolGeometry& g,
@@ -301,6 +304,7 @@ inline PoolWindow pool_window(const PoolGeometry& g, index_t pixels, index_t i) 
 //! cell taken or not by math::max_pool_takes as the device's scan per element takes it: the same
 //! bits, at memory speed where the scan per element ran at a tenth of it (branches the CPU could
 //! not predict). Pixels are spread over ctx.threads.
+//! Usage: `max_pool_forward(HostContext{}, pool_geometry(3, 6, 6, 2, 2, 0), x, y);`
 inline void max_pool_forward(const HostContext& ctx, const PoolGeometry& g, ConstMatrix x,
                              Matrix y) {
   const index_t pixels = static_cast<index_t>(g.oh) * g.ow;
@@ -337,7 +341,7 @@ requires(!std::is_base_of_v<HostContext, Ctx>) void max_pool_scatter(const Ctx& 
 
 // On the host, per window and block of 16 channels: the scan of max_pool_forward (host) keeping
 // which cell won each channel, then each cell written, dy where it won and 0 elsewhere, the
-// channels innermost. The winners are those of math::max_pool_max: the same bits.
+// channels innermost. The winners are those of math::max_pool_winner: the same bits.
 inline void max_pool_scatter(const HostContext& ctx, const PoolGeometry& g, ConstMatrix x,
                              ConstMatrix dy, Matrix dx) {
   constexpr int lanes = 16;

@@ -36,17 +36,23 @@ using BNReLU = BatchNormAct<Image<C, S>, ReLU>;
 //! into the sum (the bits and initial weights of `Residual<...>, ReLU`).
 template <int C, int S>
 using Basic = ResidualAct<ReLU, Conv3<C, S>, BNReLU<C, S>, Conv3<C, S>, BN<C, S>>;
+//! The strided block's two convolutions on C channels of S x S, to 2C of S/2: the shortcut's 1x1
+//! projection and the main path's first 3x3.
+template <int C, int S>
+using Projection = Conv2d<Image<C, S>, 2 * C, 1, ConvOptions{.stride = 2, .bias = false}>;
+template <int C, int S>
+using Halve = Conv2d<Image<C, S>, 2 * C, 3, halve>;
 //! The first block of the next group: C -> 2C channels, S -> S/2, the shortcut a strided 1x1
 //! convolution and its BatchNorm; the ReLU after the sum fused, as in Basic.
 template <int C, int S>
-using Strided = ProjectedResidualAct<
-    ReLU,
-    Stage<Conv2d<Image<C, S>, 2 * C, 1, ConvOptions{.stride = 2, .bias = false}>, BN<2 * C, S / 2>>,
-    Conv2d<Image<C, S>, 2 * C, 3, halve>, BNReLU<2 * C, S / 2>, Conv3<2 * C, S / 2>,
-    BN<2 * C, S / 2>>;
+using Strided = ProjectedResidualAct<ReLU, Stage<Projection<C, S>, BN<2 * C, S / 2>>, Halve<C, S>,
+                                     BNReLU<2 * C, S / 2>, Conv3<2 * C, S / 2>, BN<2 * C, S / 2>>;
+
+//! The network's first convolution, 1 -> 16 channels.
+using StemConv = Conv2d<Image<1, 28>, 16, 3, keep>;
 
 // The stem, the blocks (each ending in its ReLU) and the head, in the order of the network.
-using Stem = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>>;
+using Stem = Stage<StemConv, BNReLU<16, 28>>;
 using B16 = Basic<16, 28>;
 using D32 = Strided<16, 28>;
 using B32 = Basic<32, 14>;
@@ -55,8 +61,8 @@ using B64 = Basic<64, 7>;
 using Head = Stage<GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 //! One stage (K = 1): 1x28x28 -> 10 logits; 0.27 M parameters, 31 M multiply-adds per image.
-using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B16, D32, B32, B32,
-                 D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
+using K1 = Stage<StemConv, BNReLU<16, 28>, B16, B16, B16, D32, B32, B32, D64, B64, B64,
+                 GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 
 // The splits below cut the network at the block boundaries that balance the measured busy time
 // per stage (`xpipe-plan profile --model resnet`: batch 128, M = 4, thread CPU time on a 2-core
@@ -67,16 +73,16 @@ using K1 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B1
 
 //! Two stages (K = 2): the stem, the 16-channel blocks and the first strided block, then the
 //! rest.
-using K2a = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16, B16, D32>;
+using K2a = Stage<StemConv, BNReLU<16, 28>, B16, B16, B16, D32>;
 using K2b = Stage<B32, B32, D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Four stages (K = 4).
-using A = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16, B16>;
+using A = Stage<StemConv, BNReLU<16, 28>, B16, B16>;
 using B = Stage<B16, D32>;
 using C = Stage<B32, B32>;
 using D = Stage<D64, B64, B64, GlobalAvgPool<Image<64, 7>>, Linear<64, 10>>;
 //! Eight stages (K = 8), in order E0, E1, E1, E2, E3, E3, E4, E5: a block each, the stem with
 //! the first block, the second strided block with the first 7x7 block, the head with the last.
-using E0 = Stage<Conv2d<Image<1, 28>, 16, 3, keep>, BNReLU<16, 28>, B16>;
+using E0 = Stage<StemConv, BNReLU<16, 28>, B16>;
 using E1 = Stage<B16>;
 using E2 = Stage<D32>;
 using E3 = Stage<B32>;
