@@ -85,7 +85,7 @@ struct PoolMax {
 //! they stand for -infinity, and with pad <= k / 2 every window holds at least one input cell,
 //! so the scan need only visit those.
 XPIPE_HOST_DEVICE PoolMax max_pool_winner(const float* x, const PoolGeometry& g, int ch, int oy,
-                                       int ox) {
+                                          int ox) {
   const PoolSpan ys = pool_window_cells(oy, g.k, g.stride, g.pad, g.h);
   const PoolSpan xs = pool_window_cells(ox, g.k, g.stride, g.pad, g.w);
   int best = static_cast<int>(image_index(g.c, g.w, ch, ys.begin, xs.begin));
