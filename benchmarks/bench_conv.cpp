@@ -53,24 +53,18 @@ void BM_Conv2dLayer(benchmark::State& st) {
   st.counters["vs_onednn_best"] = fastest / layer;
 }
 
-BENCHMARK_TEMPLATE(BM_Conv2dLayer, C2)
-    ->ArgNames({"rows", "threads"})
-    ->Args({32, 1})
-    ->Args({32, 2})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Conv2dLayer, C4)
-    ->ArgNames({"rows", "threads"})
-    ->Args({32, 1})
-    ->Args({32, 2})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Conv2dLayer, C64)
-    ->ArgNames({"rows", "threads"})
-    ->Args({32, 1})
-    ->Args({32, 2})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+// 32 images on 1 and 2 threads, wall-clock time, in ms.
+void layer_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "threads"})
+      ->Args({32, 1})
+      ->Args({32, 2})
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK_TEMPLATE(BM_Conv2dLayer, C2)->Apply(layer_args);
+BENCHMARK_TEMPLATE(BM_Conv2dLayer, C4)->Apply(layer_args);
+BENCHMARK_TEMPLATE(BM_Conv2dLayer, C64)->Apply(layer_args);
 
 }  // namespace
 
