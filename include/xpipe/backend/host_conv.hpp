@@ -348,22 +348,29 @@ class ConvPlans<Host> {
     }
   };
 
+  // Lays the operands' rooms out one after another in the calling thread's call buffer, grown
+  // to hold them and `scratch_floats` more; returns where that scratchpad room begins.
+  template <std::size_t N>
+  static float* lay_out(const Plan& p, const std::array<const Operand*, N>& operands,
+                        index_t scratch_floats) {
+    index_t floats = scratch_floats;
+    for (const Operand* o : operands) floats += o->floats;
+    float* at = detail::conv_call_buffer(floats);
+    for (const Operand* o : operands) {
+      o->place(p, at);
+      at += o->floats;
+    }
+    return at;
+  }
   struct Forward {
     detail::DnnlPrimitive primitive;
     Operand src, weights, dst;
     detail::DnnlMemory bias;
     Scratch scratch;
-    // The call buffer, laid out: the reordered src and dst, then the scratchpad.
-    index_t call_floats() const {
-      return src.floats + weights.floats + dst.floats + scratch.floats;
-    }
+    // The call buffer, laid out (lay_out): the reordered operands, then the scratchpad.
     void place(const Plan& p) {
-      float* at = detail::conv_call_buffer(call_floats());
-      for (Operand* o : {&src, &weights, &dst}) {
-        o->place(p, at);
-        at += o->floats;
-      }
-      scratch.place(p, at);
+      const std::array<const Operand*, 3> operands{&src, &weights, &dst};
+      scratch.place(p, lay_out(p, operands, scratch.floats));
     }
   };
   struct Backward {
@@ -378,22 +385,12 @@ class ConvPlans<Host> {
     // The call buffer, laid out the same for both halves, so that a whole backward's dy,
     // reordered for the data primitive, is still there for the weights one: every operand's
     // room, then one scratchpad room for whichever primitive runs.
-    std::array<const Operand*, 6> operands() const {
-      return {&diff_dst, &weights_diff_dst, &weights, &diff_src, &src, &diff_weights};
-    }
-    index_t call_floats() const {
-      index_t n = std::max(data_scratch.floats, weights_scratch.floats);
-      for (const Operand* o : operands()) n += o->floats;
-      return n;
-    }
     void place(const Plan& p) {
-      float* at = detail::conv_call_buffer(call_floats());
-      for (const Operand* o : operands()) {
-        o->place(p, at);
-        at += o->floats;
-      }
-      data_scratch.place(p, at);
-      weights_scratch.place(p, at);
+      const std::array<const Operand*, 6> operands{
+          &diff_dst, &weights_diff_dst, &weights, &diff_src, &src, &diff_weights};
+      float* scratch = lay_out(p, operands, std::max(data_scratch.floats, weights_scratch.floats));
+      data_scratch.place(p, scratch);
+      weights_scratch.place(p, scratch);
     }
     // The weights primitive's dy: the data primitive's reorder of it where both want one layout
     // and the data primitive has just taken this dy, else its own (reordered if need be).
