@@ -223,7 +223,7 @@ TEST_CASE("A pipeline on an emulated device gives the host's bits for every sche
   const auto d = test::random_classification(batch * mini_batches, 20, 4, 1);
   // Each predictor by its run-time choice (AnyPredictor, what the tools compile) on both sides:
   // one Pipeline type per backend. That AnyPredictor trains each static type's bits on the host
-  // is test_remedies.cpp's oracle; the static types on the device are the other cases here.
+  // is test_remedies.cpp's oracle; the static XPipe and Latest run on the device below.
   for (const char* predictor : predictor_names)
     for (const auto& [name, M] : test::oracle_schedules) {
       const Schedule s = make_schedule(name, 4, M, mini_batches);

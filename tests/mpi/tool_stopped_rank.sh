@@ -46,11 +46,17 @@ if ! grep -Eq 'epoch 1 +loss' "$log"; then
   echo "tool_stopped_rank: FAIL: epoch 1 never finished"
   exit 1
 fi
+# Looked for again for up to 5 s: a read of /proc can miss a process (once in a CI run here).
 rank1=
-for pid in $(pgrep -f -- "$out"); do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
-    rank1=$pid
-  fi
+for ((i = 0; i < 50; ++i)); do
+  for pid in $(pgrep -f -- "$out"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
+      rank1=$pid
+    fi
+  done
+  [[ -n $rank1 ]] && break
+  kill -0 $job 2>/dev/null || break
+  sleep 0.1
 done
 if [[ -z $rank1 ]]; then
   cat "$log"
