@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -458,7 +459,11 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
     EpochData epoch{xm, y.data()};
     EpochResult r;
     std::exception_ptr failure;
-    std::atomic<bool> finished{false};
+    // The worker says when the epoch is done; the wait below wakes on it at once, and every
+    // 100 ms before to check for a signal and show progress.
+    std::mutex done_mutex;
+    std::condition_variable done;
+    bool finished = false;
     std::thread worker;
     // Whatever fails in an epoch (here its rate, data or thread, below its training, evaluation
     // or checkpoint) fails the run with the epochs it finished.
@@ -500,14 +505,21 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
         } catch (...) {
           failure = std::current_exception();
         }
-        finished = true;
+        {
+          const std::lock_guard lock(done_mutex);
+          finished = true;
+        }
+        done.notify_one();
       });
     } catch (const std::exception& err) {  // no thread to train with
       return failed(rec, e, err.what(), on_mpi);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    while (!finished) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto epoch_done = [&] {
+      std::unique_lock lock(done_mutex);
+      return done.wait_for(lock, std::chrono::milliseconds(100), [&] { return finished; });
+    };
+    while (!epoch_done()) {
       check(rec, e);
       if (interactive() && root) {
         const auto p = pipe.progress();  // (never under mpirun: see interactive)
@@ -516,6 +528,7 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     }
+    check(rec, e);  // a signal that came while the epoch ran abandons it, however short it was
     worker.join();
     if (interactive() && root) std::printf("\r\033[K");
     if (failure) {
