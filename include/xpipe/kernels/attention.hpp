@@ -42,10 +42,12 @@ XPIPE_HOST_DEVICE bool causal_softmax_row(float* s, index_t valid, index_t n) {
     return false;
   }
   // The maximum's term is exp(0) = 1, so the sum is at least 1: no division by 0. The exps in
-  // a loop of their own, which the host vectorises; the sum in index order.
+  // a loop of their own, which the host vectorises (at -O2 too); the sum in index order.
+  XPIPE_INDEPENDENT_ITERATIONS
   for (index_t j = 0; j < valid; ++j) s[j] = exp_poly(s[j] - max_score);
   float sum = 0.f;
   for (index_t j = 0; j < valid; ++j) sum += s[j];
+  XPIPE_INDEPENDENT_ITERATIONS
   for (index_t j = 0; j < valid; ++j) s[j] /= sum;
   for (index_t j = valid; j < n; ++j) s[j] = 0.f;
   return true;
@@ -59,6 +61,7 @@ XPIPE_HOST_DEVICE void causal_softmax_row_backward(const float* p, float* dp, in
                                                    index_t n) {
   float dot = 0.f;
   for (index_t j = 0; j < valid; ++j) dot += p[j] * dp[j];
+  XPIPE_INDEPENDENT_ITERATIONS
   for (index_t j = 0; j < valid; ++j) dp[j] = p[j] * (dp[j] - dot);
   for (index_t j = valid; j < n; ++j) dp[j] = 0.f;
 }
