@@ -2,9 +2,9 @@
 // against a direct convolution in tests/test_im2col.cpp), within tol + |ref| * eps, and against
 // itself bitwise run to run. Then stages of the ResNet (models/resnet.hpp: convolutions,
 // BatchNorm with its running statistics, residual blocks, the head) trained one forward and
-// backward on the GPU against the host the same way, and the GPT's (models/gpt.hpp: the
-// embedding, LayerNorm, causal attention through cuBLAS and the softmax loop, GELU, the head).
-// Exits 77 (CTest: skipped) when no CUDA device is present.
+// backward on the GPU against the host the same way, max pooling bitwise, and the GPT's
+// (models/gpt.hpp: the embedding, LayerNorm, causal attention through cuBLAS and the softmax loop,
+// GELU, the head). Exits 77 (CTest: skipped) when no CUDA device is present.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +18,8 @@
 #include "xpipe/kernels/cuda/attention.cuh"
 #include "xpipe/kernels/cuda/conv.cuh"
 #include "xpipe/kernels/im2col.hpp"
+#include "xpipe/layers/pool.hpp"
+#include "xpipe/layers/stage.hpp"
 #include "xpipe/models/gpt.hpp"
 #include "xpipe/models/resnet.hpp"
 
@@ -60,13 +62,13 @@ std::vector<float> random_vector(index_t n, std::uint64_t seed) {
 
 xpipe::DeviceBuffer<float> to_device(const std::vector<float>& v) {
   xpipe::DeviceBuffer<float> d(static_cast<index_t>(v.size()));
-  d.copy_from_host(v.data(), d.size());
+  if (!v.empty()) d.copy_from_host(v.data(), d.size());  // (a stage without parameters)
   return d;
 }
 
 std::vector<float> to_host(const xpipe::DeviceBuffer<float>& d) {
   std::vector<float> v(static_cast<std::size_t>(d.size()));
-  d.copy_to_host(v.data(), d.size());
+  if (!v.empty()) d.copy_to_host(v.data(), d.size());
   return v;
 }
 
@@ -252,6 +254,22 @@ void stage_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::
   check_bitwise(name + " running statistics run to run", a.state, b.state);
 }
 
+// Max pooling's forward and its backward's gather compare and copy, so the GPU must give the
+// host's bits, ties and NaN included (one rule for both: math::max_pool_takes). The inputs take
+// six values, so most windows tie (the first in row-major order wins), and every 97th is NaN
+// (it wins its windows, as in PyTorch).
+template <class S>
+void pool_matches_host(const xpipe::CudaContext& ctx, index_t rows, const std::string& name) {
+  std::vector<float> x = random_vector(rows * S::in_width, 23);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = i % 97 == 0 ? std::nanf("") : std::floor(x[i] * 2.5f) / 2.f;  // -1.5, -1, ..., 1
+  const std::vector<float> dy = random_vector(rows * S::out_width, 24);
+  const StageResults ref = host_stage_pass<S>(rows, {}, {}, x, dy);
+  const StageResults gpu = device_stage_pass<S>(ctx, rows, {}, {}, x, dy);
+  check_bitwise(name + " y", ref.y, gpu.y);
+  check_bitwise(name + " dx", ref.dx, gpu.dx);
+}
+
 // Rows (token id, position) of whole sequences of `context` tokens, ids drawn from `vocab`.
 std::vector<float> token_rows(index_t rows, int vocab, int context) {
   xpipe::Rng rng{23};
@@ -336,6 +354,12 @@ int main() {
     stage_matches_host<resnet::E0>(ctx, 20, "resnet stem + 16-channel block, 20 rows");
     stage_matches_host<resnet::E2>(ctx, 5, "resnet strided block 16->32, 5 rows");
     stage_matches_host<resnet::Head>(ctx, 3, "resnet pooling head, 3 rows");
+    // The VGG's pooling (2 x 2, stride 2: disjoint windows, the backward a scatter), and 3 x 3
+    // windows of stride 2 and padding 1 (overlapping: the backward sums in a fixed order).
+    using xpipe::MaxPool2d, xpipe::Shape, xpipe::Stage;
+    pool_matches_host<Stage<MaxPool2d<Shape<16, 28, 28>, 2>>>(ctx, 6, "max pool 2x2 (VGG's)");
+    pool_matches_host<Stage<MaxPool2d<Shape<5, 13, 11>, 3, 2, 1>>>(ctx, 4,
+                                                                   "max pool 3x3 stride 2 pad 1");
     // xpipe-train's GPT: the first stage (embedding, 2 blocks) on 2 sequences of 128 tokens, and
     // the last (2 blocks, the final norm, the head) on 1.
     attention_matches_host(ctx);
