@@ -63,8 +63,9 @@ class ChannelsLast(nn.Module):
 
 def vgg():
     return nn.Sequential(
-        conv3(1, 16, bias=True), nn.ReLU(), conv3(16, 16, bias=True), nn.ReLU(), nn.MaxPool2d(2),
-        conv3(16, 32, bias=True), nn.ReLU(), conv3(32, 32, bias=True), nn.ReLU(), nn.MaxPool2d(2),
+        # Each pooling before its ReLU, as models/vgg.hpp has it: the same function.
+        conv3(1, 16, bias=True), nn.ReLU(), conv3(16, 16, bias=True), nn.MaxPool2d(2), nn.ReLU(),
+        conv3(16, 32, bias=True), nn.ReLU(), conv3(32, 32, bias=True), nn.MaxPool2d(2), nn.ReLU(),
         nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 

@@ -515,3 +515,40 @@ TEST_CASE("A stage of convolutions checks shapes and trains like its layers", "[
   for (float v : std::span(g).first(Pad1::weight_count)) any_grad = any_grad || v != 0.f;
   REQUIRE(any_grad);
 }
+
+namespace {
+// The VGG in its paper's order, ReLU before each pooling (models/vgg.hpp pools first).
+namespace vgg = xpipe::models::vgg;
+using VggReluFirst =
+    xpipe::Stage<vgg::C1, xpipe::ReLU, vgg::C2, xpipe::ReLU, vgg::P1, vgg::C3, xpipe::ReLU, vgg::C4,
+                 xpipe::ReLU, vgg::P2, vgg::F, vgg::FC1, xpipe::ReLU, vgg::FC2>;
+
+template <class Net>
+std::vector<float> vgg_trained(const xpipe::test::LabelledData& d, int threads) {
+  xpipe::SequentialTrainer<Net, xpipe::Adam> t(xpipe::Adam{.lr = 1e-2f}, 16, 7);
+  const HostContext ctx{.threads = threads};
+  for (index_t first = 0; first + 16 <= d.rows; first += 16)
+    t.train_step(ctx, {d.x.data() + first * d.cols, 16, d.cols}, d.y.data() + first);
+  const float* w = t.state().weights();
+  return {w, w + Net::param_count};
+}
+}  // namespace
+
+TEST_CASE("The VGG's ReLU after each pooling trains the bits of ReLU before it",
+          "[models][conv][oracle]") {
+  // max(relu(x)) = relu(max(x)), and the window's winner takes the gradient either way: six
+  // steps of Adam (a large rate, so that many units go negative) give the same weights, bit for
+  // bit, on 1 and on 2 threads.
+  static_assert(vgg::K1::out_shape == VggReluFirst::out_shape);
+  static_assert(vgg::K1::param_count == VggReluFirst::param_count);
+  const auto d = xpipe::test::random_classification(96, 28 * 28, 10, 11);
+  const xpipe::SequentialTrainer<VggReluFirst, xpipe::Adam> untrained(xpipe::Adam{}, 16, 7);
+  const std::vector<float> initial(untrained.state().weights(),
+                                   untrained.state().weights() + VggReluFirst::param_count);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    const std::vector<float> want = vgg_trained<VggReluFirst>(d, threads);
+    REQUIRE(want != initial);  // the steps moved the weights
+    REQUIRE(vgg_trained<vgg::K1>(d, threads) == want);
+  }
+}
