@@ -26,8 +26,8 @@ ModelPieces vgg_pieces(index_t small, index_t large, int N, int repeats) {
       Pipeline<p::Conv1, p::Conv2, p::Conv3, p::Conv4, p::Classifier, AnyPredictor, AnyOptimizer>;
   return {"vgg (models/vgg.hpp)",
           profile_stages<P>(
-              {"conv 1->16 3x3 at 28x28 + relu", "conv 16->16 3x3 at 28x28 + relu + maxpool 2",
-               "conv 16->32 3x3 at 14x14 + relu", "conv 32->32 3x3 at 14x14 + relu + maxpool 2",
+              {"conv 1->16 3x3 at 28x28 + relu", "conv 16->16 3x3 at 28x28 + maxpool 2 + relu",
+               "conv 16->32 3x3 at 14x14 + relu", "conv 32->32 3x3 at 14x14 + maxpool 2 + relu",
                "flatten + linear 1568x128 + relu + linear 128x10"},
               small, large, N, repeats),
           {{0, 2}, {0, 1, 2, 3}}};

@@ -37,14 +37,14 @@ using FC2 = Linear<128, 10>;
 //! multiply-adds per image forward, 3.6 M of them in C2 and C4.
 using K1 = Stage<C1, ReLU, C2, P1, ReLU, C3, ReLU, C4, P2, ReLU, F, FC1, ReLU, FC2>;
 //! Two stages (K = 2): the first block, then the second and the classifier (1.9 M and 2.9 M
-//! multiply-adds; 32 and 24 ms measured, the best cut).
+//! multiply-adds; 19.5 and 24.8 ms measured, the best cut).
 using K2a = Stage<C1, ReLU, C2, P1, ReLU>;
 using K2b = Stage<C3, ReLU, C4, P2, ReLU, F, FC1, ReLU, FC2>;
 //! Four stages (K = 4): a convolution each, the classifier with the last. The 28x28 convolutions
 //! cost far more than their multiply-adds say (ReLU and pooling scale with the activations):
-//! `xpipe-plan profile --model vgg` measured 2.9, 29, 4.1 and 19 ms per mini-batch (batch 128,
-//! M = 4; 2-core AMD EPYC), the slowest 2.10x the mean, the best any cut of the four
-//! convolutions allows.
+//! `xpipe-plan profile --model vgg` measured 3.4, 16.1, 8.1 and 16.7 ms per mini-batch (batch
+//! 128, M = 4; 2-core AMD EPYC, 2026-12-07), the slowest 1.51x the mean, the best any cut of the
+//! four convolutions allows.
 using A = Stage<C1, ReLU>;
 using B = Stage<C2, P1, ReLU>;
 using C = Stage<C3, ReLU>;
