@@ -169,23 +169,4 @@ class OneDnnConv {
   std::unordered_map<int, dnnl::memory> fwd_args_, data_args_, weights_args_;
 };
 
-//! Seconds of one convolution's training work (forward, backward weights and, with `data`,
-//! backward data) by oneDNN's primitives alone, the faster of its direct kernels on
-//! channels-last activations and its best (OneDnnConv): the fastest this machine's oneDNN runs
-//! that layer. Best of `rounds` runs each, cached per geometry (bias included) and threads.
-inline double conv_primitives_seconds(const xpipe::ConvGeometry& g, int threads, bool data,
-                                      int rounds = 10) {
-  static std::map<std::tuple<xpipe::index_t, int, int, int, int, int, int, int, bool, int, bool>,
-                  double>
-      cache;
-  const auto key =
-      std::make_tuple(g.rows, g.c, g.h, g.w, g.oc, g.k, g.stride, g.pad, g.bias, threads, data);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  omp_set_num_threads(threads);  // oneDNN fixes a primitive's threads when it is made
-  OneDnnConv direct(g, false), best(g, true);
-  const double s = std::min(best_seconds([&] { direct.step(threads, data); }, rounds, 1),
-                            best_seconds([&] { best.step(threads, data); }, rounds, 1));
-  return cache[key] = s;
-}
-
 }  // namespace bench
