@@ -22,14 +22,15 @@ struct Identity {
 struct Relu {
   static constexpr const char* name = "ReLU";
   XPIPE_HOST_DEVICE static float forward(float x) { return x < 0.f ? 0.f : x; }
+  //! dy where x > 0, +0 elsewhere (a NaN x too): the bits of `x > 0 ? dy : 0`, written as a mask
+  //! on dy's bits. Inside a sum (BatchNormAct's channel sums) g++ 12 turned the select into a
+  //! branch around the addition and ran the sum one element at a time, 40x slower; the mask it
+  //! vectorises.
   XPIPE_HOST_DEVICE static float backward(float x, float /*y*/, float dy) {
-    return x > 0.f ? dy : 0.f;
+    return float_from_bits(bits_from_float(dy) & (x > 0.f ? ~std::int32_t{0} : std::int32_t{0}));
   }
   //! The same gradient from the output alone: y = max(x, 0) > 0 exactly where x > 0 (a NaN x
-  //! gives a NaN y, and both comparisons are false), so the bits equal backward's. Written as a
-  //! mask on dy's bits (dy where y > 0, +0 elsewhere: the bits of `y > 0 ? dy : 0`): summed in
-  //! double (BatchNormAct's channel sums), g++ 12 turned the select into a branch around the
-  //! addition and ran the sum one element at a time, 40x slower; the mask it vectorises.
+  //! gives a NaN y, and both comparisons are false), so the bits equal backward's; the same mask.
   XPIPE_HOST_DEVICE static float backward_from_output(float y, float dy) {
     return float_from_bits(bits_from_float(dy) & (y > 0.f ? ~std::int32_t{0} : std::int32_t{0}));
   }

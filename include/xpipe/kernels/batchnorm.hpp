@@ -138,18 +138,31 @@ struct SquaredDeviationTerm {
   }
 };
 
-//! The gradient at the normalisation's output, from dy at the layer's: dy itself, or Act'(y) dy
-//! where an activation Act is fused after the normalisation (y the layer's output; ReLU's
-//! gradient follows from it, math::OutputDifferentiable). Computed where it is read, so a fused
-//! backward neither writes it nor reads it back.
+//! The gradient at the normalisation's output, from dy at the layer's: dy itself, or Act'(z) dy
+//! where an activation Act is fused after the normalisation, z = normalize(x) its input. z is made
+//! again from x as the forward made it, with the forward's statistics and the forward's gamma and
+//! beta (`stats`, `affine`: 2 C floats each, which the layer keeps per slot; the backward's own
+//! weights may be newer), in the same expression: the same float, so the same gradient as
+//! Act'(y) dy from the forward's output y (ReLU: z > 0 exactly where y > 0). A fused backward's
+//! two passes thus read two arrays where they read three: x, which xhat needs anyway, and dy,
+//! not y. Computed where it is read, so a fused backward neither writes it nor reads it back. For
+//! the identity only dy is read.
 template <class Act = math::Identity>
 struct NormGradient {
-  ConstMatrix y, dy;
-  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col) const {
-    if constexpr (std::is_same_v<Act, math::Identity>)
+  ConstMatrix x, dy;
+  const float* stats = nullptr;
+  const float* affine = nullptr;
+  int channels = 0;
+  // c an index_t: an int made from for_each_pixel's index_t channel was read as a gather of
+  // scalars (a fused input-gradient pass 3x slower).
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, index_t c) const {
+    if constexpr (std::is_same_v<Act, math::Identity>) {
       return dy(r, col);
-    else
-      return Act::backward_from_output(y(r, col), dy(r, col));
+    } else {
+      const float z = math::normalize(x(r, col), stats[c], stats[channels + c], affine[c],
+                                      affine[channels + c]);
+      return Act::backward(z, Act::forward(z), dy(r, col));
+    }
   }
 };
 
@@ -157,7 +170,7 @@ struct NormGradient {
 template <class Act = math::Identity>
 struct GradientTerm {
   NormGradient<Act> dy;
-  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int /*c*/) const { return dy(r, col); }
+  XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int c) const { return dy(r, col, c); }
 };
 
 //! dy xhat, dy the gradient at the normalisation's output and xhat = (x - mean) invstd in float
@@ -169,7 +182,7 @@ struct GradientXhatTerm {
   const float* stats;
   int channels;
   XPIPE_HOST_DEVICE float operator()(index_t r, index_t col, int c) const {
-    return dy(r, col) * ((x(r, col) - stats[c]) * stats[channels + c]);
+    return dy(r, col, c) * ((x(r, col) - stats[c]) * stats[channels + c]);
   }
 };
 
@@ -377,7 +390,7 @@ struct BatchNormBackwardSums {
 };
 
 //! Element (r, p, c): dx from the channel sums (math::normalize_input_grad), dy the gradient at
-//! the normalisation's output.
+//! the normalisation's output; gamma the backward's weights.
 template <class Act = math::Identity>
 struct BatchNormBackwardInput {
   ConstMatrix x;
@@ -390,7 +403,7 @@ struct BatchNormBackwardInput {
   float n;
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t c) const {
     const index_t col = p * channels + c;
-    dx(r, col) = math::normalize_input_grad(x(r, col), dy(r, col), stats[c], stats[channels + c],
+    dx(r, col) = math::normalize_input_grad(x(r, col), dy(r, col, c), stats[c], stats[channels + c],
                                             gamma[c], sums[c], sums[channels + c], n);
   }
 };
@@ -491,30 +504,33 @@ void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Ma
                  ops::BatchNormForward<Act>{x, y, gamma, beta, stats, g.channels});
 }
 
-// In the backward launchers below, y is the layer's output and dy the gradient there; with an
-// activation Act fused after the normalisation, the gradient at the normalisation's output is
-// Act'(y) dy (ops::NormGradient), computed where it is read. For the identity y is not read.
+// In the backward launchers below, dy is the gradient at the layer's output and stats the
+// forward's statistics; with an activation Act fused after the normalisation, the gradient at the
+// normalisation's output is Act'(y) dy, y made again from x, stats and `affine`, the forward's
+// gamma and beta (ops::NormGradient), where it is read. For the identity affine is not read (it
+// may be null).
 
 //! dx through the batch's statistics from the channel sums of dy and dy xhat (`sums`, as
-//! BatchNormBackwardSums leaves them). Usage: `batch_norm_input_grad(ctx, g, x, y, dy, dx, ...);`
+//! BatchNormBackwardSums leaves them), gamma the backward's weights.
+//! Usage: `batch_norm_input_grad(ctx, g, x, dy, dx, gamma, stats, affine, sums);`
 template <class Act = math::Identity, class Ctx>
-void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
-                           ConstMatrix dy, Matrix dx, const float* gamma, const float* stats,
+void batch_norm_input_grad(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                           Matrix dx, const float* gamma, const float* stats, const float* affine,
                            const float* sums) {
   const float n = static_cast<float>(g.rows) * static_cast<float>(g.plane);
-  for_each_pixel(
-      ctx, x.rows, g.plane, g.channels,
-      ops::BatchNormBackwardInput<Act>{x, {y, dy}, dx, gamma, stats, sums, g.channels, n});
+  for_each_pixel(ctx, x.rows, g.plane, g.channels,
+                 ops::BatchNormBackwardInput<Act>{
+                     x, {x, dy, stats, affine, g.channels}, dx, gamma, stats, sums, g.channels, n});
 }
 
 //! The channel sums of dy and of dy xhat into `sums` (2 C floats), and dgamma, dbeta (+)= them
 //! unless dgamma is null.
 template <class Act = math::Identity, class Ctx>
-void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
-                              ConstMatrix dy, const float* stats, float* sums, float* dgamma,
+void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                              const float* stats, const float* affine, float* sums, float* dgamma,
                               float* dbeta, bool accumulate, double* scratch) {
   double* reduced = scratch + batch_norm_scratch_doubles(g) - 2 * g.channels;
-  const ops::NormGradient<Act> grad{y, dy};
+  const ops::NormGradient<Act> grad{x, dy, stats, affine, g.channels};
   channel_sums(ctx, g, ops::GradientTerm<Act>{grad}, scratch, reduced,
                ops::GradientXhatTerm<Act>{x, grad, stats, g.channels}, reduced + g.channels);
   for_each_index(ctx, g.channels,
@@ -524,23 +540,25 @@ void batch_norm_backward_sums(const Ctx& ctx, const NormGeometry& g, ConstMatrix
 //! The backward: channel sums into `sums` (2 C floats), dgamma and dbeta (+)=, then dx unless
 //! dx is empty. `scratch`: batch_norm_scratch_doubles(g) doubles.
 template <class Act = math::Identity, class Ctx>
-void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
-                         ConstMatrix dy, Matrix dx, const float* gamma, const float* stats,
+void batch_norm_backward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                         Matrix dx, const float* gamma, const float* stats, const float* affine,
                          float* sums, float* dgamma, float* dbeta, bool accumulate,
                          double* scratch) {
-  batch_norm_backward_sums<Act>(ctx, g, x, y, dy, stats, sums, dgamma, dbeta, accumulate, scratch);
-  if (!dx.empty()) batch_norm_input_grad<Act>(ctx, g, x, y, dy, dx, gamma, stats, sums);
+  batch_norm_backward_sums<Act>(ctx, g, x, dy, stats, affine, sums, dgamma, dbeta, accumulate,
+                                scratch);
+  if (!dx.empty()) batch_norm_input_grad<Act>(ctx, g, x, dy, dx, gamma, stats, affine, sums);
 }
 
 //! The input part of a split backward: the channel sums of dy and dy xhat into `sums` (2 C
 //! floats, which the weight part reads), then dx unless dx is empty. No parameter gradient.
-//! Usage: `batch_norm_backward_input(ctx, g, x, y, dy, dx, gamma, stats, sums, scratch);`
+//! Usage: `batch_norm_backward_input(ctx, g, x, dy, dx, gamma, stats, affine, sums, scratch);`
 template <class Act = math::Identity, class Ctx>
-void batch_norm_backward_input(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix y,
-                               ConstMatrix dy, Matrix dx, const float* gamma, const float* stats,
-                               float* sums, double* scratch) {
-  batch_norm_backward_sums<Act>(ctx, g, x, y, dy, stats, sums, nullptr, nullptr, false, scratch);
-  if (!dx.empty()) batch_norm_input_grad<Act>(ctx, g, x, y, dy, dx, gamma, stats, sums);
+void batch_norm_backward_input(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix dy,
+                               Matrix dx, const float* gamma, const float* stats,
+                               const float* affine, float* sums, double* scratch) {
+  batch_norm_backward_sums<Act>(ctx, g, x, dy, stats, affine, sums, nullptr, nullptr, false,
+                                scratch);
+  if (!dx.empty()) batch_norm_input_grad<Act>(ctx, g, x, dy, dx, gamma, stats, affine, sums);
 }
 
 //! The weight part: dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy) from the `sums` the input part

@@ -43,9 +43,12 @@ struct NormOptions {
 //! With Act an activation layer (`BatchNormAct<S, ReLU>`, which is `BatchNorm2d<S, Options,
 //! ReLU>`), y = Act(BatchNorm(x)) in one layer: one pass forward where the pair made two, and a
 //! backward that takes Act's gradient from y where each of its two passes reads dy, so the
-//! gradient through Act is never written; the bits of `BatchNorm2d<S>, Act` on the host, from
-//! the same seed (it takes both layer numbers), with one activation fewer kept per slot. Act's
-//! gradient must follow from its output (math::OutputDifferentiable: ReLU, not GELU).
+//! gradient through Act is never written; y itself is made again from x there (which those
+//! passes read anyway) with the forward's statistics and the forward's gamma and beta, which the
+//! slot keeps (2 C floats more), so they read two arrays, not three. The bits of `BatchNorm2d<S>,
+//! Act` on the host, from the same seed (it takes both layer numbers), with one activation fewer
+//! kept per slot. Act's gradient must follow from its output (math::OutputDifferentiable: ReLU,
+//! not GELU).
 //! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, ConvOptions{.padding = 1}>,
 //!               BatchNorm2d<Shape<16, 28, 28>>, ReLU>`.
 template <ImageShape S, NormOptions Options = NormOptions{}, class Act = void>
@@ -90,20 +93,22 @@ struct BatchNorm2d {
     explicit Workspace(index_t max_rows) : scratch(scratch_doubles(max_rows)) {}
     typename B::template Buffer<double> scratch;
   };
-  //! Per activation slot: the micro-batch's mean and 1/std (2 C) and the backward's channel sums
-  //! (2 C), on backend B, and the way to the stage's workspace (its own when made from rows
-  //! alone).
+  //! Floats of the forward's gamma and beta a fused layer's slot keeps (2 C), 0 unfused.
+  static constexpr index_t affine_floats = fused ? 2 * channels : 0;
+  //! Per activation slot: the micro-batch's mean and 1/std (2 C), the backward's channel sums
+  //! (2 C) and, fused, the gamma and beta its training forward ran with (affine_floats), on
+  //! backend B, and the way to the stage's workspace (its own when made from rows alone).
   template <class B>
   struct Saved {
     explicit Saved(index_t max_rows)
-        : stats(2 * channels), sums(2 * channels), workspace(max_rows) {}
+        : stats(2 * channels), sums(2 * channels), affine(affine_floats), workspace(max_rows) {}
     Saved(index_t /*max_rows*/, Workspace<B>& shared)
-        : stats(2 * channels), sums(2 * channels), workspace(shared) {}
-    typename B::template Buffer<float> stats, sums;
+        : stats(2 * channels), sums(2 * channels), affine(affine_floats), workspace(shared) {}
+    typename B::template Buffer<float> stats, sums, affine;
     WorkspaceRef<Workspace<B>> workspace;
   };
 
-  static constexpr index_t saved_floats(index_t /*rows*/) { return 4 * channels; }
+  static constexpr index_t saved_floats(index_t /*rows*/) { return 4 * channels + affine_floats; }
   template <class B>
   static constexpr index_t workspace_floats(index_t rows) {
     return 2 * scratch_doubles(rows);
@@ -130,7 +135,8 @@ struct BatchNorm2d {
   }
 
   //! y = gamma xhat + beta (through Act where fused), with the micro-batch's statistics
-  //! (training; the running ones move) or the running ones (evaluation, which needs run.state).
+  //! (training; the running ones move, and a fused layer keeps gamma and beta for its backward)
+  //! or the running ones (evaluation, which needs run.state).
   template <class Ctx, class Sv>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
                       Running run) {
@@ -140,6 +146,7 @@ struct BatchNorm2d {
       batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state,
                             saved.workspace->scratch.data());
       if constexpr (detail::reads_host_memory<Ctx>) check_finite(x, saved.stats.data());
+      if constexpr (fused) copy_buffer(ctx, params, saved.affine.data(), affine_floats);
     } else {
       if (run.state == nullptr)
         throw ConfigError("xpipe: " + name() +
@@ -156,10 +163,10 @@ struct BatchNorm2d {
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx, Sv& saved) {
-    check_backward_views(x, y, dy, dx, "backward");
-    batch_norm_backward<function>(ctx, geometry(x.rows), x, y, dy, dx, params, saved.stats.data(),
-                                  saved.sums.data(), grads, grads + channels, accumulate,
-                                  saved.workspace->scratch.data());
+    check_backward_views(x, dy, dx, "backward");
+    batch_norm_backward<function>(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
+                                  saved.affine.data(), saved.sums.data(), grads, grads + channels,
+                                  accumulate, saved.workspace->scratch.data());
   }
 
   //! The input part of the split backward (zero-bubble schedules): the channel sums of dy and
@@ -168,9 +175,9 @@ struct BatchNorm2d {
   template <class Ctx, class Sv>
   static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix y,
                              Matrix dy, Matrix dx, Sv& saved) {
-    check_backward_views(x, y, dy, dx, "backward_input");
-    batch_norm_backward_input<function>(ctx, geometry(x.rows), x, y, dy, dx, params,
-                                        saved.stats.data(), saved.sums.data(),
+    check_backward_views(x, dy, dx, "backward_input");
+    batch_norm_backward_input<function>(ctx, geometry(x.rows), x, dy, dx, params,
+                                        saved.stats.data(), saved.affine.data(), saved.sums.data(),
                                         saved.workspace->scratch.data());
   }
 
@@ -185,12 +192,12 @@ struct BatchNorm2d {
   }
 
  private:
-  // x, dy and dx (unless empty) are images of S; so is y where a fused activation reads it.
-  static void check_backward_views(ConstMatrix x, ConstMatrix y, ConstMatrix dy, ConstMatrix dx,
+  // x, dy and dx (unless empty) are images of S (y is never read: a fused backward makes it
+  // again from x).
+  static void check_backward_views(ConstMatrix x, ConstMatrix dy, ConstMatrix dx,
                                    const char* action) {
     detail::check_image_views<BatchNorm2d>(x, dy, action);
     if (!dx.empty()) detail::check_image_views<BatchNorm2d>(dx, dy, action);
-    if constexpr (fused) detail::check_image_views<BatchNorm2d>(y, dy, action);
   }
 
   // Statistics that are not finite come from inputs that are not (or from an overflow): name
