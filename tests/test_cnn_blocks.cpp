@@ -429,6 +429,75 @@ TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and
   REQUIRE(alone.post_grad() != nullptr);
 }
 
+namespace {
+
+// Block's forward (training) against its parts run one by one: the inner stage's forward, the
+// shortcut's, then the sum (and Post) as a pass of its own, as blocks ran before their last
+// BatchNorm took the sum into its pass. The same output and running statistics, bit for bit.
+template <class Block>
+void check_sum_in_last_layer(int threads, std::uint64_t seed) {
+  const HostContext ctx{.threads = threads};
+  const index_t rows = 5;
+  Slot<Block> s(rows);
+  randomize(s, seed);
+  std::vector<float> state = s.state, y(s.y.size());
+  s.forward(ctx);
+  typename Block::inner::template Activations<xpipe::Host> inner(rows);
+  const ConstMatrix f =
+      Block::inner::forward(ctx, s.p.data(), s.input(), inner, Running{state.data(), true});
+  const auto sum = [&](ConstMatrix skip) {
+    xpipe::add_views<typename Block::post_function>(ctx, f, skip,
+                                                    Matrix{y.data(), rows, Block::out_width});
+  };
+  if constexpr (Block::projected) {
+    typename Block::shortcut::template Activations<xpipe::Host> acts(rows);
+    sum(Block::shortcut::forward(ctx, s.p.data() + Block::shortcut_offset, s.input(), acts,
+                                 Running{state.data() + Block::inner::state_count, true}));
+  } else {
+    sum(s.input());
+  }
+  CHECK(s.y == y);
+  CHECK(s.state == state);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A block whose path ends in BatchNorm sums in its pass with the bits of a pass of its "
+    "own",
+    "[layers][residual]") {
+  using BN8 = BatchNorm2d<S8>;
+  using Fused = xpipe::ResidualAct<xpipe::ReLU, Conv8, BN8, xpipe::ReLU, Conv8, BN8>;
+  STATIC_REQUIRE(IdentityBlock::sum_in_last_layer);
+  STATIC_REQUIRE(Fused::sum_in_last_layer);
+  STATIC_REQUIRE(ProjectedBlock::sum_in_last_layer);
+  // A path that ends in a convolution sums in a pass of its own.
+  using ConvLast = xpipe::Residual<Conv8, BN8, xpipe::ReLU, Conv8>;
+  STATIC_REQUIRE_FALSE(ConvLast::sum_in_last_layer);
+  // A slot keeps f's activations but its output, which is never written; the plain forward
+  // refuses such a slot.
+  STATIC_REQUIRE(IdentityBlock::saved_floats(4) ==
+                 IdentityBlock::inner::activation_floats(4) - 4 * S8::size);
+  STATIC_REQUIRE(ConvLast::saved_floats(4) == ConvLast::inner::activation_floats(4));
+  {
+    typename IdentityBlock::inner::template Activations<xpipe::Host> no_output(4, false, nullptr,
+                                                                               false);
+    REQUIRE_FALSE(no_output.keeps_output());
+    Slot<IdentityBlock> s(4);
+    randomize(s, 30);
+    REQUIRE(message_of<xpipe::ShapeError>([&] {
+              IdentityBlock::inner::forward(HostContext{}, s.p.data(), s.input(), no_output,
+                                            Running{s.state.data(), true});
+            }).find("keeps no output") != std::string::npos);
+  }
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    check_sum_in_last_layer<IdentityBlock>(threads, 31);
+    check_sum_in_last_layer<Fused>(threads, 32);
+    check_sum_in_last_layer<ProjectedBlock>(threads, 33);
+  }
+}
+
 TEST_CASE("Residual blocks lay out parameters and state as documented", "[layers][residual]") {
   // f's layers each start on a 16-float boundary: convolution 2x2x3x3 + 3 biases = 57 -> 64,
   // BatchNorm 6 -> 16, GELU 0, convolution 3x3x3x3 + 3 = 84 -> 96, BatchNorm 6 -> 16.

@@ -356,6 +356,26 @@ struct BatchNormForward {
   }
 };
 
+//! Element (r, p, c) of a normalisation that ends a residual block's path, with the block's sum
+//! (and the activation Post after it) in the same pass: y = Post(Act(gamma[c] (x - mean[c])
+//! invstd[c] + beta[c]) + skip), the bits of BatchNormForward<Act> and then ops::AddViews<Post>
+//! (the normalised value rounds to float before the sum as it did when stored).
+template <class Act, class Post>
+struct BatchNormForwardSum {
+  ConstMatrix x, skip;
+  Matrix y;
+  const float* gamma;
+  const float* beta;
+  const float* stats;
+  int channels;
+  XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t c) const {
+    const index_t col = p * channels + c;
+    const float normalized =
+        Act::forward(math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]));
+    y(r, col) = Post::forward(normalized + skip(r, col));
+  }
+};
+
 //! Per channel c: dgamma (+)= sums[C + c], dbeta (+)= sums[c], the channel sums of dy xhat and
 //! of dy that the backward's sums leave: the weight part of a split backward, and the last step
 //! of the whole one.
@@ -502,6 +522,17 @@ void batch_norm_forward(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, Ma
                         const float* gamma, const float* beta, const float* stats) {
   for_each_pixel(ctx, x.rows, g.plane, g.channels,
                  ops::BatchNormForward<Act>{x, y, gamma, beta, stats, g.channels});
+}
+
+//! y = Post(Act(gamma xhat + beta) + skip) with the given statistics: a normalisation and the
+//! residual sum after it (and Post, the activation after the sum) in one pass; skip and y are
+//! rows of the same images as x. Usage: `batch_norm_forward_sum<math::Identity, math::Relu>(ctx,
+//! g, x, skip, y, gamma, beta, stats);`
+template <class Act = math::Identity, class Post = math::Identity, class Ctx>
+void batch_norm_forward_sum(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix skip,
+                            Matrix y, const float* gamma, const float* beta, const float* stats) {
+  for_each_pixel(ctx, x.rows, g.plane, g.channels,
+                 ops::BatchNormForwardSum<Act, Post>{x, skip, y, gamma, beta, stats, g.channels});
 }
 
 // In the backward launchers below, dy is the gradient at the layer's output and stats the

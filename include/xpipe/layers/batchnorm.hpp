@@ -73,6 +73,9 @@ struct BatchNorm2d {
   static constexpr int out_width = S::size;
   static constexpr index_t param_count = 2 * channels;
   static constexpr index_t state_count = 2 * channels;
+  //! It can end a residual block's path with the block's sum in its forward pass (forward_sum):
+  //! its backward never reads its output.
+  static constexpr bool fuses_residual_sum = true;
   //! Fused, it takes the two layer numbers of the `BatchNorm2d<S>, Act` it stands for
   //! (Stage::init), so the layers after it draw the weights they draw in the unfused model.
   static constexpr std::size_t init_streams = fused ? 2 : 1;
@@ -141,25 +144,28 @@ struct BatchNorm2d {
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
                       Running run) {
     detail::check_image_views<BatchNorm2d>(x, y, "forward");
-    const NormGeometry g = geometry(x.rows);
-    if (run.training) {
-      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state,
-                            saved.workspace->scratch.data());
-      if constexpr (detail::reads_host_memory<Ctx>) check_finite(x, saved.stats.data());
-      if constexpr (fused) copy_buffer(ctx, params, saved.affine.data(), affine_floats);
-    } else {
-      if (run.state == nullptr)
-        throw ConfigError("xpipe: " + name() +
-                          "::forward: evaluation needs the running statistics (pass the stage's "
-                          "state buffer in Running)");
-      batch_norm_running_statistics(ctx, g, run.state, saved.stats.data());
-    }
-    batch_norm_forward<function>(ctx, g, x, y, params, params + channels, saved.stats.data());
+    statistics(ctx, params, x, saved, run);
+    batch_norm_forward<function>(ctx, geometry(x.rows), x, y, params, params + channels,
+                                 saved.stats.data());
+  }
+
+  //! The forward as the last layer of a residual block's path, the block's sum in the same pass:
+  //! y = Post(this layer's output + skip) (skip: the shortcut's output, an image of S per row),
+  //! the bits of forward and then add_views<Post>. The layer's own output is never written; its
+  //! backward does not read it.
+  template <class Post, class Ctx, class Sv>
+  static void forward_sum(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix skip,
+                          Matrix y, Sv& saved, Running run) {
+    detail::check_image_views<BatchNorm2d>(x, y, "forward");
+    detail::check_image_views<BatchNorm2d>(skip, y, "forward");
+    statistics(ctx, params, x, saved, run);
+    batch_norm_forward_sum<function, Post>(ctx, geometry(x.rows), x, skip, y, params,
+                                           params + channels, saved.stats.data());
   }
 
   //! dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), dx through the batch's statistics (skipped
   //! when dx is empty), dy taken through Act'(y) first where fused. Follows the training forward
-  //! of the same slot.
+  //! of the same slot; y is not read (a fused layer makes it again from x).
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
                        ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx, Sv& saved) {
@@ -192,6 +198,27 @@ struct BatchNorm2d {
   }
 
  private:
+  // The statistics a forward normalises with, into the slot: in training the micro-batch's (the
+  // running ones move; a fused layer keeps gamma and beta for its backward), else the running
+  // ones (which needs run.state).
+  template <class Ctx, class Sv>
+  static void statistics(const Ctx& ctx, const float* params, ConstMatrix x, Sv& saved,
+                         Running run) {
+    const NormGeometry g = geometry(x.rows);
+    if (run.training) {
+      batch_norm_statistics(ctx, g, x, saved.stats.data(), run.state,
+                            saved.workspace->scratch.data());
+      if constexpr (detail::reads_host_memory<Ctx>) check_finite(x, saved.stats.data());
+      if constexpr (fused) copy_buffer(ctx, params, saved.affine.data(), affine_floats);
+    } else {
+      if (run.state == nullptr)
+        throw ConfigError("xpipe: " + name() +
+                          "::forward: evaluation needs the running statistics (pass the stage's "
+                          "state buffer in Running)");
+      batch_norm_running_statistics(ctx, g, run.state, saved.stats.data());
+    }
+  }
+
   // x, dy and dx (unless empty) are images of S (y is never read: a fused backward makes it
   // again from x).
   static void check_backward_views(ConstMatrix x, ConstMatrix dy, ConstMatrix dx,

@@ -264,6 +264,17 @@ inline constexpr bool input_half_keeps_dy = requires {
   requires L::input_half_keeps_dy;
 };
 
+//! Whether layer L can end the path of a residual block with the block's sum in its own forward
+//! pass (L declares `static constexpr bool fuses_residual_sum = true` and has
+//! `forward_sum<Post>(ctx, params, x, skip, y, saved, run)`: y = Post(L's output + skip), the bits
+//! of its forward then the block's add_views<Post>). Its own output is then never written, so
+//! its backward must not read it. BatchNorm2d declares it; ResidualBlock uses it.
+//! Usage: `static_assert(fuses_residual_sum<BatchNorm2d<Shape<16, 28, 28>>>);`
+template <class L>
+inline constexpr bool fuses_residual_sum = requires {
+  requires L::fuses_residual_sum;
+};
+
 //! Whether layer L's forward takes a Running (its state, and training or evaluation) on B.
 template <class L, class B = Host>
 inline constexpr bool takes_running = detail::HasStateForward<L, B>;

@@ -92,8 +92,10 @@ requires(Out.known()) struct OutShapeOf<Out> {
 //! activations (its Saved), so a block is one layer to Stage and the pipeline; each slot's inner
 //! layers keep their own Saved too (batch statistics). What only a call needs (f's and the
 //! shortcut's gradient scratch and layer workspaces: convolution plans) is its Workspace, one per
-//! stage. The activation after the sum (ResNet's ReLU) is the next layer of the stage, or with
-//! Post an activation layer, y = Post(f(x) + shortcut(x)) in the sum's one pass: the block then
+//! stage. Where f's last layer fuses_residual_sum (BatchNorm2d), that layer writes the sum in
+//! its own pass and f's output is neither written nor kept; else the sum is a pass of its own. The
+//! activation after the sum (ResNet's ReLU) is the next layer of the stage, or with Post an
+//! activation layer, y = Post(f(x) + shortcut(x)) in the sum's one pass: the block then
 //! keeps no sum beside its output, takes Post's gradient from y (Post's function must be
 //! math::OutputDifferentiable: ReLU, not GELU) into the stage's arena, and takes two
 //! layer numbers for its seed (the block's and the activation's), so a model gets the weights and
@@ -108,10 +110,18 @@ template <class Shortcut, class Post, class... Ls>
 struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
                        detail::OutShapeOf<Stage<Ls...>::out_shape> {
   using inner = Stage<Ls...>;
+  //! The shortcut: IdentityShortcut, NoShortcut or the stage of its own path.
+  using shortcut = Shortcut;
   //! Whether y adds a shortcut to f(x) (every block but a Chain), and whether that shortcut
   //! is a path of its own.
   static constexpr bool summed = !std::is_same_v<Shortcut, NoShortcut>;
   static constexpr bool projected = summed && !std::is_same_v<Shortcut, IdentityShortcut>;
+  //! Whether f's last layer adds the sum (and Post) in its own forward pass
+  //! (fuses_residual_sum: BatchNorm2d), so the block makes no pass of its own forward
+  //! and its slot keeps no f(x).
+  static constexpr bool sum_in_last_layer =
+      summed && fuses_residual_sum<typename inner::template layer<inner::layer_count - 1>>;
+
   //! Whether an activation follows the sum inside the block, and its per-element function
   //! (math::Identity where none does).
   static constexpr bool activated = !std::is_void_v<Post>;
@@ -215,18 +225,19 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   struct Saved {
     explicit Saved(index_t rows, bool keep_gradients = false)
         : workspace(rows),
-          acts(rows, keep_gradients, &workspace->layers),
+          acts(rows, keep_gradients, &workspace->layers, !sum_in_last_layer),
           shortcut(rows, keep_gradients, &workspace->shortcut) {}
     Saved(index_t rows, bool keep_gradients, Workspace<B>& shared)
         : workspace(shared),
-          acts(rows, keep_gradients, &workspace->layers),
+          acts(rows, keep_gradients, &workspace->layers, !sum_in_last_layer),
           shortcut(rows, keep_gradients, &workspace->shortcut) {}
     WorkspaceRef<Workspace<B>> workspace;  // first: the activations below point into it
     typename inner::template Activations<B> acts;
     detail::ShortcutSlot<Shortcut, B, in_width> shortcut;
   };
+  //! f's activations but its output where its last layer writes the sum (sum_in_last_layer).
   static constexpr index_t saved_floats(index_t rows) {
-    index_t n = inner::activation_floats(rows);
+    index_t n = inner::activation_floats(rows) - (sum_in_last_layer ? rows * out_width : 0);
     if constexpr (projected) n += Shortcut::activation_floats(rows);
     return n;
   }
@@ -271,21 +282,26 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
       return inner::template splits_backward<B>;
   }();
 
-  //! y = f(x) + x, or f(x) + P(x); through Post where it has one.
+  //! y = f(x) + x, or f(x) + P(x); through Post where it has one. Where f ends in a layer that
+  //! fuses the sum (a ResNet block's BatchNorm), it writes y in its pass, and f's own output is
+  //! never written (the shortcut runs first then); else the sum is a pass of its own.
   template <class Ctx, class Sv>
   static void forward(const Ctx& ctx, const float* params, ConstMatrix x, Matrix y, Sv& saved,
                       Running run) {
-    const ConstMatrix f = inner::forward(ctx, params, x, saved.acts, run);
+    ConstMatrix s = x;  // the shortcut's output
     if constexpr (projected) {
       const Running r{run.state == nullptr ? nullptr : run.state + inner::state_count,
                       run.training};
-      const ConstMatrix s =
-          Shortcut::forward(ctx, params + shortcut_offset, x, saved.shortcut.acts, r);
-      add_views<post_function>(ctx, f, s, y);
-    } else if constexpr (summed) {
-      add_views<post_function>(ctx, f, x, y);
+      s = Shortcut::forward(ctx, params + shortcut_offset, x, saved.shortcut.acts, r);
+    }
+    if constexpr (sum_in_last_layer) {
+      inner::forward(ctx, params, x, saved.acts, run, SumInto<post_function>{s, y});
     } else {
-      copy_view(ctx, f, y);
+      const ConstMatrix f = inner::forward(ctx, params, x, saved.acts, run);
+      if constexpr (summed)
+        add_views<post_function>(ctx, f, s, y);
+      else
+        copy_view(ctx, f, y);
     }
   }
 

@@ -182,6 +182,15 @@ consteval std::array<int, sizeof...(Ls) + 1> boundary_widths() {
 
 }  // namespace detail
 
+//! The sum a residual block adds after its path (the last argument of Stage::forward): y =
+//! Post(the stage's output + skip), Post an activation's per-element function (math::Relu) or
+//! math::Identity, computed by the stage's last layer in its own pass (fuses_residual_sum).
+template <class Post>
+struct SumInto {
+  ConstMatrix skip;
+  Matrix y;
+};
+
 //! A pipeline stage: layers run in order on one device. Widths are checked at compile time.
 //! Usage: `using S0 = Stage<Linear<784, 1024>, ReLU>;`
 template <class... Ls>
@@ -469,20 +478,25 @@ struct Stage {
    public:
     //! `keep_gradients`: also room for what a split backward keeps between its halves.
     //! `workspace`: the stage's, which the layers' Saved then share (it must outlive the slot
-    //! and take max_rows rows); without one each Saved makes its own.
+    //! and take max_rows rows); without one each Saved makes its own. `keep_output` false: no
+    //! room for the stage's own output, for a residual block's path whose last layer writes the
+    //! block's sum instead (forward with a SumInto; the plain forward refuses such a slot).
     explicit Activations(index_t max_rows, bool keep_gradients = false,
-                         Workspace<B>* workspace = nullptr)
+                         Workspace<B>* workspace = nullptr, bool keep_output = true)
         : max_rows_(max_rows),
           keeps_gradients_(keep_gradients),
-          storage_(boundary_floats(max_rows)),
+          keeps_output_(keep_output),
+          storage_(boundary_floats(max_rows) - (keep_output ? 0 : max_rows * out_width)),
           kept_(keep_gradients ? max_rows * kept_offsets[layer_count] : 0),
           saved_(make_saved_all(max_rows, keep_gradients, checked(workspace, max_rows),
                                 std::make_index_sequence<layer_count>{})) {}
     index_t max_rows() const { return max_rows_; }
     index_t rows() const { return rows_; }
-    //! Boundary i: i = 0 is the stage input, i = layer_count its output.
+    //! Boundary i: i = 0 is the stage input, i = layer_count its output (an empty view where
+    //! the slot keeps none).
     Matrix boundary(std::size_t i) const {
       if (i == 0) return {const_cast<float*>(input_.data), input_.rows, input_.cols, input_.ld};
+      if (i == layer_count && !keeps_output_) return {nullptr, rows_, widths[i]};
       index_t off = 0;
       for (std::size_t j = 1; j < i; ++j) off += max_rows_ * widths[j];
       return {const_cast<float*>(storage_.data()) + off, rows_, widths[i]};
@@ -495,6 +509,8 @@ struct Stage {
     }
     //! Whether the slot was made for a split backward (keep_gradients).
     bool keeps_gradients() const { return keeps_gradients_; }
+    //! Whether the slot has room for the stage's output (keep_output).
+    bool keeps_output() const { return keeps_output_; }
     //! Layer I's Saved<B> in this slot (detail::NothingKept for a layer that keeps none). The
     //! backward writes it too (caches), hence a mutable member behind a const slot.
     template <std::size_t I>
@@ -533,6 +549,7 @@ struct Stage {
 
     index_t max_rows_;
     bool keeps_gradients_;
+    bool keeps_output_;
     index_t rows_ = 0;
     ConstMatrix input_{};
     typename B::template Buffer<float> storage_, kept_;
@@ -577,27 +594,39 @@ struct Stage {
   template <class Ctx, class Acts>
   static ConstMatrix forward(const Ctx& ctx, const float* params, ConstMatrix x, Acts& acts,
                              Running run = {}) {
+    if (!acts.keeps_output())
+      throw ShapeError(
+          "xpipe: Stage::forward: the activation slot keeps no output (made for a residual "
+          "block's path, whose last layer writes the block's sum: forward with a SumInto)");
     acts.bind_input(x);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&] {
-            if constexpr (takes_running<layer<I>, typename Ctx::backend>)
-              layer<I>::forward(
-                  ctx, params + param_offsets[I], acts.boundary(I), acts.boundary(I + 1),
-                  acts.template saved<I>(),
-                  Running{run.state == nullptr ? nullptr : run.state + state_offsets[I],
-                          run.training});
-            else if constexpr (keeps_saved<layer<I>, typename Ctx::backend>)
-              layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I),
-                                acts.boundary(I + 1), acts.template saved<I>());
-            else
-              layer<I>::forward(ctx, params + param_offsets[I], acts.boundary(I),
-                                acts.boundary(I + 1));
-          }(),
-          ...);
+      (layer_forward<I>(ctx, params, acts, run), ...);
     }
     (std::make_index_sequence<layer_count>{});
     return acts.output();
+  }
+
+  //! forward, and the sum of the residual block whose path the stage is: sum.y = Post(the
+  //! stage's output + sum.skip), computed by the last layer in its own pass (its forward_sum,
+  //! where it fuses_residual_sum), so the stage's own output is never written (the last layer's
+  //! backward does not read it). The bits of forward and then add_views<Post>. Returns sum.y.
+  template <class Post, class Ctx, class Acts>
+  static ConstMatrix forward(const Ctx& ctx, const float* params, ConstMatrix x, Acts& acts,
+                             Running run, SumInto<Post> sum) {
+    using Last = layer<layer_count - 1>;
+    static_assert(fuses_residual_sum<Last> && takes_running<Last, typename Ctx::backend>,
+                  "xpipe: Stage::forward with a SumInto: the stage's last layer must compute the "
+                  "residual sum in its forward (fuses_residual_sum, as BatchNorm2d does)");
+    acts.bind_input(x);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (layer_forward<I>(ctx, params, acts, run), ...);
+    }
+    (std::make_index_sequence<layer_count - 1>{});
+    constexpr std::size_t last = layer_count - 1;
+    Last::template forward_sum<Post>(ctx, params + param_offsets[last], acts.boundary(last),
+                                     sum.skip, sum.y, acts.template saved<last>(),
+                                     layer_running<last>(run));
+    return sum.y;
   }
 
   //! Back-propagates dy (the gradient of the stage output) through every layer, writing
@@ -791,6 +820,27 @@ struct Stage {
   static constexpr auto lane_pieces = make_lane_pieces();
 
  private:
+  // Layer I's part of the stage's state (none where the stage has none) and the run's mode.
+  template <std::size_t I>
+  static Running layer_running(Running run) {
+    return Running{run.state == nullptr ? nullptr : run.state + state_offsets[I], run.training};
+  }
+
+  // Layer I's forward on the slot, with its state, its Saved or neither, whichever it takes.
+  template <std::size_t I, class Ctx, class Acts>
+  static void layer_forward(const Ctx& ctx, const float* params, Acts& acts, Running run) {
+    using L = layer<I>;
+    using B = typename Ctx::backend;
+    const float* p = params + param_offsets[I];
+    if constexpr (takes_running<L, B>)
+      L::forward(ctx, p, acts.boundary(I), acts.boundary(I + 1), acts.template saved<I>(),
+                 layer_running<I>(run));
+    else if constexpr (keeps_saved<L, B>)
+      L::forward(ctx, p, acts.boundary(I), acts.boundary(I + 1), acts.template saved<I>());
+    else
+      L::forward(ctx, p, acts.boundary(I), acts.boundary(I + 1));
+  }
+
   // The checks of a split backward's input half, and its first upstream: dy itself, or its copy
   // in the slot when the last layer has a weight half (dy's buffer is the sender's and is reused
   // once this returns).
