@@ -340,8 +340,11 @@ struct BatchNormRunningStatistics {
 // consecutive threads take consecutive channels, so their loads coalesce.
 
 //! Element (r, p, c): y = Act(gamma[c] (x - mean[c]) invstd[c] + beta[c]), Act the identity or
-//! the activation fused after the normalisation.
-template <class Act = math::Identity>
+//! the activation fused after the normalisation. With Post (not void) the normalisation ends a
+//! residual block's path and its sum (and the activation Post after it) comes in the same pass:
+//! y = Post(that value + skip), the bits of the normalisation and then ops::AddViews<Post> (the
+//! normalised value rounds to float before the sum as it did when stored).
+template <class Act = math::Identity, class Post = void>
 struct BatchNormForward {
   ConstMatrix x;
   Matrix y;
@@ -349,30 +352,15 @@ struct BatchNormForward {
   const float* beta;
   const float* stats;
   int channels;
-  XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t c) const {
-    const index_t col = p * channels + c;
-    y(r, col) =
-        Act::forward(math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]));
-  }
-};
-
-//! Element (r, p, c) of a normalisation that ends a residual block's path, with the block's sum
-//! (and the activation Post after it) in the same pass: y = Post(Act(gamma[c] (x - mean[c])
-//! invstd[c] + beta[c]) + skip), the bits of BatchNormForward<Act> and then ops::AddViews<Post>
-//! (the normalised value rounds to float before the sum as it did when stored).
-template <class Act, class Post>
-struct BatchNormForwardSum {
-  ConstMatrix x, skip;
-  Matrix y;
-  const float* gamma;
-  const float* beta;
-  const float* stats;
-  int channels;
+  ConstMatrix skip{};  // with Post
   XPIPE_HOST_DEVICE void operator()(index_t r, index_t p, index_t c) const {
     const index_t col = p * channels + c;
     const float normalized =
         Act::forward(math::normalize(x(r, col), stats[c], stats[channels + c], gamma[c], beta[c]));
-    y(r, col) = Post::forward(normalized + skip(r, col));
+    if constexpr (std::is_void_v<Post>)
+      y(r, col) = normalized;
+    else
+      y(r, col) = Post::forward(normalized + skip(r, col));
   }
 };
 
@@ -532,7 +520,7 @@ template <class Act = math::Identity, class Post = math::Identity, class Ctx>
 void batch_norm_forward_sum(const Ctx& ctx, const NormGeometry& g, ConstMatrix x, ConstMatrix skip,
                             Matrix y, const float* gamma, const float* beta, const float* stats) {
   for_each_pixel(ctx, x.rows, g.plane, g.channels,
-                 ops::BatchNormForwardSum<Act, Post>{x, skip, y, gamma, beta, stats, g.channels});
+                 ops::BatchNormForward<Act, Post>{x, y, gamma, beta, stats, g.channels, skip});
 }
 
 // In the backward launchers below, dy is the gradient at the layer's output and stats the
