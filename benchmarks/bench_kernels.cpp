@@ -166,7 +166,7 @@ struct NormBuffers {
 enum class NormPass { Statistics, Forward, BackwardSums, BackwardInput };
 
 // Act: math::Identity, or math::Relu fused after the normalisation (BatchNormAct), whose backward
-// passes make the output y again from x (the forward's gamma and beta, here the same as the
+// passes make ReLU's input again from x (the forward's gamma and beta, here the same as the
 // backward's): the same arrays read, more arithmetic.
 template <class Act>
 void norm_pass(benchmark::State& st) {

@@ -494,7 +494,7 @@ TEST_CASE(
 
 TEST_CASE("A residual block's slot counts what its split backward keeps", "[layers][split]") {
   // Without a split the slot keeps f's activations (and the projection's with its input
-  // gradient), as before; a split backward adds the output gradient of each inner layer with
+  // gradient); a split backward adds the output gradient of each inner layer with
   // parameters: f's Conv, BN, Conv, BN (rows x 144 each), the projection's Conv and BN.
   // f's output is not kept: its last BatchNorm writes the block's sum instead.
   STATIC_REQUIRE(IdentityBlock::saved_floats(2) ==

@@ -525,9 +525,9 @@ void batch_norm_forward_sum(const Ctx& ctx, const NormGeometry& g, ConstMatrix x
 
 // In the backward launchers below, dy is the gradient at the layer's output and stats the
 // forward's statistics; with an activation Act fused after the normalisation, the gradient at the
-// normalisation's output is Act'(y) dy, y made again from x, stats and `affine`, the forward's
-// gamma and beta (ops::NormGradient), where it is read. For the identity affine is not read (it
-// may be null).
+// normalisation's output is Act'(z) dy, z = normalize(x) made again from x, stats and `affine`, the
+// forward's gamma and beta (ops::NormGradient), where it is read. For the identity affine is not
+// read (it may be null).
 
 //! dx through the batch's statistics from the channel sums of dy and dy xhat (`sums`, as
 //! BatchNormBackwardSums leaves them), gamma the backward's weights.

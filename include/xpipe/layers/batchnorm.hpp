@@ -42,14 +42,14 @@ struct NormOptions {
 //! an infinity in it.
 //! With Act an activation layer (`BatchNormAct<S, ReLU>`, which is `BatchNorm2d<S, Options,
 //! ReLU>`), y = Act(BatchNorm(x)) in one layer: one pass forward where the pair made two, and a
-//! backward that takes Act's gradient from y where each of its two passes reads dy, so the
-//! gradient through Act is never written; y itself is made again from x there (which those
-//! passes read anyway) with the forward's statistics and the forward's gamma and beta, which the
-//! slot keeps (2 C floats more), so they read two arrays, not three. The bits of `BatchNorm2d<S>,
-//! Act` on the host, from the same seed (it takes both layer numbers), with one activation fewer
-//! kept per slot. Act's gradient must follow from its output (math::OutputDifferentiable: ReLU,
-//! not GELU).
-//! Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, ConvOptions{.padding = 1}>,
+//! backward that takes Act's gradient where each of its two passes reads dy, so the gradient
+//! through Act is never written; Act's input z = BatchNorm(x) is made again from x there (which
+//! those passes read anyway; y is never read) with the forward's statistics and the forward's
+//! gamma and beta, which the slot keeps (2 C floats more), so they read two arrays, not three. The
+//! bits of `BatchNorm2d<S>, Act` on the host, from the same seed (it takes both layer numbers),
+//! with one activation fewer kept per slot. Act's gradient must follow from its output
+//! (math::OutputDifferentiable: ReLU, not GELU). Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3,
+//! ConvOptions{.padding = 1}>,
 //!               BatchNorm2d<Shape<16, 28, 28>>, ReLU>`.
 template <ImageShape S, NormOptions Options = NormOptions{}, class Act = void>
 struct BatchNorm2d {
@@ -156,19 +156,19 @@ struct BatchNorm2d {
   template <class Post, class Ctx, class Sv>
   static void forward_sum(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix skip,
                           Matrix y, Sv& saved, Running run) {
-    detail::check_image_views<BatchNorm2d>(x, y, "forward");
-    detail::check_image_views<BatchNorm2d>(skip, y, "forward");
+    detail::check_image_views<BatchNorm2d>(x, y, "forward_sum");
+    detail::check_image_views<BatchNorm2d>(skip, y, "forward_sum (skip)");
     statistics(ctx, params, x, saved, run);
     batch_norm_forward_sum<function, Post>(ctx, geometry(x.rows), x, skip, y, params,
                                            params + channels, saved.stats.data());
   }
 
   //! dgamma (+)= sum(dy xhat), dbeta (+)= sum(dy), dx through the batch's statistics (skipped
-  //! when dx is empty), dy taken through Act'(y) first where fused. Follows the training forward
-  //! of the same slot; y is not read (a fused layer makes it again from x).
+  //! when dx is empty), dy taken through Act'(z) first where fused (z = BatchNorm(x)). Follows the
+  //! training forward of the same slot; y is not read (a fused layer makes it again from x).
   template <class Ctx, class Sv>
   static void backward(const Ctx& ctx, const float* params, float* grads, bool accumulate,
-                       ConstMatrix x, ConstMatrix y, ConstMatrix dy, Matrix dx, Sv& saved) {
+                       ConstMatrix x, ConstMatrix /*y*/, ConstMatrix dy, Matrix dx, Sv& saved) {
     check_backward_views(x, dy, dx, "backward");
     batch_norm_backward<function>(ctx, geometry(x.rows), x, dy, dx, params, saved.stats.data(),
                                   saved.affine.data(), saved.sums.data(), grads, grads + channels,
@@ -179,7 +179,7 @@ struct BatchNorm2d {
   //! dy xhat into the slot's `sums` (they are dbeta's and dgamma's), then dx (skipped when
   //! empty). No parameter gradient; dy is left as it is.
   template <class Ctx, class Sv>
-  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix y,
+  static void backward_input(const Ctx& ctx, const float* params, ConstMatrix x, ConstMatrix /*y*/,
                              Matrix dy, Matrix dx, Sv& saved) {
     check_backward_views(x, dy, dx, "backward_input");
     batch_norm_backward_input<function>(ctx, geometry(x.rows), x, dy, dx, params,
