@@ -303,17 +303,14 @@ void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
   const HostContext ctx{.threads = threads};
   constexpr int w = Plain::out_width;
   const index_t rows = 5;
-  Slot<Fused> f(rows);
-  randomize(f, seed);
   Slot<Fused> a(rows);
+  randomize(a, seed);
+  const std::vector<float> state0 = a.state;  // before the forward moves it
   Slot<Plain> b(rows);
-  a.p = b.p = f.p;
-  a.x = b.x = f.x;
-  a.dy = f.dy;
-  a.state = b.state = f.state;
+  b.p = a.p, b.x = a.x, b.state = a.state;
   a.forward(ctx);
   b.forward(ctx);
-  std::vector<float> newer = f.p;
+  std::vector<float> newer = a.p;
   constexpr int c = Plain::channels;
   for (int i = 0; i < c; ++i) {
     newer[static_cast<std::size_t>(i)] *= 1.5f;
@@ -324,7 +321,7 @@ void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
   xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{b.y.data(), rows, w},
                        Matrix{relu_y.data(), rows, w});
   xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{b.y.data(), rows, w},
-                        ConstMatrix{relu_y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
+                        ConstMatrix{relu_y.data(), rows, w}, ConstMatrix{a.dy.data(), rows, w},
                         Matrix{relu_grad.data(), rows, w});
   b.dy = relu_grad;
   b.backward(ctx);
@@ -336,10 +333,7 @@ void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
   // What a mask from the backward's weights would give: the newer weights' own forward (the
   // same statistics, which x alone sets) and backward. It differs, so the checks can fail.
   Slot<Fused> n(rows);
-  n.p = newer;
-  n.x = f.x;
-  n.dy = f.dy;
-  n.state = f.state;
+  n.p = newer, n.x = a.x, n.dy = a.dy, n.state = state0;
   n.forward(ctx);
   n.backward(ctx);
   CHECK(n.dx != a.dx);
