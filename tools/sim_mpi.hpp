@@ -137,16 +137,7 @@ MpiRunTime time_mpi_run(MpiExecutor& exec, const std::string& name, int M, index
 //! The reference MLP's plan (dp x pp on the world's ranks, dp * pp == ranks) run by the MPI
 //! executor: pp = 1 is the whole model on each of dp replicas, pp = 2 the 784-1024-1024 |
 //! 1024-1024-10 split. Collective over MPI_COMM_WORLD.
-inline MpiRunTime time_mpi_plan(int dp, int pp, const std::string& schedule, int M, index_t batch,
-                                int N, int repeats) {
-  MpiExecutor exec(MPI_COMM_WORLD, dp);
-  if (pp == 1)
-    return time_mpi_run<Pipeline<mlp::K1, Latest, AnyOptimizer, MpiChannel>>(exec, schedule, M,
-                                                                             batch, N, repeats);
-  if (pp == 2)
-    return time_mpi_run<Pipeline<mlp::K2a, mlp::K2b, Latest, AnyOptimizer, MpiChannel>>(
-        exec, schedule, M, batch, N, repeats);
-  throw ConfigError("xpipe-plan: check-mpi runs pp = 1 or 2 (got " + std::to_string(pp) + ")");
-}
+MpiRunTime time_mpi_plan(int dp, int pp, const std::string& schedule, int M, index_t batch, int N,
+                         int repeats);  // runs_mlp.cpp, with the MLP's other Pipelines
 
 }  // namespace xpipe::tools

@@ -441,14 +441,6 @@ Cell validation_cell_of(int K, const std::string& schedule, int M, index_t batch
   throw ConfigError("xpipe-plan: validation runs K = 2 or 4 (got " + std::to_string(K) + ")");
 }
 
-//! Runs one validation cell of the reference MLP at K = 2 or 4.
-inline Cell validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
-                            int repeats, int cores, double hop = 0, bool pin = false) {
-  return validation_cell_of<Pipeline<mlp::K2a, mlp::K2b, AnyPredictor, AnyOptimizer>,
-                            Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
-      K, schedule, M, batch, N, repeats, cores, hop, pin);
-}
-
 //! The stages of Pipeline type P as the layers of a model, measured: P runs GPipe on the CPU-time
 //! executor at micro-batches of `small` and `large` rows, and each stage's median forward and
 //! backward are fitted as fixed + rows x per-sample; `names[k]` names stage k. For a model cut
@@ -521,16 +513,6 @@ struct concat_stages<Stage<As...>, Stage<Bs...>, Rest...>
 //! Usage: `static_assert(made_of<vgg::K2a, pieces::Conv1, pieces::Conv2>);`
 template <class S, class... Ps>
 inline constexpr bool made_of = std::is_same_v<S, typename detail::concat_stages<Ps...>::type>;
-
-//! The reference MLP's four layers (each with its ReLU; the last with the loss), measured on
-//! the validation's 4-stage type (Latest, AnyPredictor's default): one instantiation for both.
-inline std::vector<sim::LayerSpec> profile_mlp_layers(index_t small, index_t large, int N,
-                                                      int repeats) {
-  return profile_stages<Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer>>(
-      {"linear 784x1024 + relu", "linear 1024x1024 + relu", "linear 1024x1024 + relu",
-       "linear 1024x10 + softmax xent"},
-      small, large, N, repeats);
-}
 
 //! Seconds per training step of the reference MLP trained sequentially at batch b (one thread),
 //! with `replicas` such trainers running side by side on their own threads (what data

@@ -1,6 +1,6 @@
 // xpipe-train's runs, shared by its translation units: a run's configuration and record, the
 // signal and MPI state, and run_pipeline / run_stages, which train one configuration on one
-// compiled Pipeline type. The model table's instantiations are spread over train_models_*.cpp
+// compiled Pipeline type. The model table's instantiations are spread over runs_*.cpp
 // so that they compile in parallel; main() is in xpipe_train.cpp.
 // Over 400 lines: run_pipeline is one run's whole life (data, checkpoints, resume, epochs,
 // failures), kept in one function template so its order reads top to bottom.
@@ -58,7 +58,7 @@ struct RunConfig {
   int epochs = 3;
   std::uint64_t seed = 1;
   std::string executor = "threaded";
-  std::string device = "host";  // or cuda (train_models_cuda.cu)
+  std::string device = "host";  // or cuda (runs_cuda.cu)
   int dp = 1;                   // --executor mpi: data-parallel replicas of the pipeline
   double wait_timeout = 60;     // seconds a stage may wait on another before giving up
   std::vector<int> pin_cpus;    // --executor threaded: stage k on CPU pin_cpus[k % size]
@@ -230,7 +230,7 @@ inline int mpi_rank = 0;
 inline int mpi_local_rank = 0;
 #if defined(XPIPE_WITH_CUDA)
 // The GPU of the rank `local_rank` of a machine: local_rank % the machine's GPU count
-// (train_models_cuda.cu).
+// (runs_cuda.cu).
 int rank_device(int local_rank);
 #endif
 
@@ -624,19 +624,15 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
   return rec;
 }
 
-// One Pipeline type per model split: the predictor and the optimizer are values chosen at run
-// time (AnyPredictor, AnyOptimizer), and with MPI its links are MpiChannel's, which every
-// executor trains (in one process they are in-process rings).
+// One Pipeline type per model split (models.hpp's ModelPipeline): the predictor and the
+// optimizer are values chosen at run time, and with MPI its links are MpiChannel's.
 template <class... Stages>
 RunRecord run_stages(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
-#if defined(XPIPE_WITH_MPI)
-  return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer, MpiChannel>>(c, data, check);
-#else
-  return run_pipeline<Pipeline<Stages..., AnyPredictor, AnyOptimizer>>(c, data, check);
-#endif
+  return run_pipeline<ModelPipeline<Stages...>>(c, data, check);
 }
 
-// The model table's runners, one per compiled model (train_models_mlp.cpp, _deep, _cnn, _resnet).
+// The model table's runners, one unit per model (runs_mlp.cpp, runs_deep.cpp, runs_vgg.cpp,
+// runs_resnet.cpp, runs_gpt.cpp).
 RunRecord run_mlp1(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_mlp2(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_mlp4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
@@ -655,7 +651,7 @@ RunRecord run_gpt2(const RunConfig& c, const DatasetPair& data, const CheckPoint
 RunRecord run_gpt4(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_gpt8(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 #if defined(XPIPE_WITH_CUDA)
-// --device cuda (train_models_cuda.cu): the MLP, the CNNs and the GPT over 4 stages on CUDA
+// --device cuda (runs_cuda.cu): the MLP, the CNNs and the GPT over 4 stages on CUDA
 // devices, and why no device can run them (empty when one can).
 RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);
 RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check);

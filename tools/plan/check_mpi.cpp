@@ -1,6 +1,6 @@
 // xpipe-plan check-mpi: the planner against the MPI executor, transfers and all-reduce included,
-// a rank per device (mpirun -np 2). Its Pipelines (sim_mpi.hpp's, over MpiChannel) are compiled
-// here only.
+// a rank per device (mpirun -np 2). The MLP's Pipelines it runs (sim_mpi.hpp's time_mpi_plan)
+// are compiled in tools/runs_mlp.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -1,8 +1,5 @@
-// The reference MLP's training runs (runs.hpp): the translation unit of xpipe-plan that
-// instantiates its Pipelines of sim_profile.hpp (validation_cell's K = 2 and 4, the 4-stage one
-// shared with profile_mlp_layers) and SequentialTrainer<FashionMlp, Adam>, and the choice of a
-// model by name (the VGG's, the ResNet's and the GPT's runs are in runs_vgg.cpp, runs_resnet.cpp
-// and runs_gpt.cpp).
+// xpipe-plan's choice of a model's runs by name (each model's are in its unit of the tools' model
+// table, tools/runs_*.cpp) and the runs of SequentialTrainer<FashionMlp, Adam>, instantiated here.
 #include "plan/runs.hpp"
 
 #include <algorithm>
@@ -28,7 +25,7 @@ Cell validation_cell(const std::string& model, int K, const std::string& schedul
   if (model == "gpt")
     return gpt_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
   if (model == "mlp")
-    return tools::validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
+    return mlp_validation_cell(K, schedule, M, batch, N, repeats, cores, hop, pin);
   throw unknown_model(model);
 }
 
@@ -37,11 +34,8 @@ ModelPieces profile_pieces(const std::string& model, index_t small, index_t larg
   if (model == "vgg") return vgg_pieces(small, large, N, repeats);
   if (model == "resnet") return resnet_pieces(small, large, N, repeats);
   if (model == "gpt") return gpt_pieces(small, large, N, repeats);
-  if (model != "mlp") throw unknown_model(model);
-  // The 4-stage split is the pieces themselves; the 2-stage one (mlp::K2a, K2b) two each.
-  return {"mlp 784-1024-1024-1024-10",
-          tools::profile_mlp_layers(small, large, N, repeats),
-          {{0, 2}, {0, 1, 2, 3}}};
+  if (model == "mlp") return mlp_pieces(small, large, N, repeats);
+  throw unknown_model(model);
 }
 
 double measure_sequential_step(index_t b, int steps, int replicas) {

@@ -1,7 +1,8 @@
-// The training runs xpipe-plan makes, declared: runs.cpp (the reference MLP), runs_vgg.cpp,
-// runs_resnet.cpp and runs_gpt.cpp are the translation units that call the functions of
-// sim_profile.hpp that build a Pipeline or a SequentialTrainer, so each of those types is compiled
-// once, a model per unit (they dominate the build). The subcommands call these.
+// The training runs xpipe-plan makes, declared: each model's are defined in its unit of the tools'
+// model table (tools/runs_mlp.cpp, runs_vgg.cpp, runs_resnet.cpp, runs_gpt.cpp), beside
+// xpipe-train's runs of the same Pipeline types, so each type compiles once for both tools (they
+// dominate the build); the choice by name and the sequential trainer's runs are in runs.cpp. The
+// subcommands call these.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,8 @@ inline std::pair<index_t, index_t> profile_rows(const std::string& model) {
 Cell validation_cell(const std::string& model, int K, const std::string& schedule, int M,
                      index_t batch, int N, int repeats, int cores, double hop = 0,
                      bool pin = false);
+Cell mlp_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
+                         int repeats, int cores, double hop, bool pin);  // runs_mlp.cpp
 Cell vgg_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
                          int repeats, int cores, double hop, bool pin);  // runs_vgg.cpp
 Cell resnet_validation_cell(int K, const std::string& schedule, int M, index_t batch, int N,
@@ -56,6 +59,7 @@ struct ModelPieces {
 };
 ModelPieces profile_pieces(const std::string& model, index_t small, index_t large, int N,
                            int repeats);
+ModelPieces mlp_pieces(index_t small, index_t large, int N, int repeats);     // runs_mlp.cpp
 ModelPieces vgg_pieces(index_t small, index_t large, int N, int repeats);     // runs_vgg.cpp
 ModelPieces resnet_pieces(index_t small, index_t large, int N, int repeats);  // runs_resnet.cpp
 ModelPieces gpt_pieces(index_t small, index_t large, int N, int repeats);     // runs_gpt.cpp

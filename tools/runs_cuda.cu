@@ -19,34 +19,28 @@
 
 namespace xpipe::tools::train {
 
-#if defined(XPIPE_WITH_MPI)
-using GpuLinks = MpiChannel;
-#else
-using GpuLinks = InProcessRing;
-#endif
-
 RunRecord run_mlp4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   // One Pipeline type: every predictor and optimizer, chosen at run time.
   return run_pipeline<
-      Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer, Cuda, GpuLinks>>(c, data,
-                                                                                            check);
+      Pipeline<mlp::A, mlp::B, mlp::C, mlp::D, AnyPredictor, AnyOptimizer, Cuda, ModelLinks>>(
+      c, data, check);
 }
 
 RunRecord run_vgg4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return run_pipeline<
-      Pipeline<vgg::A, vgg::B, vgg::C, vgg::D, AnyPredictor, AnyOptimizer, Cuda, GpuLinks>>(c, data,
-                                                                                            check);
+      Pipeline<vgg::A, vgg::B, vgg::C, vgg::D, AnyPredictor, AnyOptimizer, Cuda, ModelLinks>>(
+      c, data, check);
 }
 
 RunRecord run_resnet4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return run_pipeline<Pipeline<resnet::A, resnet::B, resnet::C, resnet::D, AnyPredictor,
-                               AnyOptimizer, Cuda, GpuLinks>>(c, data, check);
+                               AnyOptimizer, Cuda, ModelLinks>>(c, data, check);
 }
 
 RunRecord run_gpt4_cuda(const RunConfig& c, const DatasetPair& data, const CheckPoint& check) {
   return run_pipeline<
-      Pipeline<Gpt::A, Gpt::B, Gpt::B, Gpt::C, AnyPredictor, AnyOptimizer, Cuda, GpuLinks>>(c, data,
-                                                                                            check);
+      Pipeline<Gpt::A, Gpt::B, Gpt::B, Gpt::C, AnyPredictor, AnyOptimizer, Cuda, ModelLinks>>(
+      c, data, check);
 }
 
 std::string cuda_device_problem() {

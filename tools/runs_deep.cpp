@@ -1,6 +1,6 @@
-// xpipe-train's model table, part 2: the deep MLP over 2, 4 and 8 stages (the sweep's), each
-// with every built-in predictor (train_run.hpp). Its own translation unit so that it compiles
-// in parallel.
+// The deep MLP's runs (the sweep's model, include/xpipe/models/deep.hpp): xpipe-train's over 2, 4
+// and 8 stages (train_run.hpp), each split one ModelPipeline type (models.hpp), compiled here
+// only. xpipe-plan does not run it.
 #include "train_run.hpp"
 
 namespace xpipe::tools::train {
