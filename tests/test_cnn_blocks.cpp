@@ -243,28 +243,32 @@ TEST_CASE("A residual block with a projected shortcut matches PyTorch",
 
 namespace {
 
-// A layer with ReLU fused (BatchNormAct, ResidualAct: Fused) against the layer without it
-// (Plain) then ReLU: y, the running state, dx and the parameter gradients bit for bit; the
-// split backward on a slot made for it; evaluation.
-template <class Fused, class Plain>
+// A layer with an activation Act fused (BatchNormAct, ResidualAct: Fused) against the layer
+// without it (Plain) then Act: y, the running state, dx and the parameter gradients bit for bit;
+// the split backward on a slot made for it; evaluation.
+template <class Fused, class Plain, class Act = xpipe::ReLU>
 void check_fused_against_pair(int threads, std::uint64_t seed) {
   const HostContext ctx{.threads = threads};
   constexpr int w = Plain::out_width;
   const index_t rows = 5;
   Slot<Fused> f(rows);
   randomize(f, seed);
-  // The pair: Plain into t, ReLU into y; back through ReLU into dt, then Plain.
+  // The pair: Plain into t, Act into y; back through Act into dt, then Plain.
   Slot<Plain> p(rows);
   p.p = f.p, p.x = f.x;
   p.forward(ctx);
   std::vector<float> y(p.y.size()), dt(p.y.size());
-  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
-  xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
-                        ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
-                        Matrix{dt.data(), rows, w});
+  Act::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+  Act::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
+                ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
+                Matrix{dt.data(), rows, w});
   p.dy = dt;
   p.backward(ctx);
-  REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
+  // Act is at work: ReLU zeroes a good share of the outputs, GELU changes its inputs.
+  if constexpr (std::is_same_v<Act, xpipe::ReLU>)
+    REQUIRE(std::count(y.begin(), y.end(), 0.f) > static_cast<std::ptrdiff_t>(y.size() / 4));
+  else
+    REQUIRE(y != p.y);
   const std::vector<float> state0 = f.state;
   f.forward(ctx);
   f.backward(ctx);
@@ -289,16 +293,17 @@ void check_fused_against_pair(int threads, std::uint64_t seed) {
   // Evaluation with the running statistics.
   f.forward(ctx, false);
   p.forward(ctx, false);
-  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
+  Act::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
   CHECK(f.y == y);
 }
 
 // A BatchNormAct's backward on newer weights than its forward's, as an asynchronous pipeline
-// without stashing runs it, against BatchNorm2d then ReLU: ReLU's gradient still follows the
-// forward's output (the fused layer makes it again from the gamma and beta its forward kept, not
-// the backward's, and never reads its output, which is NaN here when the backward runs). The
-// newer gamma and beta change the sign of some outputs, so a mask from them would differ.
-template <class Fused, class Plain>
+// without stashing runs it, against BatchNorm2d then Act: Act's gradient still follows the
+// forward's (the fused layer makes Act's input again from the gamma and beta its forward kept,
+// not the backward's, and never reads its output, which is NaN here when the backward runs). The
+// newer gamma and beta change that input (for ReLU, the sign of some), so a gradient from them
+// would differ.
+template <class Fused, class Plain, class Act = xpipe::ReLU>
 void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
   const HostContext ctx{.threads = threads};
   constexpr int w = Plain::out_width;
@@ -317,15 +322,14 @@ void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
     newer[static_cast<std::size_t>(c + i)] = 0.5f - newer[static_cast<std::size_t>(c + i)];
   }
   a.p = b.p = newer;
-  std::vector<float> relu_y(b.y.size()), relu_grad(b.y.size());
-  xpipe::ReLU::forward(ctx, nullptr, ConstMatrix{b.y.data(), rows, w},
-                       Matrix{relu_y.data(), rows, w});
-  xpipe::ReLU::backward(ctx, nullptr, nullptr, false, ConstMatrix{b.y.data(), rows, w},
-                        ConstMatrix{relu_y.data(), rows, w}, ConstMatrix{a.dy.data(), rows, w},
-                        Matrix{relu_grad.data(), rows, w});
-  b.dy = relu_grad;
+  std::vector<float> act_y(b.y.size()), act_grad(b.y.size());
+  Act::forward(ctx, nullptr, ConstMatrix{b.y.data(), rows, w}, Matrix{act_y.data(), rows, w});
+  Act::backward(ctx, nullptr, nullptr, false, ConstMatrix{b.y.data(), rows, w},
+                ConstMatrix{act_y.data(), rows, w}, ConstMatrix{a.dy.data(), rows, w},
+                Matrix{act_grad.data(), rows, w});
+  b.dy = act_grad;
   b.backward(ctx);
-  CHECK(a.y == relu_y);
+  CHECK(a.y == act_y);
   std::fill(a.y.begin(), a.y.end(), std::numeric_limits<float>::quiet_NaN());
   a.backward(ctx);
   CHECK(a.dx == b.dx);
@@ -339,12 +343,12 @@ void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
   CHECK(n.dx != a.dx);
 }
 
-// Stage<Conv8, Fused, Conv8> and Stage<Conv8, Plain, ReLU, Conv8> from one seed: the same
-// parameters, so the fused layer takes the layer numbers of Plain and ReLU.
-template <class Fused, class Plain>
+// Stage<Conv8, Fused, Conv8> and Stage<Conv8, Plain, Act, Conv8> from one seed: the same
+// parameters, so the fused layer takes the layer numbers of Plain and Act.
+template <class Fused, class Plain, class Act = xpipe::ReLU>
 void require_same_initial_weights() {
   using FusedStage = xpipe::Stage<Conv8, Fused, Conv8>;
-  using PlainStage = xpipe::Stage<Conv8, Plain, xpipe::ReLU, Conv8>;
+  using PlainStage = xpipe::Stage<Conv8, Plain, Act, Conv8>;
   STATIC_REQUIRE(FusedStage::param_count == PlainStage::param_count);
   std::vector<float> fused(FusedStage::param_count), plain(PlainStage::param_count);
   FusedStage::init(fused, 7);
@@ -386,6 +390,30 @@ TEST_CASE("BatchNormAct has the bits of BatchNorm2d then ReLU, whole and split, 
   REQUIRE(message_of<xpipe::ConfigError>([&] {
             s.forward(HostContext{}, false, false);
           }).find("BatchNormAct<Shape<8, 6, 6>, ReLU>::forward") != std::string::npos);
+}
+
+TEST_CASE("BatchNormAct with GELU has the bits of BatchNorm2d then GELU, whole and split",
+          "[layers][batchnorm]") {
+  // GELU's gradient needs its input, not its output: the fused backward makes the input again
+  // from x, as it does for ReLU, so GELU fuses as ReLU does.
+  using Fused = xpipe::BatchNormAct<S8, xpipe::GELU>;
+  using Plain = BatchNorm2d<S8>;
+  using Fused21 = xpipe::BatchNormAct<Shape<21, 5, 5>, xpipe::GELU>;
+  using Plain21 = BatchNorm2d<Shape<21, 5, 5>>;
+  STATIC_REQUIRE(Fused::param_count == Plain::param_count);
+  STATIC_REQUIRE(xpipe::splits_backward<Fused>);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    check_fused_against_pair<Fused, Plain, xpipe::GELU>(threads, 23);
+    check_fused_against_pair<Fused21, Plain21, xpipe::GELU>(threads, 23);
+    check_fused_backward_on_newer_weights<Fused, Plain, xpipe::GELU>(threads, 24);
+    check_fused_backward_on_newer_weights<Fused21, Plain21, xpipe::GELU>(threads, 24);
+  }
+  require_same_initial_weights<Fused, Plain, xpipe::GELU>();
+  Slot<Fused> s(2);
+  REQUIRE(message_of<xpipe::ConfigError>([&] {
+            s.forward(HostContext{}, false, false);
+          }).find("BatchNormAct<Shape<8, 6, 6>, GELU>::forward") != std::string::npos);
 }
 
 TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and its weights",

@@ -47,10 +47,9 @@ struct NormOptions {
 //! those passes read anyway; y is never read) with the forward's statistics and the forward's
 //! gamma and beta, which the slot keeps (2 C floats more), so they read two arrays, not three. The
 //! bits of `BatchNorm2d<S>, Act` on the host, from the same seed (it takes both layer numbers),
-//! with one activation fewer kept per slot. Act's gradient must follow from its output
-//! (math::OutputDifferentiable: ReLU, not GELU). Usage: `Stage<Conv2d<Shape<1, 28, 28>, 16, 3,
-//! ConvOptions{.padding = 1}>,
-//!               BatchNorm2d<Shape<16, 28, 28>>, ReLU>`.
+//! with one activation fewer kept per slot. Act's gradient is taken at its input, so any
+//! activation fuses (ReLU, GELU). Usage:
+//! `Stage<Conv2d<Shape<1, 28, 28>, 16, 3, same>, BatchNormAct<Shape<16, 28, 28>, GELU>>`.
 template <ImageShape S, NormOptions Options = NormOptions{}, class Act = void>
 struct BatchNorm2d {
   //! Whether an activation is fused after the normalisation, and its per-element function
@@ -58,11 +57,8 @@ struct BatchNorm2d {
   static constexpr bool fused = !std::is_void_v<Act>;
   static_assert(!fused || ActivationLayer<Act>,
                 "xpipe: BatchNormAct<S, Act>: Act must be an activation layer such as ReLU");
-  using function = typename std::conditional_t<fused, Act, Activation<math::Identity>>::function;
-  static_assert(math::OutputDifferentiable<function>,
-                "xpipe: BatchNormAct<S, Act>: Act's gradient must follow from its output (its "
-                "function needs static backward_from_output(y, dy), as ReLU's has); for GELU "
-                "write BatchNorm2d<S>, GELU");
+  using function = typename std::conditional_t<fused && ActivationLayer<Act>, Act,
+                                               Activation<math::Identity>>::function;
   static_assert(Options.eps > 0.f, "xpipe: BatchNorm2d: eps must be positive");
   static_assert(Options.momentum >= 0.f && Options.momentum <= 1.f,
                 "xpipe: BatchNorm2d: momentum must lie in [0, 1]");
@@ -258,5 +254,6 @@ struct BatchNormAct : BatchNorm2d<S, Options, Act> {};
 
 static_assert(Layer<BatchNorm2d<Shape<2, 3, 3>>>);
 static_assert(Layer<BatchNormAct<Shape<2, 3, 3>, ReLU>>);
+static_assert(Layer<BatchNormAct<Shape<2, 3, 3>, GELU>>);
 
 }  // namespace xpipe
