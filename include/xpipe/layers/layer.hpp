@@ -12,6 +12,7 @@
 
 #include "xpipe/backend/host.hpp"
 #include "xpipe/core/tensor.hpp"
+#include "xpipe/kernels/activation.hpp"
 
 namespace xpipe {
 
@@ -98,6 +99,14 @@ concept HasStateForward = HasSaved<L, B> &&
   { L::state_count } -> std::convertible_to<index_t>;
   L::init_state(std::span<float>{});
   L::forward(ctx, p, x, y, s, run);
+};
+// The forward of a layer that ends a residual block's path with the block's sum
+// (fuses_residual_sum), probed with the identity after the sum.
+template <class L, class B>
+concept HasForwardSum = HasSaved<L, B> &&
+    requires(const typename B::Context& ctx, const float* p, ConstMatrix x, ConstMatrix skip,
+             Matrix y, typename L::template Saved<B>& s, Running run) {
+  L::template forward_sum<math::Identity>(ctx, p, x, skip, y, s, run);
 };
 template <class L, class B>
 concept HasSavedBackward = HasSaved<L, B> &&
@@ -268,7 +277,8 @@ inline constexpr bool input_half_keeps_dy = requires {
 //! pass (L declares `static constexpr bool fuses_residual_sum = true` and has
 //! `forward_sum<Post>(ctx, params, x, skip, y, saved, run)`: y = Post(L's output + skip), the bits
 //! of its forward then the block's add_views<Post>). Its own output is then never written, so
-//! its backward must not read it. BatchNorm2d declares it; ResidualBlock uses it.
+//! its backward must not read it. BatchNorm2d declares it; ResidualBlock uses it. A layer that
+//! declares it without forward_sum is refused, naming it (check_layer, Stage::forward).
 //! Usage: `static_assert(fuses_residual_sum<BatchNorm2d<Shape<16, 28, 28>>>);`
 template <class L>
 inline constexpr bool fuses_residual_sum = requires {
@@ -330,7 +340,12 @@ inline constexpr bool takes_running = detail::HasStateForward<L, B>;
 //!     what backward_input left, later (other micro-batches may run in between). Together they
 //!     give bitwise what backward gives;
 //!   - with the split backward: `static constexpr bool input_half_keeps_dy = true` when its two
-//!     halves may run at once on two threads (input_half_keeps_dy above; Linear).
+//!     halves may run at once on two threads (input_half_keeps_dy above; Linear);
+//!   - with Running: `static constexpr bool fuses_residual_sum = true` and
+//!     `template <class Post> static void forward_sum(const Ctx&, const float* params,
+//!     ConstMatrix x, ConstMatrix skip, Matrix y, Saved<B>&, Running)`, y = Post(its output +
+//!     skip), when it may end a residual block's path with the block's sum in its own pass
+//!     (fuses_residual_sum above; BatchNorm2d). Its backward must then not read its output.
 template <class L, class B = Host>
 concept Layer = detail::HasInWidth<L> && detail::HasOutWidth<L> && detail::HasParamCount<L> &&
     detail::HasInit<L> &&(detail::HasForward<L, B> || detail::HasSavedForward<L, B> ||
@@ -361,6 +376,10 @@ consteval bool check_layer() {
                     detail::HasSavedBackward<L, B>,
                 "xpipe: Layer: missing static backward(ctx, params, grads, accumulate, x, y, dy, "
                 "dx[, scratch or Saved<B>&]) for this backend's context");
+  static_assert(!fuses_residual_sum<L> || detail::HasForwardSum<L, B>,
+                "xpipe: Layer: declares fuses_residual_sum but has no static "
+                "forward_sum<Post>(ctx, params, x, skip, y, Saved<B>&, Running) for this "
+                "backend's context");
   return true;
 }
 

@@ -617,15 +617,20 @@ struct Stage {
     static_assert(fuses_residual_sum<Last> && takes_running<Last, typename Ctx::backend>,
                   "xpipe: Stage::forward with a SumInto: the stage's last layer must compute the "
                   "residual sum in its forward (fuses_residual_sum, as BatchNorm2d does)");
+    static_assert(detail::HasForwardSum<Last, typename Ctx::backend>,
+                  "xpipe: Layer: declares fuses_residual_sum but has no static "
+                  "forward_sum<Post>(ctx, params, x, skip, y, Saved<B>&, Running) for this "
+                  "backend's context");
     acts.bind_input(x);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer_forward<I>(ctx, params, acts, run), ...);
     }
     (std::make_index_sequence<layer_count - 1>{});
     constexpr std::size_t last = layer_count - 1;
-    Last::template forward_sum<Post>(ctx, params + param_offsets[last], acts.boundary(last),
-                                     sum.skip, sum.y, acts.template saved<last>(),
-                                     layer_running<last>(run));
+    if constexpr (detail::HasForwardSum<Last, typename Ctx::backend>)  // else refused above
+      Last::template forward_sum<Post>(ctx, params + param_offsets[last], acts.boundary(last),
+                                       sum.skip, sum.y, acts.template saved<last>(),
+                                       layer_running<last>(run));
     return sum.y;
   }
 
