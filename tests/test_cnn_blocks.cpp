@@ -455,20 +455,21 @@ TEST_CASE("ResidualAct has the bits of the block then ReLU, whole and split, and
 
 namespace {
 
-// Block's forward (training) against its parts run one by one: the inner stage's forward, the
-// shortcut's, then the sum (and Post) as a pass of its own, as blocks ran before their last
-// BatchNorm took the sum into its pass. The same output and running statistics, bit for bit.
+// Block's forward (training, or evaluation on the running statistics) against its parts run one
+// by one: the inner stage's forward, the shortcut's, then the sum (and Post) as a pass of its
+// own, as blocks ran before their last BatchNorm took the sum into its pass. The same output and
+// running statistics, bit for bit.
 template <class Block>
-void check_sum_in_last_layer(int threads, std::uint64_t seed) {
+void check_sum_in_last_layer(int threads, std::uint64_t seed, bool training) {
   const HostContext ctx{.threads = threads};
   const index_t rows = 5;
   Slot<Block> s(rows);
   randomize(s, seed);
   std::vector<float> state = s.state, y(s.y.size());
-  s.forward(ctx);
+  s.forward(ctx, training);
   typename Block::inner::template Activations<xpipe::Host> inner(rows);
   const ConstMatrix f =
-      Block::inner::forward(ctx, s.p.data(), s.input(), inner, Running{state.data(), true});
+      Block::inner::forward(ctx, s.p.data(), s.input(), inner, Running{state.data(), training});
   const auto sum = [&](ConstMatrix skip) {
     xpipe::add_views<typename Block::post_function>(ctx, f, skip,
                                                     Matrix{y.data(), rows, Block::out_width});
@@ -476,7 +477,7 @@ void check_sum_in_last_layer(int threads, std::uint64_t seed) {
   if constexpr (Block::projected) {
     typename Block::shortcut::template Activations<xpipe::Host> acts(rows);
     sum(Block::shortcut::forward(ctx, s.p.data() + Block::shortcut_offset, s.input(), acts,
-                                 Running{state.data() + Block::inner::state_count, true}));
+                                 Running{state.data() + Block::inner::state_count, training}));
   } else {
     sum(s.input());
   }
@@ -516,9 +517,12 @@ TEST_CASE(
   }
   for (int threads : {1, 2}) {
     INFO(threads << " threads");
-    check_sum_in_last_layer<IdentityBlock>(threads, 31);
-    check_sum_in_last_layer<Fused>(threads, 32);
-    check_sum_in_last_layer<ProjectedBlock>(threads, 33);
+    for (bool training : {true, false}) {  // the batch's statistics, or the running ones
+      INFO((training ? "training" : "evaluation"));
+      check_sum_in_last_layer<IdentityBlock>(threads, 31, training);
+      check_sum_in_last_layer<Fused>(threads, 32, training);
+      check_sum_in_last_layer<ProjectedBlock>(threads, 33, training);
+    }
   }
 }
 
