@@ -1,6 +1,5 @@
-// The deep MLP's runs (the sweep's model, include/xpipe/models/deep.hpp): xpipe-train's over 2, 4
-// and 8 stages (train_run.hpp), each split one ModelPipeline type (models.hpp), compiled here
-// only. xpipe-plan does not run it.
+// The deep MLP's Pipelines (the sweep's model): xpipe-train's runs over 2, 4 and 8 stages, each
+// split compiled here only. xpipe-plan does not run it.
 #include "train_run.hpp"
 
 namespace xpipe::tools::train {

@@ -1,9 +1,5 @@
-// The GPT's runs (include/xpipe/models/gpt.hpp, at tools::Gpt's size), for both tools:
-// xpipe-train's over 1, 2, 4 and 8 stages (train_run.hpp), xpipe-plan's validation cells over 2
-// and 4 stages and the profile of its ten pieces, the embedding, eight blocks, the final norm and
-// head (plan/runs.hpp; a row is a token: the synthetic data are token ids and positions,
-// sim_profile.hpp, the batches whole sequences). Each split is one ModelPipeline type
-// (models.hpp), compiled here only.
+// The GPT's Pipelines (tools::Gpt) for both tools: xpipe-train's runs (1, 2, 4, 8 stages) and
+// xpipe-plan's validation cells (2, 4) and profile of its ten pieces (a row is a token).
 #include "plan/runs.hpp"
 #include "train_run.hpp"
 

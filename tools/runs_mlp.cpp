@@ -1,7 +1,5 @@
-// The reference MLP's runs, for both tools: xpipe-train's over 1, 2 and 4 stages (train_run.hpp),
-// xpipe-plan's validation cells over 2 and 4 stages, the profile of its four layers and the
-// check-mpi runs over 1 and 2 stages (plan/runs.hpp, sim_mpi.hpp). Each split is one
-// ModelPipeline type (models.hpp), compiled here only.
+// The reference MLP's Pipelines for both tools: xpipe-train's runs (1, 2, 4 stages), xpipe-plan's
+// validation cells (2, 4), layer profile and check-mpi runs (1, 2); each split compiled here only.
 #include "plan/runs.hpp"
 #include "train_run.hpp"
 #if defined(XPIPE_WITH_MPI)

@@ -1,7 +1,5 @@
-// The ResNet-20-style network's runs (include/xpipe/models/resnet.hpp), for both tools:
-// xpipe-train's over 1, 2, 4 and 8 stages (train_run.hpp), xpipe-plan's validation cells over 2
-// and 4 stages and the profile of its eleven pieces (plan/runs.hpp). Each split is one
-// ModelPipeline type (models.hpp), compiled here only.
+// The ResNet's Pipelines for both tools: xpipe-train's runs (1, 2, 4, 8 stages) and xpipe-plan's
+// validation cells (2, 4) and profile of its eleven pieces; each split compiled here only.
 #include "plan/runs.hpp"
 #include "train_run.hpp"
 

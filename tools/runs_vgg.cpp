@@ -1,7 +1,5 @@
-// The VGG-style convolutional network's runs (include/xpipe/models/vgg.hpp), for both tools:
-// xpipe-train's over 1, 2 and 4 stages (train_run.hpp), xpipe-plan's validation cells over 2 and
-// 4 stages and the profile of its five pieces (plan/runs.hpp). Each split is one ModelPipeline
-// type (models.hpp), compiled here only.
+// The VGG's Pipelines for both tools: xpipe-train's runs (1, 2, 4 stages) and xpipe-plan's
+// validation cells (2, 4) and profile of its five pieces; each split compiled here only.
 #include "plan/runs.hpp"
 #include "train_run.hpp"
 

@@ -1,8 +1,5 @@
-// The training runs xpipe-plan makes, declared: each model's are defined in its unit of the tools'
-// model table (tools/runs_mlp.cpp, runs_vgg.cpp, runs_resnet.cpp, runs_gpt.cpp), beside
-// xpipe-train's runs of the same Pipeline types, so each type compiles once for both tools (they
-// dominate the build); the choice by name and the sequential trainer's runs are in runs.cpp. The
-// subcommands call these.
+// The training runs xpipe-plan makes, declared: each model's beside xpipe-train's in the tools'
+// model table (tools/runs_*.cpp), the choice by name and the sequential trainer's in runs.cpp.
 #pragma once
 
 #include <cstdint>
