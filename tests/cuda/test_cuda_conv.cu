@@ -18,6 +18,9 @@
 #include "xpipe/kernels/cuda/attention.cuh"
 #include "xpipe/kernels/cuda/conv.cuh"
 #include "xpipe/kernels/im2col.hpp"
+#include "xpipe/layers/activation.hpp"
+#include "xpipe/layers/batchnorm.hpp"
+#include "xpipe/layers/conv.hpp"
 #include "xpipe/layers/pool.hpp"
 #include "xpipe/layers/stage.hpp"
 #include "xpipe/models/gpt.hpp"
@@ -354,6 +357,11 @@ int main() {
     stage_matches_host<resnet::E0>(ctx, 20, "resnet stem + 16-channel block, 20 rows");
     stage_matches_host<resnet::E2>(ctx, 5, "resnet strided block 16->32, 5 rows");
     stage_matches_host<resnet::Head>(ctx, 3, "resnet pooling head, 3 rows");
+    // BatchNorm with GELU fused: its backward takes GELU's gradient at the input it makes again.
+    using GeluStage =
+        xpipe::Stage<xpipe::Conv2d<xpipe::Shape<4, 10, 10>, 8, 3, xpipe::ConvOptions{.padding = 1}>,
+                     xpipe::BatchNormAct<xpipe::Shape<8, 10, 10>, xpipe::GELU>>;
+    stage_matches_host<GeluStage>(ctx, 6, "conv + BatchNormAct<GELU>, 6 rows");
     // The VGG's pooling (2 x 2, stride 2: disjoint windows, the backward a scatter), and 3 x 3
     // windows of stride 2 and padding 1 (overlapping: the backward sums in a fixed order).
     using xpipe::MaxPool2d, xpipe::Shape, xpipe::Stage;
