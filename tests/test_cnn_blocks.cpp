@@ -243,6 +243,21 @@ TEST_CASE("A residual block with a projected shortcut matches PyTorch",
 
 namespace {
 
+// The activation layer Act after an unfused layer: y = Act(t) and dt, the gradient at t of dy at
+// y, for `rows` rows of width w.
+template <class Act>
+struct ActPass {
+  std::vector<float> y, dt;
+  ActPass(const HostContext& ctx, const std::vector<float>& t, const std::vector<float>& dy,
+          index_t rows, int w)
+      : y(t.size()), dt(t.size()) {
+    Act::forward(ctx, nullptr, ConstMatrix{t.data(), rows, w}, Matrix{y.data(), rows, w});
+    Act::backward(ctx, nullptr, nullptr, false, ConstMatrix{t.data(), rows, w},
+                  ConstMatrix{y.data(), rows, w}, ConstMatrix{dy.data(), rows, w},
+                  Matrix{dt.data(), rows, w});
+  }
+};
+
 // A layer with an activation Act fused (BatchNormAct, ResidualAct: Fused) against the layer
 // without it (Plain) then Act: y, the running state, dx and the parameter gradients bit for bit;
 // the split backward on a slot made for it; evaluation.
@@ -257,12 +272,9 @@ void check_fused_against_pair(int threads, std::uint64_t seed) {
   Slot<Plain> p(rows);
   p.p = f.p, p.x = f.x;
   p.forward(ctx);
-  std::vector<float> y(p.y.size()), dt(p.y.size());
-  Act::forward(ctx, nullptr, ConstMatrix{p.y.data(), rows, w}, Matrix{y.data(), rows, w});
-  Act::backward(ctx, nullptr, nullptr, false, ConstMatrix{p.y.data(), rows, w},
-                ConstMatrix{y.data(), rows, w}, ConstMatrix{f.dy.data(), rows, w},
-                Matrix{dt.data(), rows, w});
-  p.dy = dt;
+  ActPass<Act> act(ctx, p.y, f.dy, rows, w);
+  std::vector<float> y = act.y;
+  p.dy = act.dt;
   p.backward(ctx);
   // Act is at work: ReLU zeroes a good share of the outputs, GELU changes its inputs.
   if constexpr (std::is_same_v<Act, xpipe::ReLU>)
@@ -322,14 +334,10 @@ void check_fused_backward_on_newer_weights(int threads, std::uint64_t seed) {
     newer[static_cast<std::size_t>(c + i)] = 0.5f - newer[static_cast<std::size_t>(c + i)];
   }
   a.p = b.p = newer;
-  std::vector<float> act_y(b.y.size()), act_grad(b.y.size());
-  Act::forward(ctx, nullptr, ConstMatrix{b.y.data(), rows, w}, Matrix{act_y.data(), rows, w});
-  Act::backward(ctx, nullptr, nullptr, false, ConstMatrix{b.y.data(), rows, w},
-                ConstMatrix{act_y.data(), rows, w}, ConstMatrix{a.dy.data(), rows, w},
-                Matrix{act_grad.data(), rows, w});
-  b.dy = act_grad;
+  const ActPass<Act> act(ctx, b.y, a.dy, rows, w);
+  b.dy = act.dt;
   b.backward(ctx);
-  CHECK(a.y == act_y);
+  CHECK(a.y == act.y);
   std::fill(a.y.begin(), a.y.end(), std::numeric_limits<float>::quiet_NaN());
   a.backward(ctx);
   CHECK(a.dx == b.dx);

@@ -364,6 +364,17 @@ consteval bool check_layer_shape() {
   return true;
 }
 
+//! Fails to compile, naming the member, where L (which declares fuses_residual_sum) has no
+//! forward_sum on backend B. Called by check_layer and by Stage::forward with a SumInto.
+template <class L, class B = Host>
+consteval bool check_forward_sum() {
+  static_assert(detail::HasForwardSum<L, B>,
+                "xpipe: Layer: declares fuses_residual_sum but has no static "
+                "forward_sum<Post>(ctx, params, x, skip, y, Saved<B>&, Running) for this "
+                "backend's context");
+  return true;
+}
+
 //! Fails to compile with a message naming the first member L lacks on backend B.
 template <class L, class B = Host>
 consteval bool check_layer() {
@@ -376,10 +387,7 @@ consteval bool check_layer() {
                     detail::HasSavedBackward<L, B>,
                 "xpipe: Layer: missing static backward(ctx, params, grads, accumulate, x, y, dy, "
                 "dx[, scratch or Saved<B>&]) for this backend's context");
-  static_assert(!fuses_residual_sum<L> || detail::HasForwardSum<L, B>,
-                "xpipe: Layer: declares fuses_residual_sum but has no static "
-                "forward_sum<Post>(ctx, params, x, skip, y, Saved<B>&, Running) for this "
-                "backend's context");
+  if constexpr (fuses_residual_sum<L>) static_assert(check_forward_sum<L, B>());
   return true;
 }
 

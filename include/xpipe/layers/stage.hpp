@@ -617,10 +617,7 @@ struct Stage {
     static_assert(fuses_residual_sum<Last> && takes_running<Last, typename Ctx::backend>,
                   "xpipe: Stage::forward with a SumInto: the stage's last layer must compute the "
                   "residual sum in its forward (fuses_residual_sum, as BatchNorm2d does)");
-    static_assert(detail::HasForwardSum<Last, typename Ctx::backend>,
-                  "xpipe: Layer: declares fuses_residual_sum but has no static "
-                  "forward_sum<Post>(ctx, params, x, skip, y, Saved<B>&, Running) for this "
-                  "backend's context");
+    static_assert(check_forward_sum<Last, typename Ctx::backend>());
     acts.bind_input(x);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer_forward<I>(ctx, params, acts, run), ...);
