@@ -520,7 +520,7 @@ TEST_CASE("A stage Linear, CausalSelfAttention, Linear trains", "[layers][attent
   }
 
   // The split backward (zero-bubble schedules) gives the same bits.
-  Net::Activations<Host> split(rows, /*keep_gradients=*/true);
+  Net::Activations<Host> split(rows, {.kept_gradients = true});
   std::vector<float> g_split(Net::param_count, -1.f), dx_split(rows * 8);
   Net::forward(ctx, p.data(), ConstMatrix{x.data(), rows, 8}, split);
   Net::backward_input(ctx, p.data(), split, ConstMatrix{dy.data(), rows, 8},
@@ -566,7 +566,7 @@ TEST_CASE("Two attention layers of a stage share one arena and keep their bits",
     all.insert(all.end(), dx.begin(), dx.end());
     return all;
   };
-  Acts a(rows, false, &ws), b(rows, false, &ws), e(batch, false, &ws);
+  Acts a(rows, {}, &ws), b(rows, {}, &ws), e(batch, {}, &ws);
   Acts a_own(rows), b_own(rows), e_own(batch);
   REQUIRE(&*a.saved<3>().workspace == &ws.get<3>());
   REQUIRE(a_own.saved<1>().workspace->grads() != b_own.saved<1>().workspace->grads());
@@ -778,7 +778,7 @@ TEST_CASE("A stage Embedding, Linear runs forward and backward", "[layers][embed
   }
 
   // The split backward gives the same bits.
-  Net::Activations<Host> split(rows, /*keep_gradients=*/true);
+  Net::Activations<Host> split(rows, {.kept_gradients = true});
   std::vector<float> g_split(Net::param_count, -1.f);
   Net::forward(ctx, p.data(), ConstMatrix{x.data(), rows, 2}, split);
   Net::backward_input(ctx, p.data(), split, ConstMatrix{dy.data(), rows, 5}, Matrix{}, scratch);

@@ -513,8 +513,8 @@ TEST_CASE(
                  IdentityBlock::inner::activation_floats(4) - 4 * S8::size);
   STATIC_REQUIRE(ConvLast::saved_floats(4) == ConvLast::inner::activation_floats(4));
   {
-    typename IdentityBlock::inner::template Activations<xpipe::Host> no_output(4, false, nullptr,
-                                                                               false);
+    typename IdentityBlock::inner::template Activations<xpipe::Host> no_output(4,
+                                                                               {.output = false});
     REQUIRE_FALSE(no_output.keeps_output());
     Slot<IdentityBlock> s(4);
     randomize(s, 30);

@@ -450,7 +450,8 @@ void check_shared_workspace() {
   typename Net::template Workspace<B> ws(batch);
   for (bool split : {false, true}) {
     INFO((split ? "split" : "whole") << " backward");
-    Acts a(rows, split, &ws), b(rows, split, &ws), e(batch, false, &ws);
+    Acts a(rows, {.kept_gradients = split}, &ws), b(rows, {.kept_gradients = split}, &ws),
+        e(batch, {}, &ws);
     // Every slot reaches the stage's one workspace: the layers', and inside the blocks their
     // inner layers' and their shortcut's.
     REQUIRE(&*a.template saved<0>().workspace == &ws.template get<0>());
@@ -461,7 +462,8 @@ void check_shared_workspace() {
     REQUIRE(&*b.template saved<4>().shortcut.acts.template saved<0>().workspace ==
             &ws.template get<4>().shortcut.layers.template get<0>());
     // Slots made alone keep their own, as before the stage's workspace.
-    Acts a_own(rows, split), b_own(rows, split), e_own(batch);
+    Acts a_own(rows, {.kept_gradients = split}), b_own(rows, {.kept_gradients = split}),
+        e_own(batch);
     REQUIRE(&*a_own.template saved<0>().workspace != &*b_own.template saved<0>().workspace);
     const std::vector<float> shared = interleave(side, split, a, b, e, params, x, dy, rows);
     require_bitwise(shared, interleave(side, split, a_own, b_own, e_own, params, x, dy, rows),
@@ -469,7 +471,7 @@ void check_shared_workspace() {
     for (float v : shared) REQUIRE(std::isfinite(v));
   }
   // A slot larger than the workspace is refused, naming both.
-  CHECK_THROWS_WITH(Acts(batch + 1, false, &ws),
+  CHECK_THROWS_WITH(Acts(batch + 1, {}, &ws),
                     Catch::Contains("activations of 9 rows on a workspace made for 8"));
 }
 
@@ -655,7 +657,7 @@ void check_lanes(index_t rows, std::uint64_t seed, bool accumulate) {
   Net::backward(one, p.data(), g.data(), accumulate, acts, grad,
                 Matrix{dx.data(), rows, Net::in_width}, scratch);
 
-  typename Net::template Activations<xpipe::Host> lanes(rows, /*keep_gradients=*/true);
+  typename Net::template Activations<xpipe::Host> lanes(rows, {.kept_gradients = true});
   std::vector<float> lane_p = p, lane_g = start, lane_dx(x.size());
   Net::forward(one, lane_p.data(), in, lanes);
   struct Call {

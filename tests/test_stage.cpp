@@ -273,7 +273,7 @@ TEST_CASE("A split backward (I then W) gives the bits of the whole one - slots i
 
   // Split: F(a) F(b) I(a) I(b) W(a) W(b), the incoming gradients overwritten after each I (the
   // queue slot is reused): the slot must have kept its own copy.
-  S::Activations<Host> sa(rows, true), sb(rows, true);
+  S::Activations<Host> sa(rows, {.kept_gradients = true}), sb(rows, {.kept_gradients = true});
   std::vector<float> g_split(S::param_count, 7.f), dxa(rows * 6), dxb(rows * 6);
   S::forward(ctx, w.data(), {xa.data(), rows, 6}, sa);
   S::forward(ctx, w.data(), {xb.data(), rows, 6}, sb);
@@ -291,7 +291,7 @@ TEST_CASE("A split backward (I then W) gives the bits of the whole one - slots i
 
   // The model's first stage needs no input gradient: an empty dx, the same parameter gradient.
   std::vector<float> g_nodx(S::param_count, 7.f);
-  S::Activations<Host> sc(rows, true);
+  S::Activations<Host> sc(rows, {.kept_gradients = true});
   S::forward(ctx, w.data(), {xa.data(), rows, 6}, sc);
   S::backward_input(ctx, w.data(), sc, {dya.data(), rows, 3}, Matrix{}, scratch);
   S::backward_weight(ctx, g_nodx.data(), false, sc);

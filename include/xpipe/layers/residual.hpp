@@ -54,7 +54,8 @@ template <class Shortcut, class B, int InWidth>
 struct ShortcutSlot {
   ShortcutSlot(index_t rows, bool keep_gradients,
                ShortcutWorkspace<Shortcut, B, InWidth>* workspace)
-      : acts(rows, keep_gradients, workspace == nullptr ? nullptr : &workspace->layers) {}
+      : acts(rows, {.kept_gradients = keep_gradients},
+             workspace == nullptr ? nullptr : &workspace->layers) {}
   typename Shortcut::template Activations<B> acts;
 };
 template <class B, int InWidth>
@@ -225,11 +226,13 @@ struct ResidualBlock : detail::InShapeOf<Stage<Ls...>::in_shape>,
   struct Saved {
     explicit Saved(index_t rows, bool keep_gradients = false)
         : workspace(rows),
-          acts(rows, keep_gradients, &workspace->layers, !sum_in_last_layer),
+          acts(rows, {.kept_gradients = keep_gradients, .output = !sum_in_last_layer},
+               &workspace->layers),
           shortcut(rows, keep_gradients, &workspace->shortcut) {}
     Saved(index_t rows, bool keep_gradients, Workspace<B>& shared)
         : workspace(shared),
-          acts(rows, keep_gradients, &workspace->layers, !sum_in_last_layer),
+          acts(rows, {.kept_gradients = keep_gradients, .output = !sum_in_last_layer},
+               &workspace->layers),
           shortcut(rows, keep_gradients, &workspace->shortcut) {}
     WorkspaceRef<Workspace<B>> workspace;  // first: the activations below point into it
     typename inner::template Activations<B> acts;

@@ -191,6 +191,18 @@ struct SumInto {
   Matrix y;
 };
 
+//! The options of a stage's activation slot (Stage::Activations): what it has room for beside
+//! the inner layers' outputs and what each layer keeps per micro-batch.
+//! Usage: `S::Activations<Host> a(32, {.kept_gradients = true}, &ws);`
+struct SlotRoom {
+  //! What a split backward keeps between its halves: the output gradients of the layers with
+  //! parameters (Stage::Activations::kept).
+  bool kept_gradients = false;
+  //! The stage's own output. False for a residual block's path whose last layer writes the
+  //! block's sum instead (forward with a SumInto; the plain forward refuses such a slot).
+  bool output = true;
+};
+
 //! A pipeline stage: layers run in order on one device. Widths are checked at compile time.
 //! Usage: `using S0 = Stage<Linear<784, 1024>, ReLU>;`
 template <class... Ls>
@@ -424,8 +436,7 @@ struct Stage {
   //! (they point into it); a layer that declares a Workspace<B> must build its Saved<B> on it,
   //! and one that takes from the arena must build its Workspace<B> on it, else this fails to
   //! compile naming the layer.
-  //! Usage: `S::Workspace<Host> ws(128); S::Activations<Host> a(32, false, &ws), b(32, false,
-  //! &ws);`
+  //! Usage: `S::Workspace<Host> ws(128); S::Activations<Host> a(32, {}, &ws), b(32, {}, &ws);`
   template <class B = DefaultBackend>
   class Workspace {
    public:
@@ -476,19 +487,16 @@ struct Stage {
   template <class B = DefaultBackend>
   class Activations {
    public:
-    //! `keep_gradients`: also room for what a split backward keeps between its halves.
-    //! `workspace`: the stage's, which the layers' Saved then share (it must outlive the slot
-    //! and take max_rows rows); without one each Saved makes its own. `keep_output` false: no
-    //! room for the stage's own output, for a residual block's path whose last layer writes the
-    //! block's sum instead (forward with a SumInto; the plain forward refuses such a slot).
-    explicit Activations(index_t max_rows, bool keep_gradients = false,
-                         Workspace<B>* workspace = nullptr, bool keep_output = true)
+    //! `room`: whether the slot also keeps what a split backward needs between its halves, and
+    //! whether it has room for the stage's own output (SlotRoom). `workspace`: the stage's, which
+    //! the layers' Saved then share (it must outlive the slot and take max_rows rows); without
+    //! one each Saved makes its own.
+    explicit Activations(index_t max_rows, SlotRoom room = {}, Workspace<B>* workspace = nullptr)
         : max_rows_(max_rows),
-          keeps_gradients_(keep_gradients),
-          keeps_output_(keep_output),
-          storage_(boundary_floats(max_rows) - (keep_output ? 0 : max_rows * out_width)),
-          kept_(keep_gradients ? max_rows * kept_offsets[layer_count] : 0),
-          saved_(make_saved_all(max_rows, keep_gradients, checked(workspace, max_rows),
+          room_(room),
+          storage_(boundary_floats(max_rows) - (room.output ? 0 : max_rows * out_width)),
+          kept_(room.kept_gradients ? max_rows * kept_offsets[layer_count] : 0),
+          saved_(make_saved_all(max_rows, room.kept_gradients, checked(workspace, max_rows),
                                 std::make_index_sequence<layer_count>{})) {}
     index_t max_rows() const { return max_rows_; }
     index_t rows() const { return rows_; }
@@ -496,21 +504,21 @@ struct Stage {
     //! the slot keeps none).
     Matrix boundary(std::size_t i) const {
       if (i == 0) return {const_cast<float*>(input_.data), input_.rows, input_.cols, input_.ld};
-      if (i == layer_count && !keeps_output_) return {nullptr, rows_, widths[i]};
+      if (i == layer_count && !room_.output) return {nullptr, rows_, widths[i]};
       index_t off = 0;
       for (std::size_t j = 1; j < i; ++j) off += max_rows_ * widths[j];
       return {const_cast<float*>(storage_.data()) + off, rows_, widths[i]};
     }
     ConstMatrix output() const { return boundary(layer_count); }
     //! Layer i's output gradient as a split backward keeps it (layers with parameters; the
-    //! slot was made with keep_gradients).
+    //! slot was made with SlotRoom::kept_gradients).
     Matrix kept(std::size_t i) const {
       return {const_cast<float*>(kept_.data()) + max_rows_ * kept_offsets[i], rows_, widths[i + 1]};
     }
-    //! Whether the slot was made for a split backward (keep_gradients).
-    bool keeps_gradients() const { return keeps_gradients_; }
-    //! Whether the slot has room for the stage's output (keep_output).
-    bool keeps_output() const { return keeps_output_; }
+    //! Whether the slot was made for a split backward (SlotRoom::kept_gradients).
+    bool keeps_gradients() const { return room_.kept_gradients; }
+    //! Whether the slot has room for the stage's output (SlotRoom::output).
+    bool keeps_output() const { return room_.output; }
     //! Layer I's Saved<B> in this slot (detail::NothingKept for a layer that keeps none). The
     //! backward writes it too (caches), hence a mutable member behind a const slot.
     template <std::size_t I>
@@ -548,8 +556,7 @@ struct Stage {
     }
 
     index_t max_rows_;
-    bool keeps_gradients_;
-    bool keeps_output_;
+    SlotRoom room_;
     index_t rows_ = 0;
     ConstMatrix input_{};
     typename B::template Buffer<float> storage_, kept_;
@@ -675,8 +682,8 @@ struct Stage {
 
   //! The input half of a split backward: back-propagates dy through every layer into dx (unless
   //! empty) without touching the parameter gradient, keeping in the slot (acts, made with
-  //! keep_gradients) what backward_weight needs: each parametered layer's output gradient (or
-  //! what the layer wrote over it) and its Saved. Needs splits_backward<B>.
+  //! SlotRoom::kept_gradients) what backward_weight needs: each parametered layer's output gradient
+  //! (or what the layer wrote over it) and its Saved. Needs splits_backward<B>.
   template <class Ctx, class Acts, class Scratch>
   static void backward_input(const Ctx& ctx, const float* params, const Acts& acts, ConstMatrix dy,
                              Matrix dx, const Scratch& scratch) {
@@ -718,10 +725,10 @@ struct Stage {
   //! taken by whichever lane is free (lane 1 while it waits for its next weight half, lane 0 once
   //! its input halves are done), `one` that lane's one-thread context: a trainer steps them there.
   //! Pieces of one block may be handed to both lanes at once: `done` must take disjoint ranges
-  //! from two threads. The slot must keep gradients (keep_gradients); needs splits_backward on
-  //! the host. The bits are those of backward_input then backward_weight on a one-thread context,
-  //! whatever the caller's thread count.
-  //! Usage: `S::backward_in_lanes(w, g, false, slot, dy, Matrix{}, scratch,
+  //! from two threads. The slot must keep gradients (SlotRoom::kept_gradients); needs
+  //! splits_backward on the host. The bits are those of backward_input then backward_weight on a
+  //! one-thread context, whatever the caller's thread count. Usage: `S::backward_in_lanes(w, g,
+  //! false, slot, dy, Matrix{}, scratch,
   //!                              [&](const HostContext& one, index_t first, index_t n) {...});`
   template <class Acts, class Scratch, class Done>
   static void backward_in_lanes(const float* params, float* grads, bool accumulate,
@@ -858,7 +865,7 @@ struct Stage {
     if (!acts.keeps_gradients())
       throw ShapeError(name() +
                        ": the activation slot keeps no gradients (make it with "
-                       "keep_gradients = true)");
+                       "SlotRoom{.kept_gradients = true})");
     Matrix upstream{const_cast<float*>(dy.data), dy.rows, dy.cols, dy.ld};
     if constexpr (layer<layer_count - 1>::param_count > 0) {
       if (dy.ld != dy.cols)

@@ -47,7 +47,7 @@ class SequentialTrainer {
   SequentialTrainer(O optimizer, index_t max_batch, std::uint64_t seed)
       : state_(optimizer, Model::param_count),
         workspace_(max_batch),
-        acts_(max_batch, can_run_lanes, &workspace_),
+        acts_(max_batch, {.kept_gradients = can_run_lanes}, &workspace_),
         scratch_(max_batch),
         dlogits_(max_batch * Model::out_width),
         row_loss_(max_batch),

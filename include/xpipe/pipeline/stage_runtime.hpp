@@ -14,6 +14,7 @@
 #include "xpipe/comm/spsc_ring.hpp"  // detail::HasEvents
 #include "xpipe/layers/layer.hpp"
 #include "xpipe/layers/loss.hpp"
+#include "xpipe/layers/stage.hpp"  // SlotRoom
 #include "xpipe/optim/optimizer.hpp"
 #include "xpipe/pipeline/prediction_probe.hpp"
 #include "xpipe/predict/predictor.hpp"
@@ -73,7 +74,7 @@ struct StageRuntime {
         workspace(batch),
         scratch(batch),
         row_loss(batch),
-        eval_acts(batch, false, &workspace),
+        eval_acts(batch, {}, &workspace),
         running(S::state_count) {
     // The context came first: on a GPU it made the stage's device current, so every buffer
     // above lives there. Initial weights are drawn on the host (the same bits on any backend).
@@ -117,7 +118,8 @@ struct StageRuntime {
     const bool keeps = acts.empty() || acts.front().keeps_gradients();
     if (static_cast<int>(acts.size()) < slots || (split && !keeps)) {
       acts.clear();
-      for (int i = 0; i < slots; ++i) acts.emplace_back(rows, split, &workspace);
+      for (int i = 0; i < slots; ++i)
+        acts.emplace_back(rows, SlotRoom{.kept_gradients = split}, &workspace);
       if (receives) inputs = Buffer<float>(slots * rows * S::in_width);
       if (last) dlogits = Buffer<float>(slots * rows * S::out_width);
     }
