@@ -289,6 +289,10 @@ case $case in
     # Another augmentation is another computation: refused, named.
     run 1 "${base[@]}" --augment-pad 1 --epochs 3 --checkpoint-dir ck --resume --out other
     says "run.augment = pad=2,flip=1, this run has pad=1,flip=1"
+    # Another model's checkpoint is named by the model first (its augmentation differs too).
+    run 1 --model vgg --stages 4 -M 2 --batch 32 --train-samples 256 --test-samples 100 \
+      --executor reference --epochs 3 --checkpoint-dir ck --resume --out other-model
+    says "it was run with run.model = resnet, this run has vgg"
     ;;
   cnn_executors_agree)  # the VGG over 4 stages: threaded = reference, every epoch's numbers
     v=(--model vgg --stages 4 -M 4 --batch 64 --train-samples 512 --test-samples 100 --epochs 2)
@@ -334,8 +338,8 @@ case $case in
     same_epochs one v "interleaved differs"
     svg=v/timeline-interleaved-1f1b_latest_adam.svg
     grep -q '>worker 1<' $svg && ! grep -q '>worker 2<' $svg || fail "not a row per worker"
-    run 1 --stages 2 --schedule interleaved-1f1b "${small[@]}" --out bad  # a failed run
-    says "interleaved-1f1b.* failed: .*even number of stages, at least 4 \\(got 2\\)"
+    run 2 --stages 2 --schedule interleaved-1f1b "${small[@]}" --out bad  # named before data
+    says "--schedule interleaved-1f1b with -K 2 -M 4: .*even number of stages, at least 4 \\(got 2\\)"
     ;;
   v_schedules_train_like_gpipe)  # ZB-V and DualPipeV on 4 stages print GPipe's numbers
     m=(--stages 4 -M 4 --predictor latest "${small[@]}")
@@ -346,8 +350,8 @@ case $case in
       cut -d, -f9-12 $v/runs.csv >got.txt
       cmp -s want.txt got.txt || fail "$v differs: $(diff want.txt got.txt | tr '\n' ' ')"
     done
-    run 1 --stages 4 -M 2 --predictor latest "${small[@]}" --schedule zb-v --out bad  # M < 2P
-    says "zb-v.* failed: .*needs micro_batches >= 2 x workers \\(got M=2, P=2\\)"
+    run 2 --stages 4 -M 2 --predictor latest "${small[@]}" --schedule zb-v --out bad  # M < 2P
+    says "--schedule zb-v with -K 4 -M 2: .*needs micro_batches >= 2 x workers \\(got M=2, P=2\\)"
     ;;
   checkpoints_never_overwritten)  # a folder with checkpoints needs --resume; --resume needs one
     run 0 "${small[@]}" --checkpoint-dir ck --out out
@@ -701,9 +705,14 @@ case $case in
     run 0 "${small[@]}" --checkpoint-dir ck2 --resume --out out
     says "no checkpoint to resume in ck2/async-1f1b_xpipe_adam; starting afresh"
     run 0 "${tiny[@]}" --epochs 2 --checkpoint-dir ck3 --out out
+    # Fewer --epochs than the checkpoint holds: said; nothing trains, so no timeline is claimed,
+    # and the one the run drew into this --out before stays.
     run 0 "${tiny[@]}" --epochs 1 --checkpoint-dir ck3 --resume --out out
-    says "resumed from ck3/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done\\)"
+    says "resumed from ck3/async-1f1b_xpipe_adam/ckpt-000002 \\(2 epochs done; more than --epochs 1, so none trains and the run reports the checkpoint's 2\\)"
     never_says "timeline"
+    grep -q '"timeline_svg"' out/runs.json && fail "runs.json claims a timeline the run did not draw"
+    [ -f out/timeline-async-1f1b_xpipe_adam.svg ] && [ -f out/trace-async-1f1b_xpipe_adam.json ] ||
+      fail "resuming a finished run removed its timeline or trace: $(ls out | tr '\n' ' ')"
     ;;
   planted_temporary_link)  # a link planted as a checkpoint's temporary is not written through
     mkdir -p ck/async-1f1b_xpipe_adam
@@ -778,6 +787,11 @@ case $case in
     run 0 "${base[@]}" --epochs 1 --checkpoint-dir ck --out first
     run 0 "${base[@]}" --epochs 2 --checkpoint-dir ck --resume --out resumed
     same_epochs straight resumed "resumed epochs differ"
+    # A sweep of the gpt trains and records its default batch: 16 sequences (2048 tokens).
+    run 0 --sweep --model gpt --sweep-stages 2 --sweep-micro-batches 1 --sweep-predictors latest \
+      --sweep-optimizers adam --seeds 1 --train-samples 2048 --test-samples 128 --epochs 1 --out sweep
+    grep -Eq '"batch": ?2048' sweep/sweep.json || fail "sweep.json records another batch"
+    grep -q ',2048,' sweep/sweep-runs.csv || fail "sweep-runs.csv records another batch"
     run 2 --model gpt --batch 100 "${small[@]}"
     says "--batch 100: the gpt trains on whole sequences of 128 tokens"
     run 2 --model gpt -K 2 -M 32 "${small[@]}"

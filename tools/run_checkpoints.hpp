@@ -129,14 +129,14 @@ inline std::string key_value_difference(const std::string& saved, const std::str
 }
 
 //! Refuses to resume a run whose configuration differs from the checkpoint's, naming the first
-//! field that differs (the fields are those that change what the run computes: run.threads too,
-//! as the GEMMs' sums follow the thread count). Fields that xpipe-train added later are missing
-//! from older checkpoints: run.dp and run.threads mean 1 there, and the
-//! data's CRCs cannot be checked (said on stderr, and resumed). `defaults` adds fields whose
-//! value in an older checkpoint depends on the run (run.predictor_params: the predictor's
-//! default hyper-parameters); run.predictor_params is compared key by key, so a checkpoint
-//! written before its predictor gained a hyper-parameter resumes when this run keeps that
-//! parameter's default (which every added parameter's default must mean: the old behaviour).
+//! field that differs (run.model and run.stages first, then by name; the fields are those that
+//! change what the run computes: run.threads too, as the GEMMs' sums follow the thread count).
+//! Fields that xpipe-train added later are missing from older checkpoints: run.dp and run.threads
+//! mean 1 there, and the data's CRCs cannot be checked (said on stderr, and resumed). `defaults`
+//! adds fields whose value in an older checkpoint depends on the run (run.predictor_params: the
+//! predictor's default hyper-parameters); run.predictor_params is compared key by key, so a
+//! checkpoint written before its predictor gained a hyper-parameter resumes when this run keeps
+//! that parameter's default (which every added parameter's default must mean: the old behaviour).
 inline void check_run_fields(const std::map<std::string, std::string>& saved,
                              const std::map<std::string, std::string>& now,
                              const std::string& where,
@@ -149,7 +149,14 @@ inline void check_run_fields(const std::map<std::string, std::string>& saved,
                                                  {"run.clip_norm", "0"},
                                                  {"run.threads", "1"}};
   added_later.insert(defaults.begin(), defaults.end());
-  for (const auto& [key, value] : now) {
+  // The model and its split first: a checkpoint of another model differs in much else too, and
+  // its name is what says so.
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const char* first : {"run.model", "run.stages"})
+    if (const auto it = now.find(first); it != now.end()) order.emplace_back(*it);
+  for (const auto& field : now)
+    if (field.first != "run.model" && field.first != "run.stages") order.push_back(field);
+  for (const auto& [key, value] : order) {
     const auto it = saved.find(key);
     const auto later = added_later.find(key);
     const bool data_crc = key == "run.train_data_crc32" || key == "run.test_data_crc32";

@@ -433,8 +433,14 @@ RunRecord run_pipeline(const RunConfig& c, const DatasetPair& data, const CheckP
             static_cast<int>(found->field_integer("result.weight_copies." + at, 0, 1 << 20)));
         restored_kib.push_back(found->field_number("result.activation_kib." + at, 0, 1e15));
       }
-      std::printf("  %-34s resumed from %s (%d epochs done)\n", c.label().c_str(), where.c_str(),
-                  first_epoch - 1);
+      // A checkpoint past --epochs is not trained back to it: its epochs are the run's.
+      const std::string past =
+          first_epoch - 1 > c.epochs
+              ? "; more than --epochs " + std::to_string(c.epochs) + ", so none trains and the " +
+                    "run reports the checkpoint's " + std::to_string(first_epoch - 1)
+              : "";
+      std::printf("  %-34s resumed from %s (%d epochs done%s)\n", c.label().c_str(), where.c_str(),
+                  first_epoch - 1, past.c_str());
     }
   }
   auto save = [&](int e) {

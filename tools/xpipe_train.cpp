@@ -313,6 +313,10 @@ int usage_error(const std::string& why, bool said_here = true) {
   return 2;
 }
 
+// The gpt's mini-batch counts tokens: 16 sequences of tools::gpt_context unless --batch says
+// otherwise (a single run's, a study's and a sweep's alike).
+constexpr long gpt_default_batch = 16L * tools::gpt_context;
+
 // --sweep: refuses the single-run flags whose values a sweep sets itself, then fills f.plan from
 // the sweep's flags and checks them. Returns what is wrong ("" when nothing is).
 std::string check_sweep_flags(const CLI::App& app, Flags& f) {
@@ -336,7 +340,7 @@ std::string check_sweep_flags(const CLI::App& app, Flags& f) {
   if (app.count("--train-samples") == 0) f.train_samples = plan.train_samples;
   if (app.count("--test-samples") == 0) f.test_samples = plan.test_samples;
   if (app.count("--epochs") == 0) c.epochs = plan.epochs;
-  if (app.count("--batch") == 0) c.batch = plan.batch;
+  if (app.count("--batch") == 0) c.batch = c.model == "gpt" ? gpt_default_batch : plan.batch;
   if (app.count("--sgd-lr") > 0) plan.sgd_lr = f.sgd_lr;
   plan.lr = c.lr;
   plan.lr_schedule = c.lr_schedule.text();
@@ -372,6 +376,21 @@ std::string check_sweep_flags(const CLI::App& app, Flags& f) {
              std::to_string(c.batch) + ")";
   c.stages = plan.stages.front();  // a split that exists, for the checks below
   c.micro_batches = plan.micro_batches.front();
+  return "";
+}
+
+// The flags that say nothing to this command: --compare's fixed pairs set their own schedule,
+// predictor and optimizer; --sgd-lr is the rate of a study's or a sweep's SGD runs (a single run
+// takes --lr). Says which ("" when none), so none is silently ignored.
+std::string ignored_flags(const CLI::App& app, const Flags& f) {
+  if (f.compare)
+    for (const char* flag : {"--schedule", "--predictor", "--optimizer"})
+      if (app.count(flag) > 0)
+        return std::string("--compare does not take ") + flag +
+               " (it runs the study's fixed schedule, predictor and optimizer pairs, "
+               "docs/guide.md, \"The study\"; --sweep runs others)";
+  if (!f.compare && !f.sweep && app.count("--sgd-lr") > 0)
+    return "--sgd-lr sets the SGD runs of --compare and --sweep; a single run takes --lr";
   return "";
 }
 
@@ -424,6 +443,29 @@ struct UsageProblem {
   bool said_here = true;
 };
 
+// Why run `r`'s schedule cannot be made for its stages and micro-batches, or cannot clip (every
+// step waits for every stage's gradient: Pipeline::train's check, on a dry run); "" when it can.
+// Said before any data is loaded, as a usage error.
+std::string schedule_problem(const RunConfig& r) {
+  const auto without_prefix = [](std::string why) {
+    return why.starts_with("xpipe: ") ? why.substr(7) : why;
+  };
+  try {
+    const Schedule s = make_schedule(r.schedule, r.stages, r.micro_batches, 2);
+    if (r.clip_norm > 0) {
+      try {
+        dry_run(s, unit_cost, DryRunRules{.steps_wait_for_every_stage = true});
+      } catch (const ConfigError& e) {
+        return "--clip-norm: each step waits for every stage's gradient, and " +
+               without_prefix(e.what());
+      }
+    }
+  } catch (const ConfigError& e) {
+    return without_prefix(e.what());
+  }
+  return "";
+}
+
 // Flag combinations that cannot run are usage errors too (exit 2), found before any work; the
 // first found, in this order, is the one named. Fills f.config.predictor_params.
 UsageProblem usage_problem(Flags& f) {
@@ -457,6 +499,13 @@ UsageProblem usage_problem(Flags& f) {
   if (const std::string why = check_predictor_params(f.predictor_params, predictors_in_use(f), c);
       !why.empty())
     return {"--predictor-param: " + why};
+  if (!f.sweep)  // a sweep reports a cell it cannot run as refused, and runs the rest
+    for (const RunConfig& r : study_runs(c, f.compare, f.sgd_lr))
+      if (const std::string why = schedule_problem(r); !why.empty())
+        return {"--schedule " + r.schedule + " with -K " + std::to_string(r.stages) + " -M " +
+                std::to_string(r.micro_batches) + ": " + why};
+  if (!f.data_dir.empty() && !std::filesystem::is_directory(f.data_dir))
+    return {"--data-dir '" + f.data_dir + "': no such folder"};
   // Started by mpirun as several ranks without --executor mpi, every rank would run the whole
   // study into the same --out.
   if (const int ranks = launched_ranks(); ranks > 1 && c.executor != "mpi") {
@@ -625,8 +674,8 @@ DatasetPair load_data(const Flags& f) {
   return data;
 }
 
-// Too few rows for one mini-batch (a row per micro-batch of every replica): a usage error. Says
-// why ("" when there are enough).
+// Too few rows for one mini-batch (a row per micro-batch of every replica), or a mini-batch
+// larger than the rows: a usage error. Says why ("" when the rows fit).
 std::string too_few_rows(const Flags& f, const DatasetPair& data) {
   const RunConfig& c = f.config;
   const int least_micro_batches =
@@ -642,12 +691,19 @@ std::string too_few_rows(const Flags& f, const DatasetPair& data) {
            (group > 1 ? " tokens hold no whole sequence of " + std::to_string(group)
                       : std::string(" rows: nothing")) +
            " to evaluate on";
-  if (data.train.count / group >= static_cast<index_t>(least_micro_batches) * c.dp) return "";
-  return "--train-samples: " + std::to_string(static_cast<long>(data.train.count / group)) + unit +
-         " to train on" + (group > 1 ? " (cut to whole sequences)" : "") +
-         ", but one mini-batch of " + std::to_string(least_micro_batches) + " micro-batches" +
-         (c.dp > 1 ? " on each of " + std::to_string(c.dp) + " replicas" : std::string()) +
-         " needs at least " + std::to_string(static_cast<long>(least_micro_batches) * c.dp);
+  if (data.train.count / group < static_cast<index_t>(least_micro_batches) * c.dp)
+    return "--train-samples: " + std::to_string(static_cast<long>(data.train.count / group)) +
+           unit + " to train on" + (group > 1 ? " (cut to whole sequences)" : "") +
+           ", but one mini-batch of " + std::to_string(least_micro_batches) + " micro-batches" +
+           (c.dp > 1 ? " on each of " + std::to_string(c.dp) + " replicas" : std::string()) +
+           " needs at least " + std::to_string(static_cast<long>(least_micro_batches) * c.dp);
+  // Every buffer is sized for a whole mini-batch: a batch past the data would only take memory
+  // (a --batch of a million rows ran the machine out of it).
+  if (c.batch > data.train.count)
+    return "--batch " + std::to_string(c.batch) + " exceeds the " +
+           std::to_string(static_cast<long>(data.train.count)) + (group > 1 ? " tokens" : " rows") +
+           " there are to train on (--train-samples): a mini-batch is at most all of them";
+  return "";
 }
 
 // ---- The study ----
@@ -760,7 +816,7 @@ int run_study(const Flags& f, const DatasetPair& data) {
     std::fprintf(stderr, "xpipe-train: stopped by a signal before training; nothing written\n");
     return 128 + stop_signal;
   }
-  StudyFiles files(f.out_dir);
+  StudyFiles files(f.out_dir, runs);
   std::printf(
       "xpipe-train: model %s over %d stages, M = %d, batch %ld, %d epochs, seed %lu; results "
       "go to %s as each run ends\n",
@@ -785,9 +841,8 @@ int main(int argc, char** argv) {
   }
   if (f.sweep)
     if (const std::string why = check_sweep_flags(app, f); !why.empty()) return usage_error(why);
-  // The gpt's mini-batch counts tokens: 16 sequences unless --batch says otherwise.
-  if (f.config.model == "gpt" && app.count("--batch") == 0)
-    f.config.batch = 16 * tools::gpt_context;
+  if (const std::string why = ignored_flags(app, f); !why.empty()) return usage_error(why);
+  if (f.config.model == "gpt" && app.count("--batch") == 0) f.config.batch = gpt_default_batch;
   if (const UsageProblem p = usage_problem(f); !p.why.empty())
     return usage_error(p.why, p.said_here);
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plan/common.hpp"
+#include "plan/runs.hpp"
 #include "plan/subcommands.hpp"
 #ifdef XPIPE_WITH_MPI
 #include "sim_mpi.hpp"
@@ -36,15 +37,7 @@ int check(const std::string& model_file, int b, int N, int repeats, double max_e
   sim::PlanRequest req = two_device_request(model_file, b);
   req.device_counts = {2};
   // The runs are of the compiled reference MLP (tools/models.hpp): its layers must be these.
-  const std::vector<index_t> reference{mlp::A::param_count, mlp::B::param_count,
-                                       mlp::C::param_count, mlp::D::param_count};
-  bool same = req.layers.size() == reference.size();
-  for (std::size_t l = 0; same && l < reference.size(); ++l)
-    same = req.layers[l].params == static_cast<double>(reference[l]);
-  if (!same)
-    throw UsageError("check-mpi: --model '" + model_file +
-                     "' is not the reference MLP's four layers (784-1024-1024-1024-10), which "
-                     "check-mpi runs: profile it with xpipe-plan profile");
+  require_reference_mlp(req.layers, model_file, "check-mpi");
 
   // 1. The link, at the sizes a step sends: one float up to a micro-batch's activations (rows
   // x 1024 floats) and past them.
@@ -173,7 +166,7 @@ Subcommand add_check_mpi(CLI::App& app) {
   auto o = std::make_shared<Options>();
   add_step_check_flags(cli, o->step);
   cli->add_option("--max-error", o->max_error, "exit 3 if any |error| exceeds this fraction")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(decimal_in(0, 100, "[0, 100]"));
   cli->add_option("--out", o->out, "folder for check-mpi.json");
   return {cli, [o] { return run(*o); }};
 }

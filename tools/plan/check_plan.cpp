@@ -1,5 +1,6 @@
 // xpipe-plan check-plan: the planner's step times against runs this machine can make (1 x 1,
-// 2 x 1 and 1 x 2 of the reference MLP, a core per device), given the cores measured free.
+// 2 x 1 and 1 x 2 of the reference MLP, a core per device), given the cores measured free; a
+// model JSON of another model is refused.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,6 +24,9 @@ int run(const Options& o) {
   const std::string& model_file = o.step.model;
   const int b = o.step.batch, N = o.step.mini_batches, repeats = o.step.repeats;
   sim::PlanRequest req = two_device_request(model_file, b);
+  // The runs are of the compiled reference MLP: a prediction for another model would be set
+  // against them.
+  require_reference_mlp(req.layers, model_file, "check-plan");
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   std::printf(
       "planner step times (from %s; in-process, no all-reduce) against runs on this machine, "

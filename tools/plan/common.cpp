@@ -106,6 +106,15 @@ void prepare_out(const std::string& out) {
       throw UsageError("--out '" + out + "': " + why);
 }
 
+void prepare_out_file(const fs::path& file) {
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (const std::string why = prepare_output_dir(dir); !why.empty())
+    throw UsageError("--out '" + file.string() + "': its folder '" + dir.string() + "' " + why);
+  std::error_code ec;
+  if (fs::is_directory(file, ec))
+    throw UsageError("--out '" + file.string() + "': is a folder (name the file to write)");
+}
+
 void write_out(const fs::path& dir, const std::string& name, const std::string& body) {
   write_file_atomically(dir / name, body);
   std::printf("  wrote %s\n", (dir / name).c_str());

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../number_flags.hpp"
 #include "xpipe/core/error.hpp"
 #include "xpipe/schedule/generators.hpp"
 #include "xpipe/sim/planner.hpp"
@@ -55,6 +56,9 @@ std::vector<int> parse_ints(const std::string& flag, const std::string& csv, int
 
 //! Makes the --out folder `out` ready for writing, if one was given; UsageError if it cannot be.
 void prepare_out(const std::string& out);
+//! --out naming a file (profile's model JSON, measure-efficiency's E(B) file): its folder made
+//! and checked writable, and the file no folder, before any measuring; UsageError naming it.
+void prepare_out_file(const fs::path& file);
 
 //! Writes `body` to dir/name atomically and says so on stdout.
 void write_out(const fs::path& dir, const std::string& name, const std::string& body);

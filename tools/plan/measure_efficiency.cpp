@@ -43,6 +43,7 @@ int measure(const fs::path& out, const std::vector<int>& batches, const std::vec
       throw UsageError(std::string(list == &batches ? "--batches" : "--seeds") + ": " +
                        std::to_string(*d) + " is listed twice");
   }
+  prepare_out_file(out);
   const DatasetPair data = load_fashion_mnist(data_dir);
   std::printf(
       "E(B): epochs to %.1f%% test accuracy on Fashion-MNIST, sequential MLP, Adam lr %g, "
@@ -51,8 +52,6 @@ int measure(const fs::path& out, const std::vector<int>& batches, const std::vec
   for (int s : seeds) std::printf(" %d", s);
   std::printf(", %d run%s at a time\n", jobs, jobs == 1 ? "" : "s");
   std::fflush(stdout);
-  if (out.has_parent_path() && !out.parent_path().empty())
-    fs::create_directories(out.parent_path());
 
   struct Run {
     bool done = false;
@@ -176,11 +175,13 @@ Subcommand add_measure_efficiency(CLI::App& app) {
   cli->add_option("--seeds", o->seeds, "seeds; a batch's point is the mean over them");
   cli->add_option("--jobs,-j", o->jobs, "runs at a time (one thread each; same numbers)")
       ->check(CLI::Range(1, 256));
-  cli->add_option("--target", o->target, "test accuracy to reach")->check(CLI::Range(0.1, 1.0));
-  cli->add_option("--max-epochs", o->max_epochs, "give up after")->check(CLI::Range(1.0, 1000.0));
+  cli->add_option("--target", o->target, "test accuracy to reach")
+      ->check(decimal_in(0.1, 1, "[0.1, 1]"));
+  cli->add_option("--max-epochs", o->max_epochs, "give up after")
+      ->check(decimal_in(1, 1000, "[1, 1000]"));
   cli->add_option("--evals-per-epoch", o->evals_per_epoch, "accuracy checks per epoch")
       ->check(CLI::Range(1, 1000));
-  cli->add_option("--lr", o->lr, "Adam learning rate")->check(CLI::Range(1e-8, 10.0));
+  cli->add_option("--lr", o->lr, "Adam learning rate")->check(decimal_in(1e-8, 10, "[1e-8, 10]"));
   cli->add_option("--data-dir", o->data_dir, "Fashion-MNIST IDX folder");
   cli->add_option("--out,-o", o->out, "E(B) JSON to write");
   return {cli, [o] { return run(*o); }};

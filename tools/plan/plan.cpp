@@ -413,7 +413,7 @@ Subcommand add_plan(CLI::App& app) {
   cli->add_option("--micro-batches,-M", o->micro_batches, "micro-batch counts");
   cli->add_option("--devices", o->devices, "device counts to plan (default 1, 2, 4, ..., all)");
   cli->add_option("--dataset", o->dataset, "samples per epoch (default: the efficiency file's)")
-      ->check(CLI::Range(1.0, 1e15));
+      ->check(decimal_in(1, 1e15, "[1, 1e15]"));
   cli->add_option("--top", o->top, "rows of the ranked table")->check(CLI::Range(1, 100000));
   cli->add_option("--out", o->out, "folder for plans.csv/json and gnuplot figures");
   return {cli, [o] { return run(*o); }};

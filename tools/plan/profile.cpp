@@ -83,7 +83,14 @@ int run(const Options& given) {
   if (o.batch % o.micro_batches != 0)
     throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of -M " +
                      std::to_string(o.micro_batches));
+  // The gpt's rows are tokens: a mini-batch of whole sequences (its smaller profiled micro-batch
+  // is one), as xpipe-train takes.
+  if (const index_t sequence = profile_rows("gpt").first; o.model == "gpt" && o.batch % sequence)
+    throw UsageError("--batch " + std::to_string(o.batch) +
+                     ": the gpt's rows are tokens, in whole sequences of " +
+                     std::to_string(sequence) + ", so a multiple of " + std::to_string(sequence));
   const fs::path out = o.out.empty() ? "xpipe-plan-out/" + o.model + ".json" : o.out;
+  prepare_out_file(out);
   std::printf(
       "profiling the %s's pieces (thread CPU time per action, reference order, host backend; "
       "%s)\n",
@@ -141,8 +148,6 @@ int run(const Options& given) {
     std::printf("  in-process ring: %.2f us + bytes / %.2f GB/s\n", ring.latency * 1e6,
                 ring.bandwidth / 1e9);
   }
-  if (out.has_parent_path() && !out.parent_path().empty())
-    fs::create_directories(out.parent_path());
   write_file_atomically(out, j.dump(2) + "\n");
   std::printf("  wrote %s\n", out.c_str());
   return 0;

@@ -29,6 +29,20 @@ Cell validation_cell(const std::string& model, int K, const std::string& schedul
   throw unknown_model(model);
 }
 
+void require_reference_mlp(const std::vector<sim::LayerSpec>& layers, const std::string& model_file,
+                           const std::string& command) {
+  namespace mlp = models::mlp;
+  const std::vector<index_t> reference{mlp::A::param_count, mlp::B::param_count,
+                                       mlp::C::param_count, mlp::D::param_count};
+  bool same = layers.size() == reference.size();
+  for (std::size_t l = 0; same && l < reference.size(); ++l)
+    same = layers[l].params == static_cast<double>(reference[l]);
+  if (!same)
+    throw UsageError(command + ": --model '" + model_file +
+                     "' is not the reference MLP's four layers (784-1024-1024-1024-10), which " +
+                     command + " runs: profile it with xpipe-plan profile --model mlp");
+}
+
 ModelPieces profile_pieces(const std::string& model, index_t small, index_t large, int N,
                            int repeats) {
   if (model == "vgg") return vgg_pieces(small, large, N, repeats);

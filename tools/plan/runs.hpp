@@ -61,6 +61,11 @@ ModelPieces vgg_pieces(index_t small, index_t large, int N, int repeats);     //
 ModelPieces resnet_pieces(index_t small, index_t large, int N, int repeats);  // runs_resnet.cpp
 ModelPieces gpt_pieces(index_t small, index_t large, int N, int repeats);     // runs_gpt.cpp
 
+//! Throws UsageError unless `layers` (of the model JSON `model_file`) are the reference MLP's
+//! four (784-1024-1024-1024-10): what `command` (check-plan, check-mpi) runs and measures.
+void require_reference_mlp(const std::vector<sim::LayerSpec>& layers, const std::string& model_file,
+                           const std::string& command);
+
 //! tools::measure_sequential_step: seconds per step of `replicas` sequential trainers at batch b.
 double measure_sequential_step(index_t b, int steps, int replicas);
 

@@ -95,9 +95,9 @@ Subcommand add_simulate(CLI::App& app) {
   auto* cli = app.add_subcommand("simulate", "one schedule under a model JSON");
   auto o = std::make_shared<Options>();
   cli->add_option("--peak-flops", o->device.peak_flops, "device FLOP/s (layers given by FLOPs)")
-      ->check(CLI::Range(0.0, 1e30));
+      ->check(decimal_in(0, 1e30, "[0, 1e30]"));
   cli->add_option("--memory-bandwidth", o->device.memory_bandwidth, "device bytes/s")
-      ->check(CLI::Range(0.0, 1e30));
+      ->check(decimal_in(0, 1e30, "[0, 1e30]"));
   cli->add_option("--model", o->model, "model JSON")->required();
   cli->add_option("--schedule", o->schedule, "schedule")->check(CLI::IsMember(schedule_choices));
   cli->add_option("--stages,-K", o->stages, "stages");
@@ -108,7 +108,7 @@ Subcommand add_simulate(CLI::App& app) {
       ->check(CLI::Range(0, 4096));
   cli->add_option("--fill", o->fill,
                   "non-trainable forward samples per mini-batch to fill bubbles with")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(decimal_in(0, 1e9, "[0, 1e9]"));
   cli->add_option("--out", o->out, "folder for the trace and timeline");
   return {cli, [o] { return run(*o); }};
 }

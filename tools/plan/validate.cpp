@@ -35,6 +35,17 @@ int run(const Options& o) {
   const int N = o.mini_batches, repeats = o.repeats, cores = o.cores;
   const bool pin = !o.no_pin;
   const index_t batch = plan_batch(o.model);
+  for (int K : Ks)
+    if (K != 2 && K != 4)
+      throw UsageError("--stages: " + std::to_string(K) +
+                       ": the models are compiled over 2 and 4 stages for validation");
+  // A micro-batch holds a row at least (the gpt: a whole sequence).
+  const index_t units = o.model == "gpt" ? batch / profile_rows("gpt").first : batch;
+  for (int M : Ms)
+    if (M > units)
+      throw UsageError("--micro-batches: " + std::to_string(M) + " exceeds the " +
+                       std::to_string(units) + (o.model == "gpt" ? " sequences" : " rows") +
+                       " of a mini-batch");
   std::printf(
       "validation: simulated vs measured seconds per mini-batch, %s, batch %ld%s, "
       "%d mini-batches, median of %d. Cost model: each action's median wall time with the "
@@ -50,10 +61,6 @@ int run(const Options& o) {
             "1..K busy threads got, measured before and after each run ('cores free'); 'quiet' "
             "assumes whole cores",
       machine_note().c_str());
-  for (int K : Ks)
-    if (K != 2 && K != 4)
-      throw UsageError("--stages: " + std::to_string(K) +
-                       ": the models are compiled over 2 and 4 stages for validation");
   const sim::LinkCost ring = measure_ring(3);
   std::printf("in-process ring hop (the simulator's link latency): %.2f us\n\n",
               ring.latency * 1e6);
@@ -210,7 +217,7 @@ Subcommand add_validate(CLI::App& app) {
                 "CPU k mod cores, ThreadedExecutor::cpus, each core simulated as shared by "
                 "its own stages)");
   cli->add_option("--max-error", o->max_error, "exit 3 if any |error| exceeds this fraction")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(decimal_in(0, 100, "[0, 100]"));
   cli->add_option("--out", o->out, "folder for validation.csv/json and traces");
   return {cli, [o] { return run(*o); }};
 }

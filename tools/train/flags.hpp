@@ -11,6 +11,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../number_flags.hpp"
 #include "../sweep.hpp"
 #include "../train_run.hpp"
 
@@ -40,20 +41,6 @@ struct Flags {
 // A library name list (schedule_names, ...) as strings.
 inline std::vector<std::string> name_list(const auto& list) {
   return std::vector<std::string>(list.begin(), list.end());
-}
-
-// A floating flag's text: a decimal number (std::from_chars: no hex such as 0x3, no leading
-// space or '+', no junk after it) that is finite and in [lo, hi]; "" when it is, else why not
-// (`range_what` says what the range is).
-inline std::string check_number(const std::string& text, double lo, double hi,
-                                const std::string& range_what) {
-  double v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || end != text.data() + text.size() || ec == std::errc::invalid_argument)
-    return "'" + text + "' is not a decimal number";
-  if (ec == std::errc::result_out_of_range || !std::isfinite(v) || v < lo || v > hi)
-    return text + " is outside " + range_what;
-  return "";
 }
 
 // --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
@@ -92,6 +79,7 @@ inline std::string check_seed(std::string& text) {
 // Defines every flag of xpipe-train on `app`, each setting its field of `f`.
 inline void add_flags(CLI::App& app, Flags& f) {
   RunConfig& c = f.config;
+  app.option_defaults()->always_capture_default();  // --help shows each flag's default
   const CLI::Validator learning_rate(check_learning_rate, "in [1e-8, 10]");
   app.add_option("--model", c.model,
                  "Model: mlp (784-1024-1024-1024-10), deep (784-512x7-10), vgg (a VGG-style "
@@ -141,7 +129,7 @@ inline void add_flags(CLI::App& app, Flags& f) {
                  "Global gradient-norm clipping: before each step, scale every stage's gradient "
                  "by min(1, C / (|g| + 1e-6)), |g| the norm over all stages (0: off; every "
                  "executor and --device)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(decimal_in(0, 1e6, "[0, 1e6] (0: no clipping)"));
   app.add_option("--batch", c.batch,
                  "Mini-batch size in rows (the gpt's rows are tokens: a multiple of its "
                  "128-token sequences; default 2048, 16 sequences)")

@@ -78,8 +78,12 @@ class StudyFiles {
   // The files of a study in `dir`, or (dir empty: an MPI rank other than 0) records kept in
   // memory only. Checks now, before any training, that the files can be written in place.
   // Throws OutputError naming a file it cannot write.
-  explicit StudyFiles(fs::path dir) : dir_(std::move(dir)) {
+  // `runs`: the study's runs, whose earlier timelines and traces wait for their records: a run
+  // resumed after its last epoch trains nothing and draws none, and leaves the earlier ones.
+  explicit StudyFiles(fs::path dir, const std::vector<RunConfig>& runs = {})
+      : dir_(std::move(dir)) {
     if (dir_.empty()) return;
+    for (const RunConfig& c : runs) own_.insert(own_.end(), {timeline_name(c), trace_name(c)});
     for (const char* name : {"runs.csv", "runs.json", "accuracy.csv", "loss.csv", "accuracy.gp"}) {
       std::error_code ec;
       if (fs::is_directory(fs::symlink_status(dir_ / name, ec)))
@@ -115,6 +119,7 @@ class StudyFiles {
   // At the end of a study whose runs all finished no epoch: writes them, unless the folder holds
   // an earlier study, which is then kept (false; said on stderr).
   bool finish() {
+    if (csv_) remove_unclaimed_earlier();
     if (dir_.empty() || csv_ || records_.empty()) return true;
     if (earlier_study_) {
       std::fprintf(stderr,
@@ -141,6 +146,7 @@ class StudyFiles {
     } catch (const OutputError&) {
       failure = std::current_exception();
     }
+    keep_or_remove_earlier(rec);
     if (rec.ok() && !rec.trace.stages.empty()) {  // (a run resumed after its last epoch has none)
       const RunConfig& c = rec.config;
       TimelineOptions to;
@@ -231,6 +237,33 @@ class StudyFiles {
     fs::remove(dir_ / "accuracy.png", ignored);
     fs::remove(dir_ / "loss.svg", ignored);
     fs::remove(dir_ / "loss.png", ignored);
+    // The earlier files of this study's own runs wait for their records.
+    std::erase_if(earlier_, [&](const fs::path& p) {
+      if (std::find(own_.begin(), own_.end(), p.filename().string()) != own_.end()) return false;
+      fs::remove(p, ignored);
+      return true;
+    });
+  }
+
+  // The earlier timeline and trace of rec's run: kept where the run was resumed after its last
+  // epoch, so drew none of its own (not claimed as its own: the folder may hold another study's
+  // run of that name), else removed (a finished run writes its own in their place).
+  void keep_or_remove_earlier(const RunRecord& rec) {
+    const bool drew_none = rec.ok() && rec.trace.stages.empty();
+    for (const std::string& name : {timeline_name(rec.config), trace_name(rec.config)}) {
+      const auto it = std::find_if(earlier_.begin(), earlier_.end(),
+                                   [&](const fs::path& p) { return p.filename() == name; });
+      if (it == earlier_.end()) continue;
+      std::error_code ignored;
+      if (!drew_none) fs::remove(*it, ignored);
+      earlier_.erase(it);
+    }
+  }
+
+  // At the end of a study that recorded some run: the earlier timelines and traces of its runs
+  // that recorded none (stopped before them) go, as every other earlier file went at the start.
+  void remove_unclaimed_earlier() {
+    std::error_code ignored;
     for (const fs::path& p : earlier_) fs::remove(p, ignored);
     earlier_.clear();
   }
@@ -324,6 +357,8 @@ class StudyFiles {
       }
       return out.str();
     };
+    std::size_t most_epochs = 1;
+    for (const RunRecord* r : plotted) most_epochs = std::max(most_epochs, r->epochs.size());
     tools::write_file_atomically(dir_ / "accuracy.csv",
                                  wide([](const EpochRecord& e) { return 100 * e.test_accuracy; }));
     tools::write_file_atomically(dir_ / "loss.csv",
@@ -335,9 +370,13 @@ class StudyFiles {
         "set datafile separator ','\n"
         "set key outside right top noenhanced\n"
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
-        "set title 'Test accuracy by schedule and predictor (gpt: next-byte accuracy)' "
-        "noenhanced\n"
-        "n = " +
+        // Half an epoch either side: one epoch is no empty range for gnuplot to warn of.
+        "set xrange [0.5:" +
+            std::to_string(most_epochs) +
+            ".5]\n"
+            "set title 'Test accuracy by schedule and predictor (gpt: next-byte accuracy)' "
+            "noenhanced\n"
+            "n = " +
             std::to_string(plotted.size()) +
             "\n"
             "set terminal svg size 1000,560 dynamic background rgb 'white'\n"
@@ -359,6 +398,7 @@ class StudyFiles {
   fs::path dir_;
   std::optional<tools::AppendFile> csv_;  // from the first record on
   std::vector<fs::path> earlier_;         // an earlier study's timelines and traces
+  std::vector<std::string> own_;          // the file names of this study's runs' timelines, traces
   bool earlier_study_ = false;            // runs.csv or runs.json were there at the start
   std::vector<RunRecord> records_;
 };
