@@ -242,6 +242,12 @@ case $case in
       fail "the table does not mark 8 runs"
     runs_json out/runs.json "8 diverged diverged diverged diverged diverged diverged diverged diverged"
     ;;
+  compare_goes_on_past_a_failed_run)  # a run that cannot start fails alone; the study goes on
+    run 0 --compare -M 2 "${small[@]}" --out out  # 2BW needs M >= K = 4
+    [ "$(grep -c ',failed$' out/runs.csv)" -eq 1 ] && grep -q '^2bw+2bw(adam),.*,failed$' out/runs.csv ||
+      fail "runs.csv does not mark 2BW alone failed: $(cut -d, -f1,14 out/runs.csv | tr '\n' ' ')"
+    [ "$(grep -c ',ok$' out/runs.csv)" -eq 7 ] || fail "the other 7 runs did not train"
+    ;;
   single_run_diverges)  # the run is recorded; the command failed
     run 1 --lr 10 "${small[@]}" --out out
     says "epoch 1: loss [0-9.e+]+ is above 1e\\+06"
@@ -791,7 +797,8 @@ case $case in
     run 0 --sweep --model gpt --sweep-stages 2 --sweep-micro-batches 1 --sweep-predictors latest \
       --sweep-optimizers adam --seeds 1 --train-samples 2048 --test-samples 128 --epochs 1 --out sweep
     grep -Eq '"batch": ?2048' sweep/sweep.json || fail "sweep.json records another batch"
-    grep -q ',2048,' sweep/sweep-runs.csv || fail "sweep-runs.csv records another batch"
+    [ "$(cut -d, -f8 sweep/sweep-runs.csv | tail -n +2 | sort -u)" = 2048 ] ||
+      fail "sweep-runs.csv records another batch: $(cut -d, -f8 sweep/sweep-runs.csv | tr '\n' ' ')"
     run 2 --model gpt --batch 100 "${small[@]}"
     says "--batch 100: the gpt trains on whole sequences of 128 tokens"
     run 2 --model gpt -K 2 -M 32 "${small[@]}"

@@ -11,15 +11,16 @@
 namespace xpipe::tools {
 
 // A floating flag's text: a decimal number (std::from_chars: no hex such as 0x3, no leading
-// space or '+', no junk after it) that is finite and in [lo, hi]; "" when it is, else why not
-// (`range_what` says what the range is).
+// space or '+', no junk after it) that is finite (not nan or inf) and in [lo, hi]; "" when it
+// is, else why not (`range_what` says what the range is).
 inline std::string check_number(const std::string& text, double lo, double hi,
                                 const std::string& range_what) {
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || end != text.data() + text.size() || ec == std::errc::invalid_argument)
     return "'" + text + "' is not a decimal number";
-  if (ec == std::errc::result_out_of_range || !std::isfinite(v) || v < lo || v > hi)
+  if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
+  if (ec == std::errc::result_out_of_range || v < lo || v > hi)
     return text + " is outside " + range_what;
   return "";
 }

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -340,7 +341,7 @@ std::string check_sweep_flags(const CLI::App& app, Flags& f) {
   if (app.count("--train-samples") == 0) f.train_samples = plan.train_samples;
   if (app.count("--test-samples") == 0) f.test_samples = plan.test_samples;
   if (app.count("--epochs") == 0) c.epochs = plan.epochs;
-  if (app.count("--batch") == 0) c.batch = c.model == "gpt" ? gpt_default_batch : plan.batch;
+  if (app.count("--batch") == 0 && c.model != "gpt") c.batch = plan.batch;  // (main set the gpt's)
   if (app.count("--sgd-lr") > 0) plan.sgd_lr = f.sgd_lr;
   plan.lr = c.lr;
   plan.lr_schedule = c.lr_schedule.text();
@@ -443,25 +444,16 @@ struct UsageProblem {
   bool said_here = true;
 };
 
-// Why run `r`'s schedule cannot be made for its stages and micro-batches, or cannot clip (every
-// step waits for every stage's gradient: Pipeline::train's check, on a dry run); "" when it can.
-// Said before any data is loaded, as a usage error.
-std::string schedule_problem(const RunConfig& r) {
-  const auto without_prefix = [](std::string why) {
-    return why.starts_with("xpipe: ") ? why.substr(7) : why;
-  };
+// Why `c`'s schedule cannot be made for its stages and micro-batches, or cannot clip
+// (clipping_problem, Pipeline::train's check); "" when it can. Said before any data is loaded.
+std::string schedule_problem(const RunConfig& c) {
   try {
-    const Schedule s = make_schedule(r.schedule, r.stages, r.micro_batches, 2);
-    if (r.clip_norm > 0) {
-      try {
-        dry_run(s, unit_cost, DryRunRules{.steps_wait_for_every_stage = true});
-      } catch (const ConfigError& e) {
-        return "--clip-norm: each step waits for every stage's gradient, and " +
-               without_prefix(e.what());
-      }
-    }
+    const Schedule s = make_schedule(c.schedule, c.stages, c.micro_batches, 2);
+    if (c.clip_norm > 0)
+      if (const std::string why = clipping_problem(s); !why.empty()) return "--clip-norm: " + why;
   } catch (const ConfigError& e) {
-    return without_prefix(e.what());
+    const std::string_view why = e.what(), prefix = "xpipe: ";
+    return std::string(why.starts_with(prefix) ? why.substr(prefix.size()) : why);
   }
   return "";
 }
@@ -499,13 +491,21 @@ UsageProblem usage_problem(Flags& f) {
   if (const std::string why = check_predictor_params(f.predictor_params, predictors_in_use(f), c);
       !why.empty())
     return {"--predictor-param: " + why};
-  if (!f.sweep)  // a sweep reports a cell it cannot run as refused, and runs the rest
-    for (const RunConfig& r : study_runs(c, f.compare, f.sgd_lr))
-      if (const std::string why = schedule_problem(r); !why.empty())
-        return {"--schedule " + r.schedule + " with -K " + std::to_string(r.stages) + " -M " +
-                std::to_string(r.micro_batches) + ": " + why};
-  if (!f.data_dir.empty() && !std::filesystem::is_directory(f.data_dir))
-    return {"--data-dir '" + f.data_dir + "': no such folder"};
+  // A single run only: a study records a run it cannot start as failed and goes on (2BW with
+  // M < K), and a sweep reports such a cell as refused.
+  if (!f.sweep && !f.compare)
+    if (const std::string why = schedule_problem(c); !why.empty())
+      return {"--schedule " + c.schedule + " with -K " + std::to_string(c.stages) + " -M " +
+              std::to_string(c.micro_batches) + ": " + why};
+  if (!f.data_dir.empty()) {
+    std::error_code ec;
+    const std::filesystem::file_status st = std::filesystem::status(f.data_dir, ec);
+    if (st.type() == std::filesystem::file_type::not_found)
+      return {"--data-dir '" + f.data_dir + "': no such folder"};
+    if (ec) return {"--data-dir '" + f.data_dir + "': cannot be read: " + ec.message()};
+    if (!std::filesystem::is_directory(st))
+      return {"--data-dir '" + f.data_dir + "': is not a folder"};
+  }
   // Started by mpirun as several ranks without --executor mpi, every rank would run the whole
   // study into the same --out.
   if (const int ranks = launched_ranks(); ranks > 1 && c.executor != "mpi") {
@@ -839,10 +839,10 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return e.get_exit_code() == 0 ? code : 2;
   }
+  if (f.config.model == "gpt" && app.count("--batch") == 0) f.config.batch = gpt_default_batch;
   if (f.sweep)
     if (const std::string why = check_sweep_flags(app, f); !why.empty()) return usage_error(why);
   if (const std::string why = ignored_flags(app, f); !why.empty()) return usage_error(why);
-  if (f.config.model == "gpt" && app.count("--batch") == 0) f.config.batch = gpt_default_batch;
   if (const UsageProblem p = usage_problem(f); !p.why.empty())
     return usage_error(p.why, p.said_here);
 

@@ -107,6 +107,8 @@ void prepare_out(const std::string& out) {
 }
 
 void prepare_out_file(const fs::path& file) {
+  if (file.filename().empty())
+    throw UsageError("--out '" + file.string() + "': names no file (give the file to write)");
   const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
   if (const std::string why = prepare_output_dir(dir); !why.empty())
     throw UsageError("--out '" + file.string() + "': its folder '" + dir.string() + "' " + why);

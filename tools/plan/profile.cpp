@@ -83,12 +83,16 @@ int run(const Options& given) {
   if (o.batch % o.micro_batches != 0)
     throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of -M " +
                      std::to_string(o.micro_batches));
-  // The gpt's rows are tokens: a mini-batch of whole sequences (its smaller profiled micro-batch
-  // is one), as xpipe-train takes.
-  if (const index_t sequence = profile_rows("gpt").first; o.model == "gpt" && o.batch % sequence)
-    throw UsageError("--batch " + std::to_string(o.batch) +
-                     ": the gpt's rows are tokens, in whole sequences of " +
-                     std::to_string(sequence) + ", so a multiple of " + std::to_string(sequence));
+  // The gpt's rows are tokens: each micro-batch whole sequences (its smaller profiled
+  // micro-batch is one), as xpipe-train takes.
+  if (const index_t sequence = profile_rows("gpt").first;
+      o.model == "gpt" && o.batch % (sequence * o.micro_batches) != 0)
+    throw UsageError("--batch " + std::to_string(o.batch) + " with -M " +
+                     std::to_string(o.micro_batches) +
+                     ": the gpt's rows are tokens, and each micro-batch must hold whole sequences "
+                     "of " +
+                     std::to_string(sequence) + ", so --batch a multiple of " +
+                     std::to_string(sequence * o.micro_batches));
   const fs::path out = o.out.empty() ? "xpipe-plan-out/" + o.model + ".json" : o.out;
   prepare_out_file(out);
   std::printf(

@@ -214,7 +214,7 @@ inline void add_flags(CLI::App& app, Flags& f) {
       "Run the staleness sweep: K x M x (GPipe and every predictor) x optimizer x seeds, on "
       "the deep model unless --model says otherwise; unless given, " +
           std::to_string(plan.epochs) + " epochs of " + std::to_string(plan.train_samples) +
-          " samples, batch " + std::to_string(plan.batch) + ", tested on " +
+          " samples, batch " + std::to_string(plan.batch) + " (the gpt: 2048 tokens), tested on " +
           std::to_string(plan.test_samples));
   sweep_flag->excludes("--compare");
   sweep_flag->excludes(device_opt);

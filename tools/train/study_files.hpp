@@ -78,12 +78,14 @@ class StudyFiles {
   // The files of a study in `dir`, or (dir empty: an MPI rank other than 0) records kept in
   // memory only. Checks now, before any training, that the files can be written in place.
   // Throws OutputError naming a file it cannot write.
-  // `runs`: the study's runs, whose earlier timelines and traces wait for their records: a run
-  // resumed after its last epoch trains nothing and draws none, and leaves the earlier ones.
+  // `runs`: the study's runs. The earlier timelines and traces of those that resume wait for
+  // their records: a run resumed after its last epoch trains nothing and draws none, and leaves
+  // the earlier ones.
   explicit StudyFiles(fs::path dir, const std::vector<RunConfig>& runs = {})
       : dir_(std::move(dir)) {
     if (dir_.empty()) return;
-    for (const RunConfig& c : runs) own_.insert(own_.end(), {timeline_name(c), trace_name(c)});
+    for (const RunConfig& c : runs)
+      if (c.resume) own_.insert(own_.end(), {timeline_name(c), trace_name(c)});
     for (const char* name : {"runs.csv", "runs.json", "accuracy.csv", "loss.csv", "accuracy.gp"}) {
       std::error_code ec;
       if (fs::is_directory(fs::symlink_status(dir_ / name, ec)))
@@ -119,8 +121,11 @@ class StudyFiles {
   // At the end of a study whose runs all finished no epoch: writes them, unless the folder holds
   // an earlier study, which is then kept (false; said on stderr).
   bool finish() {
-    if (csv_) remove_unclaimed_earlier();
-    if (dir_.empty() || csv_ || records_.empty()) return true;
+    if (dir_.empty() || records_.empty()) return true;
+    if (csv_) {
+      remove_unclaimed_earlier();
+      return true;
+    }
     if (earlier_study_) {
       std::fprintf(stderr,
                    "xpipe-train: no run of this study finished an epoch, so %s keeps the earlier "
@@ -129,6 +134,7 @@ class StudyFiles {
       return false;
     }
     write_record(records_.back());
+    remove_unclaimed_earlier();
     return true;
   }
 
@@ -140,7 +146,10 @@ class StudyFiles {
       if (!csv_) {
         start();
         for (const RunRecord& held : records_)
-          if (&held != &rec) csv_->append(csv_rows(held));
+          if (&held != &rec) {
+            csv_->append(csv_rows(held));
+            keep_or_remove_earlier(held);
+          }
       }
       csv_->append(csv_rows(rec));
     } catch (const OutputError&) {
@@ -237,7 +246,7 @@ class StudyFiles {
     fs::remove(dir_ / "accuracy.png", ignored);
     fs::remove(dir_ / "loss.svg", ignored);
     fs::remove(dir_ / "loss.png", ignored);
-    // The earlier files of this study's own runs wait for their records.
+    // The earlier files of this study's resumed runs wait for their records.
     std::erase_if(earlier_, [&](const fs::path& p) {
       if (std::find(own_.begin(), own_.end(), p.filename().string()) != own_.end()) return false;
       fs::remove(p, ignored);
@@ -260,8 +269,9 @@ class StudyFiles {
     }
   }
 
-  // At the end of a study that recorded some run: the earlier timelines and traces of its runs
-  // that recorded none (stopped before them) go, as every other earlier file went at the start.
+  // At the end of a study that wrote its files: the earlier timelines and traces that no record
+  // took up go, as every other earlier one went at the start (a safety net: each resumed run
+  // records once, and its record takes up its own).
   void remove_unclaimed_earlier() {
     std::error_code ignored;
     for (const fs::path& p : earlier_) fs::remove(p, ignored);
@@ -339,14 +349,14 @@ class StudyFiles {
     std::vector<const RunRecord*> plotted;  // only runs that trained to the end have a curve
     for (const RunRecord& r : records_)
       if (r.ok()) plotted.push_back(&r);
+    std::size_t epochs = 0;  // the most any plotted run has
+    for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
     // A column per finished run of one number per epoch: test accuracy (%), test loss.
     auto wide = [&](auto value) {
       std::ostringstream out;
       out << "epoch";
       for (const RunRecord* r : plotted) out << ',' << r->config.label();
       out << '\n';
-      std::size_t epochs = 0;
-      for (const RunRecord* r : plotted) epochs = std::max(epochs, r->epochs.size());
       for (std::size_t e = 0; e < epochs; ++e) {
         out << e + 1;
         for (const RunRecord* r : plotted) {
@@ -357,8 +367,6 @@ class StudyFiles {
       }
       return out.str();
     };
-    std::size_t most_epochs = 1;
-    for (const RunRecord* r : plotted) most_epochs = std::max(most_epochs, r->epochs.size());
     tools::write_file_atomically(dir_ / "accuracy.csv",
                                  wide([](const EpochRecord& e) { return 100 * e.test_accuracy; }));
     tools::write_file_atomically(dir_ / "loss.csv",
@@ -372,7 +380,7 @@ class StudyFiles {
         "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'\nset grid\nset xtics 1\n"
         // Half an epoch either side: one epoch is no empty range for gnuplot to warn of.
         "set xrange [0.5:" +
-            std::to_string(most_epochs) +
+            std::to_string(std::max<std::size_t>(epochs, 1)) +
             ".5]\n"
             "set title 'Test accuracy by schedule and predictor (gpt: next-byte accuracy)' "
             "noenhanced\n"

@@ -727,8 +727,8 @@ struct Stage {
   //! Pieces of one block may be handed to both lanes at once: `done` must take disjoint ranges
   //! from two threads. The slot must keep gradients (SlotRoom::kept_gradients); needs
   //! splits_backward on the host. The bits are those of backward_input then backward_weight on a
-  //! one-thread context, whatever the caller's thread count. Usage: `S::backward_in_lanes(w, g,
-  //! false, slot, dy, Matrix{}, scratch,
+  //! one-thread context, whatever the caller's thread count.
+  //! Usage: `S::backward_in_lanes(w, g, false, slot, dy, Matrix{}, scratch,
   //!                              [&](const HostContext& one, index_t first, index_t n) {...});`
   template <class Acts, class Scratch, class Done>
   static void backward_in_lanes(const float* params, float* grads, bool accumulate,

@@ -484,17 +484,11 @@ class Pipeline {
     run_.analysis = &analysis_;
     run_.clip_norm = options_.clip_norm;
     if (options_.clip_norm > 0.f) {
-      // Each step waits for every stage's gradient: a worker whose list steps one of its stages
-      // before another of its stages' last gradient of that mini-batch would wait forever.
-      try {
-        dry_run(schedule, unit_cost, DryRunRules{.steps_wait_for_every_stage = true});
-      } catch (const ConfigError& e) {
+      if (const std::string why = clipping_problem(schedule); !why.empty())
         throw ConfigError(
             "xpipe: Pipeline::train: global gradient-norm clipping (clip_norm) cannot run schedule "
             "'" +
-            schedule.name + "': each step waits for every stage's gradient, and " +
-            std::string(e.what()).substr(std::string("xpipe: ").size()));
-      }
+            schedule.name + "': " + why);
       run_.norms.size_for(K, schedule.mini_batches);
     }
     if (options_.measure_prediction && !detail::reads_host_memory<typename backend::Context>)

@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "xpipe/schedule/dependencies.hpp"
@@ -133,6 +134,22 @@ inline ExecutionTrace dry_run(const Schedule& s, const ActionCost& cost = unit_c
                               DryRunRules rules = {}) {
   check_structure(s);
   return detail::dry_run_checked(s, cost, rules);
+}
+
+//! Why global gradient-norm clipping (PipelineOptions::clip_norm) cannot run schedule `s`: each
+//! step waits for every stage's gradient of its mini-batch, and a worker that steps one of its
+//! stages before another's last gradient of that mini-batch waits forever. "" when it can run;
+//! else the deadlock the dry run names (worker, stage, action and position). Pipeline::train
+//! refuses such a schedule with it; a tool can ask before it loads any data.
+inline std::string clipping_problem(const Schedule& s) {
+  try {
+    dry_run(s, unit_cost, DryRunRules{.steps_wait_for_every_stage = true});
+  } catch (const ConfigError& e) {
+    const std::string_view why = e.what(), prefix = "xpipe: ";
+    return "each step waits for every stage's gradient, and " +
+           std::string(why.starts_with(prefix) ? why.substr(prefix.size()) : why);
+  }
+  return "";
 }
 
 //! Seconds per mini-batch in the steady state of a schedule that repeats one mini-batch's order:
