@@ -43,13 +43,6 @@ inline std::vector<std::string> name_list(const auto& list) {
   return std::vector<std::string>(list.begin(), list.end());
 }
 
-// --lr and --sgd-lr: a finite number in [1e-8, 10]. Below 1e-8 a step is under half a float32
-// ulp of any weight above 0.17 (ulp(1) = 1.2e-7), so nothing would train; above 10 nothing here
-// trains either (Adam at lr 1 already leaves the MLP at chance with a loss of 1e9).
-inline std::string check_learning_rate(std::string& text) {
-  return check_number(text, 1e-8, 10, "[1e-8, 10], the learning rates that can train");
-}
-
 // --lr-schedule: text that LearningRateSchedule::parse takes; "" when it does, else its message
 // (which quotes the text and says what is expected).
 inline std::string check_lr_schedule(std::string& text) {
@@ -59,11 +52,6 @@ inline std::string check_lr_schedule(std::string& text) {
     return e.what();
   }
   return "";
-}
-
-// --wait-timeout: seconds in [0.1, 86400] (NaN would turn the deadline off).
-inline std::string check_wait_timeout(std::string& text) {
-  return check_number(text, 0.1, 86400, "[0.1, 86400] seconds");
 }
 
 // --seed: a whole number from 0 to 2^64 - 1 ("-1" is not quietly taken as 2^64 - 1).
@@ -80,7 +68,11 @@ inline std::string check_seed(std::string& text) {
 inline void add_flags(CLI::App& app, Flags& f) {
   RunConfig& c = f.config;
   app.option_defaults()->always_capture_default();  // --help shows each flag's default
-  const CLI::Validator learning_rate(check_learning_rate, "in [1e-8, 10]");
+  // --lr and --sgd-lr: below 1e-8 a step is under half a float32 ulp of any weight above 0.17
+  // (ulp(1) = 1.2e-7), so nothing would train; above 10 nothing here trains either (Adam at lr 1
+  // already leaves the MLP at chance with a loss of 1e9).
+  const CLI::Validator learning_rate =
+      decimal_in(1e-8, 10, "[1e-8, 10], the learning rates that can train");
   app.add_option("--model", c.model,
                  "Model: mlp (784-1024-1024-1024-10), deep (784-512x7-10), vgg (a VGG-style "
                  "CNN: 2x(conv, conv, max pool), 128, 10), resnet (ResNet-20-style, BatchNorm) "
@@ -153,7 +145,7 @@ inline void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--wait-timeout", c.wait_timeout,
                  "Seconds a stage may wait on another (a stopped or hung one) before the run "
                  "fails")
-      ->check(CLI::Validator(check_wait_timeout, "in [0.1, 86400]"));
+      ->check(decimal_in(0.1, 86400, "[0.1, 86400] seconds"));  // NaN: no deadline
   auto* device_opt =
       app.add_option(
              "--device", c.device,
